@@ -1,0 +1,154 @@
+"""The one strict cattrs converter for specs, and its error flattening.
+
+Strict means: unknown keys are errors (with a did-you-mean), no silent coercion ("3e-4" is not a
+float, 2.5 is not an int, 1 is not a bool), and every problem is reported at once with its path.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from functools import cache
+from typing import Any, Literal, get_args, get_origin
+
+import attrs
+import cattrs
+from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+
+from mcx.errors import SpecError
+
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _toml_repr(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return f'"{v}"'
+    return repr(v)
+
+
+class _WrongType(TypeError):
+    def __init__(self, value: Any, want: type) -> None:
+        got = type(value).__name__
+        super().__init__(f"expected {_TYPE_NAMES[want]}, got {got} {_toml_repr(value)}")
+
+
+def _strict_int(v: Any, _: type) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise _WrongType(v, int)
+    return v
+
+
+def _strict_float(v: Any, _: type) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _WrongType(v, float)
+    return float(v)
+
+
+def _strict_bool(v: Any, _: type) -> bool:
+    if not isinstance(v, bool):
+        raise _WrongType(v, bool)
+    return v
+
+
+def _strict_str(v: Any, _: type) -> str:
+    if not isinstance(v, str):
+        raise _WrongType(v, str)
+    return v
+
+
+def _is_literal(t: Any) -> bool:
+    return get_origin(t) is Literal
+
+
+def _literal_hook(t: Any):
+    allowed = get_args(t)
+
+    def hook(v: Any, _: Any) -> Any:
+        if v in allowed and type(v) is type(allowed[0]):
+            return v
+        choices = ", ".join(_toml_repr(a) for a in allowed)
+        near = difflib.get_close_matches(str(v), [str(a) for a in allowed], n=1)
+        extra = f"; did you mean {_toml_repr(near[0])}?" if near else ""
+        raise ValueError(f"{_toml_repr(v)} is not allowed; use one of {choices}{extra}")
+
+    return hook
+
+
+@cache
+def converter() -> cattrs.Converter:
+    c = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True, omit_if_default=False)
+    c.register_structure_hook(int, _strict_int)
+    c.register_structure_hook(float, _strict_float)
+    c.register_structure_hook(bool, _strict_bool)
+    c.register_structure_hook(str, _strict_str)
+    c.register_structure_hook_factory(_is_literal, _literal_hook)
+    c.register_unstructure_hook(tuple, list)
+    return c
+
+
+def _field_names(cl: type) -> list[str]:
+    return [a.name for a in attrs.fields(cl)]
+
+
+def _join(path: str, name: str | int) -> str:
+    if isinstance(name, int):
+        return f"{path}[{name}]"
+    return f"{path}.{name}" if path else name
+
+
+def flatten_errors(exc: BaseException, path: str = "") -> list[tuple[str, str]]:
+    """Walk a cattrs validation error tree into (toml.path, message) pairs."""
+    out: list[tuple[str, str]] = []
+    if isinstance(exc, ClassValidationError):
+        with_notes, without = exc.group_exceptions()
+        for sub, note in with_notes:
+            sub_path = _join(path, note.name)
+            if isinstance(sub, KeyError):
+                out.append((sub_path, "required key is missing; add it"))
+            else:
+                out.extend(flatten_errors(sub, sub_path))
+        for sub in without:
+            out.extend(flatten_errors(sub, path))
+    elif isinstance(exc, IterableValidationError):
+        with_notes, without = exc.group_exceptions()
+        for sub, note in with_notes:
+            out.extend(flatten_errors(sub, _join(path, note.index)))
+        for sub in without:
+            out.extend(flatten_errors(sub, path))
+    elif isinstance(exc, ForbiddenExtraKeysError):
+        known = _field_names(exc.cl)
+        for key in sorted(exc.extra_fields):
+            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean '{near[0]}'?" if near else f"known keys: {', '.join(known)}"
+            out.append((_join(path, key), f"unknown key; {hint}"))
+    elif isinstance(exc, BaseExceptionGroup):
+        for sub in exc.exceptions:
+            out.extend(flatten_errors(sub, path))
+    elif isinstance(exc, (_WrongType, ValueError)):
+        out.append((path, str(exc)))
+    elif isinstance(exc, (TypeError, AttributeError)):
+        out.append((path, f"wrong shape ({exc}); check the value's type"))
+    else:
+        out.append((path, str(exc)))
+    return out
+
+
+def structure(data: dict[str, Any], cl: type, source: str | None = None) -> Any:
+    """Structure ``data`` into ``cl``; every problem becomes one line of a SpecError."""
+    if not isinstance(data, dict):
+        raise SpecError([("", "the spec must be a TOML table")], source)
+    try:
+        return converter().structure(data, cl)
+    except (ClassValidationError, IterableValidationError, ForbiddenExtraKeysError) as exc:
+        raise SpecError(flatten_errors(exc), source) from None
+
+
+def unstructure(obj: Any) -> Any:
+    return converter().unstructure(obj)
+
+
+def field_types(cl: type) -> dict[str, Any]:
+    """Resolved annotations of an attrs class (used by docs and fuzz tests)."""
+    return typing.get_type_hints(cl)

@@ -1,0 +1,148 @@
+"""Reading specs: TOML -> extends chain -> model preset -> --set overrides -> frozen ExperimentSpec."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from mcx.errors import SpecError
+from mcx.spec import convert
+from mcx.spec.presets import PRESETS
+from mcx.spec.rules import check_spec
+from mcx.spec.schema import ExperimentSpec
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError([("", f"file not found: {path}; check the path")]) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError([("", f"cannot read {path}: {exc.__class__.__name__}; give a UTF-8 TOML file")]) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError([("", f"malformed TOML: {exc}; fix the syntax there")], str(path)) from None
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` wins; tables merge key by key, everything else is replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _resolve_extends(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    path = path.resolve()
+    if path in chain:
+        cycle = " -> ".join(p.name for p in (*chain, path))
+        raise SpecError([("extends", f"cycle: {cycle}; remove one of these extends")], str(chain[0]))
+    data = read_toml(path)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise SpecError([("extends", "expected a string path to another spec")], str(path))
+    parent_path = (path.parent / parent)
+    if not parent_path.exists():
+        raise SpecError([("extends", f"{parent!r} not found (looked at {parent_path}); fix the path")], str(path))
+    return deep_merge(_resolve_extends(parent_path, (*chain, path)), data)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """``section.key=value``; value is read as a TOML value, else taken as a bare string."""
+    if "=" not in item:
+        raise SpecError([("--set", f"{item!r} is not KEY=VALUE; write e.g. --set train.lr=3e-4")])
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(p and p.replace("_", "").replace("-", "").isalnum() for p in parts):
+        raise SpecError([("--set", f"{key!r} is not a dotted key; write e.g. --set parallel.tensor=2")])
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    out = copy.deepcopy(data)
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = out
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise SpecError([(".".join(parts), f"{p!r} is not a table; cannot set a key inside it")])
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def apply_preset(data: dict[str, Any]) -> dict[str, Any]:
+    model = data.get("model")
+    if not isinstance(model, dict) or "preset" not in model:
+        return data
+    name = model["preset"]
+    if not isinstance(name, str) or name not in PRESETS:
+        near = difflib.get_close_matches(str(name), list(PRESETS), n=1)
+        hint = f"did you mean '{near[0]}'?" if near else f"use one of {', '.join(sorted(PRESETS))}"
+        raise SpecError([("model.preset", f"unknown preset {name!r}; {hint}")])
+    return {**data, "model": {**PRESETS[name], **model}}
+
+
+def resolve_dict(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The raw, merged spec table (before structuring)."""
+    data = _resolve_extends(Path(path), ())
+    data = apply_overrides(data, list(overrides))
+    return apply_preset(data)
+
+
+def load_spec(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> ExperimentSpec:
+    """Load, merge, override, structure and check a spec; raise one SpecError with every problem."""
+    data = resolve_dict(path, overrides)
+    spec = convert.structure(data, ExperimentSpec, str(path))
+    problems = check_spec(spec)
+    if problems:
+        raise SpecError(problems, str(path))
+    return spec
+
+
+def loads_spec(text: str, source: str = "<string>") -> ExperimentSpec:
+    """Structure a spec from TOML text (used for resolved specs written into run directories)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError([("", f"malformed TOML: {exc}; fix the syntax there")], source) from None
+    spec = convert.structure(apply_preset(data), ExperimentSpec, source)
+    problems = check_spec(spec)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
+def _drop_none(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _drop_none(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [_drop_none(v) for v in obj]
+    return obj
+
+
+def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
+    """The resolved spec as plain data (None kept: it means "let mcx decide")."""
+    return convert.unstructure(spec)
+
+
+def dump_spec(spec: ExperimentSpec) -> str:
+    """The resolved spec as TOML (None values left out, which reads back to the same spec)."""
+    return tomli_w.dumps(_drop_none(spec_to_dict(spec)))

@@ -1,0 +1,147 @@
+"""Cross-field rules that need only the spec itself (layout rules live in mcx.plan.layout).
+
+Each rule returns (toml.path, message with the fix); ``check_spec`` collects them all.
+"""
+
+from __future__ import annotations
+
+import re
+
+import attrs
+
+from mcx.spec.schema import ExperimentSpec
+
+Problems = list[tuple[str, str]]
+
+_POSITIVE = {
+    "model": ["num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+              "kv_channels", "vocab_size", "seq_length", "max_position_embeddings", "rotary_base",
+              "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "make_vocab_size_divisible_by"],
+    "parallel": ["tensor", "pipeline", "virtual_pipeline", "context", "expert"],
+    "train": ["micro_batch_size", "global_batch_size", "train_iters", "eval_interval", "log_interval",
+              "fp8_amax_history_len", "recompute_num_layers", "loss_spike_window"],
+    "smoke": ["num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "seq_length",
+              "num_experts", "train_iters", "global_batch_size", "resume_check_iters", "loss_window"],
+    "hardware": ["nodes", "gpus_per_node"],
+    "checkpoint": ["keep"],
+    "data.tokenizer": ["vocab_size"],
+}
+_NON_NEGATIVE = {
+    "train": ["lr", "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eval_iters", "seed", "adam_eps"],
+    "model": ["init_method_std", "moe_aux_loss_coeff", "norm_epsilon"],
+    "checkpoint": ["interval"],
+    "budget": ["max_gpu_hours", "gpu_hour_price"],
+}
+
+
+def _get(spec: ExperimentSpec, dotted: str):
+    obj = spec
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _range_rules(spec: ExperimentSpec) -> Problems:
+    out: Problems = []
+    for section, names in _POSITIVE.items():
+        obj = _get(spec, section)
+        for name in names:
+            v = getattr(obj, name)
+            if v is not None and v <= 0:
+                out.append((f"{section}.{name}", f"must be positive, got {v}"))
+    for section, names in _NON_NEGATIVE.items():
+        obj = _get(spec, section)
+        for name in names:
+            v = getattr(obj, name)
+            if v is not None and v < 0:
+                out.append((f"{section}.{name}", f"must not be negative, got {v}"))
+    for path, v in [("model.hidden_dropout", spec.model.hidden_dropout),
+                    ("model.attention_dropout", spec.model.attention_dropout),
+                    ("smoke.data_fraction", spec.smoke.data_fraction),
+                    ("budget.assumed_mfu", spec.budget.assumed_mfu)]:
+        if not 0.0 <= v <= 1.0 or (path.startswith(("smoke", "budget")) and v == 0.0):
+            out.append((path, f"must be in (0, 1] for fractions and [0, 1] for dropouts, got {v}"))
+    for path, v in [("train.adam_beta1", spec.train.adam_beta1), ("train.adam_beta2", spec.train.adam_beta2)]:
+        if not 0.0 <= v < 1.0:
+            out.append((path, f"must be in [0, 1), got {v}"))
+    if spec.train.loss_spike_factor <= 1.0:
+        out.append(("train.loss_spike_factor", f"must be above 1.0 (a multiple of the recent mean loss), got {spec.train.loss_spike_factor}"))
+    if not 0.0 < spec.model.rotary_percent <= 1.0:
+        out.append(("model.rotary_percent", f"must be in (0, 1], got {spec.model.rotary_percent}"))
+    return out
+
+
+def _model_rules(spec: ExperimentSpec) -> Problems:
+    m = spec.model
+    out: Problems = []
+    if not spec.name.strip() or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", spec.name):
+        out.append(("name", f"{spec.name!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a letter or digit"))
+    if m.num_attention_heads > 0 and m.hidden_size % m.num_attention_heads and m.kv_channels is None:
+        out.append(("model.hidden_size", f"{m.hidden_size} is not divisible by model.num_attention_heads={m.num_attention_heads}; "
+                    "change one, or set model.kv_channels"))
+    groups = m.num_query_groups
+    if groups and m.num_attention_heads % groups:
+        out.append(("model.num_query_groups", f"{groups} does not divide model.num_attention_heads={m.num_attention_heads}; "
+                    f"use one of {_divisors(m.num_attention_heads)}"))
+    max_pos = m.max_position_embeddings or m.seq_length
+    if m.seq_length > max_pos:
+        out.append(("model.seq_length", f"{m.seq_length} exceeds model.max_position_embeddings={max_pos}; "
+                    "raise max_position_embeddings or shorten the sequence"))
+    if m.num_experts is not None and m.moe_router_topk > m.num_experts:
+        out.append(("model.moe_router_topk", f"{m.moe_router_topk} exceeds model.num_experts={m.num_experts}; use at most {m.num_experts}"))
+    if m.num_experts is None and spec.parallel.expert not in (None, 1):
+        out.append(("parallel.expert", f"{spec.parallel.expert} needs a mixture-of-experts model; set model.num_experts or use 1"))
+    if m.preset is not None and m.preset.strip() == "":
+        out.append(("model.preset", "is empty; remove it or name a preset"))
+    return out
+
+
+def _train_rules(spec: ExperimentSpec) -> Problems:
+    t = spec.train
+    out: Problems = []
+    if t.min_lr > t.lr:
+        out.append(("train.min_lr", f"{t.min_lr} is above train.lr={t.lr}; lower it"))
+    if t.global_batch_size % t.micro_batch_size:
+        out.append(("train.global_batch_size", f"{t.global_batch_size} is not divisible by train.micro_batch_size={t.micro_batch_size}"))
+    decay = t.lr_decay_iters or t.train_iters
+    if t.lr_warmup_iters > decay:
+        out.append(("train.lr_warmup_iters", f"{t.lr_warmup_iters} exceeds the decay length {decay}; shorten the warmup"))
+    if t.recompute_granularity == "full" and t.recompute_num_layers > spec.model.num_layers:
+        out.append(("train.recompute_num_layers", f"{t.recompute_num_layers} exceeds model.num_layers={spec.model.num_layers}"))
+    if not re.fullmatch(r"\d+(\.\d+)?,\d+(\.\d+)?,\d+(\.\d+)?", spec.data.split):
+        out.append(("data.split", f"{spec.data.split!r} must be three weights 'train,valid,test' such as \"969,30,1\""))
+    elif sum(float(x) for x in spec.data.split.split(",")) <= 0 or float(spec.data.split.split(",")[0]) <= 0:
+        out.append(("data.split", "the train weight must be positive"))
+    tok = spec.data.tokenizer
+    if tok.kind != "bpe" and not tok.path:
+        out.append(("data.tokenizer.path", f"kind = \"{tok.kind}\" needs a tokenizer file; set path, or use kind = \"bpe\""))
+    if tok.kind == "gpt2" and not tok.merges:
+        out.append(("data.tokenizer.merges", "kind = \"gpt2\" needs merges.txt beside vocab.json; set merges"))
+    if spec.smoke.resume_check_iters >= spec.smoke.train_iters:
+        out.append(("smoke.resume_check_iters", f"must be below smoke.train_iters={spec.smoke.train_iters}"))
+    if 2 * spec.smoke.loss_window > spec.smoke.train_iters:
+        out.append(("smoke.loss_window", f"two windows of {spec.smoke.loss_window} do not fit in smoke.train_iters={spec.smoke.train_iters}"))
+    if spec.launch.master_port is not None and not 1024 <= spec.launch.master_port <= 65535:
+        out.append(("launch.master_port", f"{spec.launch.master_port} must be in 1024..65535"))
+    if not re.fullmatch(r"(\d+-)?\d{1,3}:\d{2}(:\d{2})?", spec.launch.slurm.time):
+        out.append(("launch.slurm.time", f"{spec.launch.slurm.time!r} is not a Slurm time such as \"04:00:00\" or \"1-00:00:00\""))
+    for metric, tol in spec.baseline.tolerances.items():
+        if tol < 0:
+            out.append((f"baseline.tolerances.{metric}", f"must not be negative, got {tol}"))
+    return out
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def check_spec(spec: ExperimentSpec) -> Problems:
+    return _range_rules(spec) + _model_rules(spec) + _train_rules(spec)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def section_names() -> list[str]:
+    return [a.name for a in attrs.fields(ExperimentSpec)]

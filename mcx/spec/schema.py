@@ -1,0 +1,217 @@
+"""The experiment spec: frozen attrs classes that know nothing about TOML or JSON.
+
+Field names follow Megatron-LM's arguments where one exists (``--num-query-groups`` ->
+``num_query_groups``), so users recognise them; docs/spec.md maps every key to its flag.
+Derived values (data-parallel size, smoke shapes, recommended degrees) live in the plan.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from attrs import field, frozen
+
+Normalization = Literal["RMSNorm", "LayerNorm"]
+PositionEmbedding = Literal["rope", "learned_absolute", "none"]
+TransformerImpl = Literal["auto", "local", "transformer_engine"]
+LoadBalancing = Literal["aux_loss", "seq_aux_loss", "sinkhorn", "none"]
+Dispatcher = Literal["alltoall", "allgather"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8-hybrid", "fp8-e4m3"]
+Fp8Recipe = Literal["delayed", "tensorwise"]
+AmaxAlgo = Literal["max", "most_recent"]
+DecayStyle = Literal["cosine", "linear", "constant", "inverse-square-root", "WSD"]
+RecomputeGranularity = Literal["none", "selective", "full"]
+RecomputeMethod = Literal["uniform", "block"]
+LauncherKind = Literal["local", "torchrun", "slurm"]
+GpuModel = Literal["H200", "H100", "A100-80GB", "A100-40GB", "L40S", "B200", "cpu", "any"]
+TokenizerKind = Literal["bpe", "huggingface", "sentencepiece", "gpt2"]
+
+
+@frozen(kw_only=True)
+class ModelSpec:
+    preset: str | None = None
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int | None = None  # None: multi-head attention (groups = heads)
+    ffn_hidden_size: int | None = None  # None: 4 * hidden_size
+    kv_channels: int | None = None  # None: hidden_size / num_attention_heads
+    vocab_size: int | None = None  # None: the tokenizer's vocabulary
+    make_vocab_size_divisible_by: int = 128
+    seq_length: int
+    max_position_embeddings: int | None = None  # None: seq_length
+    normalization: Normalization = "RMSNorm"
+    norm_epsilon: float = 1e-5
+    swiglu: bool = True
+    position_embedding_type: PositionEmbedding = "rope"
+    rotary_base: int = 10000
+    rotary_percent: float = 1.0
+    untie_embeddings_and_output_weights: bool = True
+    add_bias_linear: bool = False
+    add_qkv_bias: bool = False
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    transformer_impl: TransformerImpl = "auto"
+    # Mixture of experts (Mixtral style); num_experts unset means a dense model.
+    num_experts: int | None = None
+    moe_router_topk: int = 2
+    moe_router_load_balancing_type: LoadBalancing = "aux_loss"
+    moe_aux_loss_coeff: float = 0.01
+    moe_ffn_hidden_size: int | None = None  # None: ffn_hidden_size
+    moe_token_dispatcher_type: Dispatcher = "alltoall"
+    moe_grouped_gemm: bool = False
+
+
+@frozen(kw_only=True)
+class ParallelSpec:
+    # None: let the planner choose (recommendation shown by `mcx plan`).
+    tensor: int | None = None
+    pipeline: int | None = None
+    virtual_pipeline: int | None = None
+    context: int | None = None
+    expert: int | None = None
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+
+
+@frozen(kw_only=True)
+class TrainSpec:
+    micro_batch_size: int = 1
+    global_batch_size: int
+    train_iters: int
+    lr: float
+    min_lr: float = 0.0
+    lr_decay_style: DecayStyle = "cosine"
+    lr_warmup_iters: int = 0
+    lr_decay_iters: int | None = None  # None: train_iters
+    weight_decay: float = 0.1
+    clip_grad: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-8
+    precision: Precision = "bf16"
+    fp8_recipe: Fp8Recipe = "delayed"
+    fp8_amax_history_len: int = 1024
+    fp8_amax_compute_algo: AmaxAlgo = "max"
+    grad_reduce_in_bf16: bool = False
+    recompute_granularity: RecomputeGranularity = "none"
+    recompute_method: RecomputeMethod = "uniform"
+    recompute_num_layers: int = 1
+    seed: int = 1234
+    deterministic: bool = False
+    eval_interval: int = 100
+    eval_iters: int = 10
+    log_interval: int = 1
+    # Divergence guard: stop when the loss is NaN/Inf or exceeds spike_factor x its recent mean.
+    loss_spike_factor: float = 3.0
+    loss_spike_window: int = 20
+
+
+@frozen(kw_only=True)
+class TokenizerSpec:
+    kind: TokenizerKind = "bpe"
+    path: str | None = None  # tokenizer.json, a SentencePiece model, or a GPT-2 vocab.json
+    merges: str | None = None  # GPT-2 merges.txt
+    vocab_size: int = 8192  # for kind = "bpe" trained on the corpus
+
+
+@frozen(kw_only=True)
+class DataSpec:
+    path: str  # DVC-tracked dataset directory (prepared by `mcx data prepare`), relative to the project
+    prefix: str = "corpus"  # <path>/<prefix>.bin / .idx
+    split: str = "969,30,1"  # train,valid,test weights, as Megatron's --split
+    tokenizer: TokenizerSpec = field(factory=TokenizerSpec)
+
+
+@frozen(kw_only=True)
+class CheckpointSpec:
+    dir: str | None = None  # None: <run dir>/checkpoints
+    interval: int = 0  # 0: only at the end of a stage
+    async_save: bool = True
+    keep: int = 2
+    track_intermediate: bool = False  # add intermediate checkpoints to DVC too
+
+
+@frozen(kw_only=True)
+class SmokeSpec:
+    enabled: bool = True
+    num_layers: int = 2
+    hidden_size: int | None = None  # None: min(model.hidden_size, 256)
+    ffn_hidden_size: int | None = None  # None: scaled with hidden_size
+    num_attention_heads: int | None = None  # None: fits hidden_size and the layout
+    seq_length: int | None = None  # None: min(model.seq_length, 256)
+    num_experts: int | None = None  # None: min(model.num_experts, 4)
+    train_iters: int = 30
+    global_batch_size: int | None = None  # None: smallest valid for the layout
+    lr: float | None = None  # None: the spec's lr
+    data_fraction: float = 0.05
+    resume_check_iters: int = 3
+    loss_window: int = 5
+    min_loss_drop: float = 0.0  # final window mean must be below first window mean by more than this
+
+
+@frozen(kw_only=True)
+class HardwareSpec:
+    nodes: int = 1
+    gpus_per_node: int = 1
+    gpu: GpuModel = "any"
+
+
+@frozen(kw_only=True)
+class SlurmSpec:
+    partition: str | None = None
+    account: str | None = None
+    time: str = "04:00:00"
+    qos: str | None = None
+    constraint: str | None = None
+    signal_grace_seconds: int = 120
+    requeue: bool = True
+    extra_sbatch: tuple[str, ...] = ()
+
+
+@frozen(kw_only=True)
+class LaunchSpec:
+    kind: LauncherKind = "local"
+    master_port: int | None = None  # None: a free port
+    slurm: SlurmSpec = field(factory=SlurmSpec)
+
+
+@frozen(kw_only=True)
+class TrackingSpec:
+    uri: str | None = None  # None: MLFLOW_TRACKING_URI, else the embedded store under .mcx/
+    experiment: str | None = None  # None: the spec's name
+    dvc_remote: str | None = None  # None: the embedded local remote under .mcx/
+    log_checkpoints: bool = True
+
+
+@frozen(kw_only=True)
+class BaselineSpec:
+    run: str | None = None  # an mcx run ID or a named baseline
+    tolerances: dict[str, float] = field(factory=dict)  # metric -> allowed relative increase
+
+
+@frozen(kw_only=True)
+class BudgetSpec:
+    max_gpu_hours: float | None = None  # None: no gate
+    assumed_mfu: float = 0.40  # used for time and cost estimates before anything ran
+    gpu_hour_price: float | None = None  # currency units per GPU-hour, for the cost line
+
+
+@frozen(kw_only=True)
+class ExperimentSpec:
+    name: str
+    description: str = ""
+    model: ModelSpec
+    parallel: ParallelSpec = field(factory=ParallelSpec)
+    train: TrainSpec
+    data: DataSpec
+    checkpoint: CheckpointSpec = field(factory=CheckpointSpec)
+    smoke: SmokeSpec = field(factory=SmokeSpec)
+    hardware: HardwareSpec = field(factory=HardwareSpec)
+    launch: LaunchSpec = field(factory=LaunchSpec)
+    tracking: TrackingSpec = field(factory=TrackingSpec)
+    baseline: BaselineSpec = field(factory=BaselineSpec)
+    budget: BudgetSpec = field(factory=BudgetSpec)
