@@ -151,6 +151,14 @@ class SmokeSpec:
     resume_check_iters: int = 3
     loss_window: int = 5
     min_loss_drop: float = 0.0  # final window mean must be below first window mean by more than this
+    # Where the smoke stage runs. None: the full stage's hardware and parallel degrees, shrunk where
+    # they do not fit the smaller model (e.g. a 405B spec can smoke-test on one node).
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    tensor: int | None = None
+    pipeline: int | None = None
+    context: int | None = None
+    expert: int | None = None
 
 
 @frozen(kw_only=True)
