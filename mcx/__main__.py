@@ -1,0 +1,5 @@
+import sys
+
+from mcx.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,337 @@
+"""The mcx command line: parse argv, call one ops function, print, map errors to exit codes.
+
+Nothing here decides anything; every verb is one call into ``mcx.ops``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from mcx.errors import InputError, McxError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one paragraph, exit 2, no usage dump
+        sys.stderr.write(f"mcx: error: {message}. Run '{self.prog} --help' for the options.\n")
+        raise SystemExit(2)
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="experiment spec (TOML)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a spec value (repeatable), e.g. --set train.lr=3e-4")
+
+
+def _project(args: argparse.Namespace) -> Path:
+    from mcx.ops.project import find_project
+
+    return find_project(getattr(args, "project", None))
+
+
+# -- verbs -------------------------------------------------------------------------------------
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from mcx.ops.plan import plan_spec
+
+    result = plan_spec(args.spec, args.overrides, project=_project(args))
+    if args.json:
+        _emit_json(result.as_json())
+    else:
+        from mcx.report.plan_view import render_plan
+
+        _console().print(render_plan(result.plan_dict, result.run_id))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from mcx.ops.explain import explain
+
+    expl = explain(args.a, args.b, project=_project(args), overrides=args.overrides)
+    if args.json:
+        from mcx.fingerprint.explain import explanation_to_dict
+
+        _emit_json(explanation_to_dict(expl))
+    else:
+        from mcx.fingerprint.explain import render_explanation
+
+        _console().print(render_explanation(expl))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from mcx.ops.run import RunOptions, run
+
+    opts = RunOptions(stage=args.stage, force=args.force, yes=args.yes, dry_run=args.dry_run,
+                      skip_smoke=args.skip_smoke, output="json" if args.json else ("quiet" if args.quiet else "bar"),
+                      wait=args.wait)
+    summary = run(args.spec, args.overrides, project=_project(args), options=opts, console=_console(stderr=True))
+    if args.json:
+        _emit_json(summary)
+    return int(summary.get("exit_code", 0))
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from mcx.ops.data import prepare
+
+    manifest = prepare(project=_project(args), source=args.source, out=args.out, tokenizer=args.tokenizer,
+                       tokenizer_kind=args.tokenizer_kind, merges=args.merges, vocab_size=args.vocab_size,
+                       json_key=args.json_key, force=args.force)
+    if args.json:
+        _emit_json(manifest)
+    else:
+        _console().print(f"prepared {manifest['out_dir']}: {manifest['documents']} documents, "
+                         f"{manifest['tokens']} tokens, vocab {manifest['vocab_size']}")
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from mcx.ops.records import list_runs
+
+    rows = list_runs(project=_project(args), experiment=args.experiment)
+    if args.json:
+        _emit_json(rows)
+    else:
+        from mcx.report.records_view import render_runs
+
+        _console().print(render_runs(rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from mcx.ops.records import show_run
+
+    rec = show_run(args.run_id, project=_project(args))
+    if args.json:
+        _emit_json(rec)
+    else:
+        from mcx.report.records_view import render_run
+
+        _console().print(render_run(rec))
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from mcx.ops.records import sync
+
+    report = sync(project=_project(args))
+    if args.json:
+        _emit_json(report)
+    else:
+        _console().print(report.get("summary", report))
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from mcx.ops.reproduce import reproduce
+
+    result = reproduce(args.run_id, project=_project(args), output="json" if args.json else "bar",
+                       console=_console(stderr=True))
+    if args.json:
+        _emit_json(result)
+    return 0 if result["verdict"] in ("bitwise", "equivalent") else 1
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from mcx.ops.compare import compare
+
+    text = compare(args.run_ids, project=_project(args), experiment=args.experiment, baseline=args.baseline,
+                   fmt=args.format, out=args.output)
+    if text is not None:
+        if args.format == "table":
+            _console().print(text)
+        else:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from mcx.ops.records import baseline_list, baseline_set
+
+    if args.baseline_cmd == "set":
+        res = baseline_set(args.name, args.run_id, project=_project(args))
+        _emit_json(res) if args.json else _console().print(f"baseline {args.name} -> {args.run_id}")
+    else:
+        rows = baseline_list(project=_project(args))
+        if args.json:
+            _emit_json(rows)
+        else:
+            for r in rows:
+                _console().print(f"{r['name']}\t{r['run_id']}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from mcx.ops.interop import import_script
+
+    text, report = import_script(args.script, out=args.output)
+    if args.output:
+        _console(stderr=True).print(report)
+    else:
+        sys.stdout.write(text)
+        _console(stderr=True).print(report)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from mcx.ops.interop import export_spec
+
+    sys.stdout.write(export_spec(args.spec, args.overrides, script=not args.megatron_args))
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from mcx.ops.tune import tune
+
+    result = tune(args.spec, args.overrides, project=_project(args), out=args.output, max_mbs=args.max_micro_batch,
+                  steps=args.steps, console=_console(stderr=True))
+    if args.json:
+        _emit_json(result)
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from mcx import __version__
+
+    p = _Parser(prog="mcx", description="Declarative, reproducible Megatron-Core experiments.")
+    p.add_argument("--version", action="version", version=f"mcx {__version__}")
+    p.add_argument("--project", help="project root (default: the enclosing git repository)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    s = sub.add_parser("plan", help="validate a spec; show layout, memory, FLOPs, cost and run ID")
+    _spec_args(s)
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("explain", help="why two specs or run IDs differ (which fingerprint parts, which keys)")
+    s.add_argument("a", help="spec path or run ID")
+    s.add_argument("b", help="spec path or run ID")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override applied to B when it is a spec")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_explain)
+
+    s = sub.add_parser("run", help="train: smoke stage, then full stage; recorded in MLflow and DVC")
+    _spec_args(s)
+    s.add_argument("--stage", choices=["smoke", "full", "all"], default="all")
+    s.add_argument("--skip-smoke", action="store_true", help="run the full stage without the smoke stage (recorded)")
+    s.add_argument("--force", action="store_true", help="train again even if this run ID finished")
+    s.add_argument("--yes", action="store_true", help="confirm a job above the spec's GPU-hour budget")
+    s.add_argument("--dry-run", action="store_true", help="show the plan and the launch scripts; run nothing")
+    s.add_argument("--wait", action="store_true", help="if the run ID is training elsewhere, wait for it")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--json", action="store_true", help="last stdout line: one JSON summary")
+    s.set_defaults(func=cmd_run)
+
+    d = sub.add_parser("data", help="datasets: prepare")
+    dsub = d.add_subparsers(dest="data_cmd", metavar="ACTION", parser_class=_Parser)
+    dsub.required = True
+    s = dsub.add_parser("prepare", help="text or JSONL -> tokenizer -> Megatron indexed dataset (.bin/.idx)")
+    s.add_argument("source", nargs="?", help="text file, directory of text files, or JSONL; none: the bundled quickstart")
+    s.add_argument("--out", help="output dataset directory (default: data/quickstart for the quickstart)")
+    s.add_argument("--tokenizer", help="tokenizer file: tokenizer.json, SentencePiece .model, or GPT-2 vocab.json")
+    s.add_argument("--tokenizer-kind", choices=["bpe", "huggingface", "sentencepiece", "gpt2"], default=None)
+    s.add_argument("--merges", help="GPT-2 merges.txt (with --tokenizer-kind gpt2)")
+    s.add_argument("--vocab-size", type=int, default=None, help="vocabulary of a BPE trained on the corpus")
+    s.add_argument("--json-key", default="text", help="JSONL field holding the text")
+    s.add_argument("--force", action="store_true", help="replace an existing, different dataset")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_data_prepare)
+
+    s = sub.add_parser("ls", help="list recorded runs")
+    s.add_argument("--experiment")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_ls)
+
+    s = sub.add_parser("show", help="one run's record")
+    s.add_argument("run_id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_show)
+
+    s = sub.add_parser("sync", help="replay records spooled while the tracking server was unreachable")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_sync)
+
+    s = sub.add_parser("reproduce", help="rerun a recorded run from its ID and give a verdict")
+    s.add_argument("run_id")
+    s.add_argument("--json", action="store_true", help="last stdout line: one JSON verdict")
+    s.set_defaults(func=cmd_reproduce)
+
+    s = sub.add_parser("compare", help="compare runs: config and fingerprint diffs, metrics, loss curves")
+    s.add_argument("run_ids", nargs="*")
+    s.add_argument("--experiment", help="compare every finished run of this experiment")
+    s.add_argument("--baseline", help="run ID or baseline name to compute deltas against")
+    s.add_argument("--format", choices=["table", "md", "json", "html"], default="table")
+    s.add_argument("-o", "--output", help="write the report here instead of stdout")
+    s.set_defaults(func=cmd_compare)
+
+    b = sub.add_parser("baseline", help="named baselines")
+    bsub = b.add_subparsers(dest="baseline_cmd", metavar="ACTION", parser_class=_Parser)
+    bsub.required = True
+    s = bsub.add_parser("set", help="name a run as a baseline")
+    s.add_argument("name")
+    s.add_argument("run_id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_baseline)
+    s = bsub.add_parser("ls", help="list baselines")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_baseline)
+
+    s = sub.add_parser("import", help="Megatron-LM launch script -> spec")
+    s.add_argument("script")
+    s.add_argument("-o", "--output", help="write the spec here (default: stdout)")
+    s.set_defaults(func=cmd_import)
+
+    s = sub.add_parser("export", help="spec -> Megatron-LM pretrain_gpt.py launch script")
+    _spec_args(s)
+    s.add_argument("--megatron-args", action="store_true", help="only the pretrain_gpt.py arguments")
+    s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("tune", help="micro-batch sweep on the real hardware; writes the best into a new spec")
+    _spec_args(s)
+    s.add_argument("-o", "--output", help="tuned spec path (default: <spec>.tuned.toml)")
+    s.add_argument("--max-micro-batch", type=int, default=64)
+    s.add_argument("--steps", type=int, default=6, help="measured steps per trial")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_tune)
+    return p
+
+
+def _print_error(err: McxError) -> None:
+    sys.stderr.write(f"mcx: error: {err}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except McxError as err:
+        _print_error(err)
+        return err.exit_code
+    except KeyboardInterrupt:
+        sys.stderr.write("mcx: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
