@@ -1,0 +1,67 @@
+"""Config identity: the resolved spec minus what cannot change a result.
+
+The hash covers ``mcx.spec.spec_to_dict(spec)`` (every field, defaults included, so a default that
+changes between mcx versions changes the ID) with the keys of ``NOT_HASHED`` removed. A table key
+removes the whole table.
+
+Data paths: ``data.path`` and the tokenizer's file paths are left out because the data component
+carries the content identity of what they point to, and ``collect`` never makes a record without it
+(missing data is a DataError). Moving a dataset (or renaming its directory) therefore keeps the run
+ID; changing a byte in it does not.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from mcx.spec import ExperimentSpec, spec_to_dict
+
+# dotted spec key -> why it cannot change what a run computes.
+NOT_HASHED: dict[str, str] = {
+    "name": "a label; two specs that train the same thing share a run",
+    "description": "free text",
+    "tracking": "where results are recorded (MLflow URI, experiment, DVC remote), not what they are",
+    "checkpoint.dir": "where checkpoints are written",
+    "checkpoint.keep": "how many old checkpoints are deleted",
+    "checkpoint.async_save": "whether saving blocks the loop; the saved state is the same",
+    "checkpoint.track_intermediate": "whether intermediate checkpoints also go to DVC",
+    "budget": "the cost gate and the estimate's assumptions; nothing the worker reads",
+    "baseline": "what the finished run is compared against",
+    "launch.kind": "local, torchrun or slurm start the same layout on the hardware the record names",
+    "launch.master_port": "a rendezvous port",
+    "launch.slurm.partition": "scheduler placement; the GPUs are named by hardware.*",
+    "launch.slurm.account": "who pays",
+    "launch.slurm.time": "the wall-clock limit of one job; a longer run continues from its checkpoint",
+    "launch.slurm.qos": "scheduler priority",
+    "launch.slurm.constraint": "scheduler placement; the GPUs are named by hardware.*",
+    "launch.slurm.extra_sbatch": "scheduler options",
+    "launch.slurm.signal_grace_seconds": "how early before the limit the worker checkpoints",
+    "launch.slurm.requeue": "whether a preempted job comes back; resumption is exact either way",
+    "data.path": "where the dataset lies; the data component hashes its content",
+    "data.tokenizer.path": "where the tokenizer file lies; the data component hashes its content",
+    "data.tokenizer.merges": "where the merges file lies; the data component hashes its content",
+}
+
+
+def _drop(tree: dict[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for part in parents:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            return
+    node.pop(leaf, None)
+
+
+def canonical_config(spec: ExperimentSpec) -> dict[str, Any]:
+    """The hashed part of the spec, as plain nested data."""
+    tree = copy.deepcopy(spec_to_dict(spec))
+    for key in NOT_HASHED:
+        _drop(tree, key)
+    return tree
+
+
+def collect_config(spec: ExperimentSpec) -> dict[str, Any]:
+    """The config component: ``{"id": canonical config, "info": {...}, "warnings": []}``."""
+    return {"id": canonical_config(spec), "info": {"name": spec.name}, "warnings": []}

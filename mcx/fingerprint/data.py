@@ -1,0 +1,136 @@
+"""Data identity: the content hash DVC already holds for the spec's dataset, never re-reading it.
+
+Hashed (``id``), for ``data.path`` and, when set, ``data.tokenizer.path`` / ``data.tokenizer.merges``:
+
+- tracked by DVC (see ``dvcfiles``): ``{"source": "dvc", "hash": "md5", "value": "<md5>.dir",
+  "subpath": null}``. For a path inside a tracked directory (``data.dvc`` tracks ``data/``, the spec
+  says ``data/quickstart``) the identity is the directory's hash plus ``subpath: "quickstart"``; the
+  record's ``info`` says so. A change anywhere in ``data/`` then changes the ID: exact, if coarse.
+  Before trusting the record, the output's file count and total size are compared with what DVC
+  wrote (``stat`` only, no reading); a mismatch is a DataError (``dvc add`` / ``dvc checkout``). An
+  in-place edit that keeps every size escapes this check; ``dvc status`` sees it.
+- not tracked: ``{"source": "sha256", "value": ...}``, sha256 over the sorted relative paths and the
+  sha256 of each file's bytes, streamed, with a warning (track it: `dvc add`).
+
+Missing data is a DataError naming the key and the fix (``mcx data prepare`` or ``dvc pull``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import DataError
+from mcx.fingerprint.code import file_sha256
+from mcx.fingerprint.dvcfiles import DvcOut, dvc_root, dvcignore_files, find_out, has_patterns, norm
+from mcx.hashing import digest
+from mcx.spec import ExperimentSpec
+
+_DVC_SKIPPED_DIRS = {".git", ".hg", ".dvc"}  # DVC's default ignores inside a tracked directory
+
+
+def _files(path: Path) -> list[tuple[str, Path]]:
+    """(relative posix path, path) of every file under ``path`` (itself, if a file), sorted."""
+    if path.is_file():
+        return [("", path)]
+    found = []
+    for d, dirs, files in os.walk(path, followlinks=True):
+        for name in files:
+            full = Path(d, name)
+            found.append((full.relative_to(path).as_posix(), full))
+    return sorted(found)
+
+
+def tree_sha256(path: Path) -> tuple[str, int, int]:
+    """(sha256, file count, total bytes) over a file or a directory tree, streamed."""
+    files = _files(path)
+    size = sum(p.stat().st_size for _, p in files)
+    if files == [("", path)]:
+        return file_sha256(path), 1, size
+    return digest([[rel, file_sha256(p)] for rel, p in files]), len(files), size
+
+
+def _shape(path: Path) -> tuple[int, int, list[Path]]:
+    """(file count, total bytes, .dvcignore files inside) as DVC counts a tracked output."""
+    if path.is_file():
+        return 1, path.stat().st_size, []
+    nfiles = size = 0
+    ignores = []
+    for d, dirs, files in os.walk(path, followlinks=True):
+        dirs[:] = [x for x in dirs if x not in _DVC_SKIPPED_DIRS]
+        for name in files:
+            if name == ".git":
+                continue
+            if name == ".dvcignore" and has_patterns(Path(d, name)):
+                ignores.append(Path(d, name))
+            nfiles += 1
+            size += Path(d, name).stat().st_size
+    return nfiles, size, ignores
+
+
+def _check_fresh(out: DvcOut, key: str, shown: str, warnings: list[str]) -> str:
+    """Compare the output's file count and size with DVC's record; returns what was verified."""
+    if out.size is None:
+        warnings.append(f"{key}: {out.record} records no size for {out.path}; not verified against the workspace")
+        return "not verified (no size recorded)"
+    nfiles, size, inside = _shape(out.path)
+    want_files = out.nfiles if out.nfiles is not None else 1
+    if (nfiles, size) == (want_files, out.size):
+        return "file count and total size match the DVC record"
+    ignores = [*dvcignore_files(dvc_root(out.path) or out.path, out.path), *inside]
+    now = f"{nfiles} files, {size} bytes now; {want_files} files, {out.size} bytes recorded"
+    if ignores:
+        warnings.append(f"{key}: {out.path} differs from {out.record} ({now}), possibly because of "
+                        f"{', '.join(map(str, ignores))}; run `dvc status` to be sure")
+        return "not verified (.dvcignore)"
+    raise DataError(f"{key} = {shown!r}: {out.path} changed since DVC recorded it in {out.record} ({now})",
+                    f"record the new version with `dvc add {out.path}` (or `dvc commit`), "
+                    f"or restore the recorded one with `dvc checkout {out.record}`.")
+
+
+def content_identity(project_root: Path, value: str, key: str, warnings: list[str]) -> dict[str, Any]:
+    """``{"id": ..., "info": ...}`` for one data path of the spec (``key`` names it in messages)."""
+    full = norm(Path(project_root) / value)
+    out = find_out(full)
+    if not full.exists():
+        if out is not None:
+            raise DataError(f"{key} = {value!r}: {full} is missing; DVC tracks it in {out.record}",
+                            f"fetch it with `dvc pull {out.record}`.")
+        fix = ("prepare it with `mcx data prepare SPEC` or fetch it with `dvc pull`" if key == "data.path"
+               else "fix the path (relative to the project root) or fetch the file with `dvc pull`")
+        raise DataError(f"{key} = {value!r}: {full} does not exist", fix + ".")
+    if out is not None:
+        verified = _check_fresh(out, key, value, warnings)
+        subpath = full.relative_to(out.path).as_posix() if full != out.path else None
+        info: dict[str, Any] = {"path": str(full), "record": str(out.record), "stage": out.stage,
+                                "size": out.size, "nfiles": out.nfiles, "verified": verified}
+        if subpath is not None:
+            info["note"] = (f"inside the DVC-tracked {out.path}: the identity is that directory's hash "
+                            f"plus the relative path {subpath!r}")
+        return {"id": {"source": "dvc", "hash": out.hash_name, "value": out.value, "subpath": subpath},
+                "info": info}
+    sha, nfiles, size = tree_sha256(full)
+    if nfiles == 0:
+        raise DataError(f"{key} = {value!r}: {full} holds no files",
+                        "prepare it with `mcx data prepare SPEC` or fetch it with `dvc pull`.")
+    warnings.append(f"{key} = {value!r} is not tracked by DVC; hashed its {nfiles} files ({size} bytes) "
+                    f"by content; `dvc add {value}` makes this instant and reproducible")
+    return {"id": {"source": "sha256", "value": sha},
+            "info": {"path": str(full), "record": None, "size": size, "nfiles": nfiles}}
+
+
+def collect_data(spec: ExperimentSpec, project_root: Path) -> dict[str, Any]:
+    """The data component: ``{"id": ..., "info": ..., "warnings": [...]}``."""
+    warnings: list[str] = []
+    paths = {"dataset": ("data.path", spec.data.path),
+             "tokenizer": ("data.tokenizer.path", spec.data.tokenizer.path),
+             "merges": ("data.tokenizer.merges", spec.data.tokenizer.merges)}
+    ident: dict[str, Any] = {}
+    info: dict[str, Any] = {}
+    for name, (key, value) in paths.items():
+        if value is None:
+            continue
+        part = content_identity(project_root, value, key, warnings)
+        ident[name], info[name] = part["id"], part["info"]
+    return {"id": ident, "info": info, "warnings": warnings}

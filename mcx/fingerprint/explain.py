@@ -1,0 +1,120 @@
+"""Why two fingerprints differ: which components moved, and which keys inside each.
+
+Only the hashed part (``id``) of each component is compared, so the explanation lists exactly what
+changes the run ID: config keys as dotted paths (``train.lr``), code commit and diff hash,
+environment versions, data hashes, hardware fields.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from attrs import frozen
+
+from mcx.fingerprint.record import COMPONENTS, FingerprintRecord, component_hashes, load_record, run_id
+
+__all__ = ["ComponentDiff", "Explanation", "KeyChange", "explain", "explanation_to_dict", "flatten",
+           "load_record", "render_explanation"]
+
+
+@frozen
+class KeyChange:
+    key: str  # dotted path inside the component's id
+    a: Any  # value in the first record (None with kind "added")
+    b: Any  # value in the second record (None with kind "removed")
+    kind: str  # "changed" | "added" (only in b) | "removed" (only in a)
+
+
+@frozen
+class ComponentDiff:
+    component: str
+    hash_a: str
+    hash_b: str
+    changes: tuple[KeyChange, ...]
+
+
+@frozen
+class Explanation:
+    run_a: str
+    run_b: str
+    components: tuple[ComponentDiff, ...]  # only the components whose hashes differ, in COMPONENTS order
+
+    @property
+    def same(self) -> bool:
+        return not self.components
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {dotted key: leaf}; lists and scalars are leaves, an empty dict is a leaf."""
+    if not isinstance(tree, dict) or (not tree and prefix):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def diff_keys(a: dict[str, Any], b: dict[str, Any]) -> tuple[KeyChange, ...]:
+    fa, fb = flatten(a), flatten(b)
+    changes = []
+    for key in sorted(fa.keys() | fb.keys()):
+        if key not in fb:
+            changes.append(KeyChange(key, fa[key], None, "removed"))
+        elif key not in fa:
+            changes.append(KeyChange(key, None, fb[key], "added"))
+        elif fa[key] != fb[key] or type(fa[key]) is not type(fb[key]):
+            changes.append(KeyChange(key, fa[key], fb[key], "changed"))
+    return tuple(changes)
+
+
+def explain(rec_a: FingerprintRecord, rec_b: FingerprintRecord) -> Explanation:
+    """Which components of ``rec_b`` differ from ``rec_a``, key by key."""
+    ha, hb = component_hashes(rec_a), component_hashes(rec_b)
+    diffs = tuple(
+        ComponentDiff(name, ha[name], hb[name], diff_keys(rec_a.component(name)["id"], rec_b.component(name)["id"]))
+        for name in COMPONENTS
+        if ha[name] != hb[name]
+    )
+    return Explanation(run_a=run_id(rec_a), run_b=run_id(rec_b), components=diffs)
+
+
+def explanation_to_dict(expl: Explanation) -> dict[str, Any]:
+    """JSON form (for ``mcx explain --json``)."""
+    return {
+        "run_a": expl.run_a,
+        "run_b": expl.run_b,
+        "same": expl.same,
+        "components": [
+            {"component": d.component, "hash_a": d.hash_a, "hash_b": d.hash_b,
+             "changes": [{"key": c.key, "a": c.a, "b": c.b, "kind": c.kind} for c in d.changes]}
+            for d in expl.components
+        ],
+    }
+
+
+def _show(value: Any, kind: str, side: str) -> str:
+    if (kind, side) in (("added", "a"), ("removed", "b")):
+        return "(absent)"
+    return json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
+
+
+def render_explanation(expl: Explanation) -> Any:
+    """A rich renderable: a headline, then one table per differing component."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    if expl.same:
+        return Text(f"{expl.run_a} and {expl.run_b}: same run ID, nothing differs.", style="green")
+    names = ", ".join(d.component for d in expl.components)
+    parts: list[Any] = [Text(f"{expl.run_a} -> {expl.run_b}: {names} differ", style="bold")]
+    for d in expl.components:
+        table = Table(title=f"{d.component}  {d.hash_a[:12]} -> {d.hash_b[:12]}", title_justify="left")
+        table.add_column("key", style="cyan", no_wrap=True)
+        table.add_column(expl.run_a, overflow="fold")
+        table.add_column(expl.run_b, overflow="fold")
+        for c in d.changes:
+            table.add_row(c.key, _show(c.a, c.kind, "a"), _show(c.b, c.kind, "b"))
+        parts.append(table)
+    return Group(*parts)

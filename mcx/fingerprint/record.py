@@ -1,0 +1,168 @@
+"""The fingerprint record and the run ID it hashes to.
+
+A record holds five components, each ``{"id": {...}, "info": {...}}``: ``id`` is exactly what is
+hashed, ``info`` is what was observed along the way (paths, probes, versions that cannot change a
+result). Warnings and side data (the code patch) are kept beside them and never hashed.
+
+    component hash = mcx.hashing.digest(component["id"])
+    run ID         = first 12 hex of digest({"schema": SCHEMA, "components": {name: component hash}})
+
+So the same spec, code, environment, data and hardware give the same ID in any process on any
+machine of the same kind, and ``mcx explain`` can say which component moved it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from attrs import field, frozen
+
+from mcx.errors import InputError, RunIdError
+from mcx.fingerprint.code import collect_code
+from mcx.fingerprint.config import collect_config
+from mcx.fingerprint.data import collect_data
+from mcx.fingerprint.environment import collect_environment
+from mcx.fingerprint.hardware import collect_hardware
+from mcx.hashing import digest, short_id
+from mcx.spec import ExperimentSpec
+
+SCHEMA = 1  # bump when what a component hashes changes meaning; old IDs then stop matching on load
+COMPONENTS = ("code", "environment", "config", "data", "hardware")
+RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
+RUNS_DIR = Path(".mcx") / "runs"  # <project>/.mcx/runs/<run_id>/fingerprint.json
+
+
+@frozen(kw_only=True)
+class FingerprintRecord:
+    """Everything a run ID stands for. Components are plain JSON-able dicts with ``id`` and ``info``."""
+
+    code: dict[str, Any]
+    environment: dict[str, Any]
+    config: dict[str, Any]
+    data: dict[str, Any]
+    hardware: dict[str, Any]
+    warnings: tuple[str, ...] = ()
+    # Not hashed: {"patch": str, "patch_encoding": "utf-8" | "base64"} when the tree is dirty.
+    side: dict[str, Any] = field(factory=dict)
+
+    def component(self, name: str) -> dict[str, Any]:
+        return getattr(self, name)
+
+
+def _patch_side(patch: bytes | None) -> dict[str, Any]:
+    if not patch:
+        return {}
+    try:
+        return {"patch": patch.decode("utf-8"), "patch_encoding": "utf-8"}
+    except UnicodeDecodeError:
+        return {"patch": base64.b64encode(patch).decode("ascii"), "patch_encoding": "base64"}
+
+
+def patch_bytes(record: FingerprintRecord) -> bytes | None:
+    """The uncommitted change as ``git apply`` takes it; None for a clean tree."""
+    if "patch" not in record.side:
+        return None
+    text = record.side["patch"]
+    return base64.b64decode(text) if record.side.get("patch_encoding") == "base64" else text.encode("utf-8")
+
+
+def collect(
+    spec: ExperimentSpec,
+    project_root: Path,
+    *,
+    lockfile: str | None = None,
+    probe_hardware: bool = True,
+) -> FingerprintRecord:
+    """Fingerprint ``spec`` as it would run from ``project_root`` on this machine.
+
+    Raises DataError for missing or modified data, InputError for a bad lockfile name, and
+    EnvironmentProblem when git cannot read the repository.
+    """
+    root = Path(project_root).resolve()
+    parts = {
+        "code": collect_code(root),
+        "environment": collect_environment(root, lockfile),
+        "config": collect_config(spec),
+        "data": collect_data(spec, root),
+        "hardware": collect_hardware(spec, probe_hardware),
+    }
+    warnings = tuple(f"{name}: {w}" for name, part in parts.items() for w in part["warnings"])
+    side = _patch_side(parts["code"].get("patch"))
+    comps = {name: {"id": part["id"], "info": part["info"]} for name, part in parts.items()}
+    return FingerprintRecord(**comps, warnings=warnings, side=side)
+
+
+def component_hashes(record: FingerprintRecord) -> dict[str, str]:
+    """Full sha256 of each component's ``id``."""
+    return {name: digest(record.component(name)["id"]) for name in COMPONENTS}
+
+
+def run_id(record: FingerprintRecord) -> str:
+    """The 12-hex run ID: the hash of the component hashes."""
+    return short_id(digest({"schema": SCHEMA, "components": component_hashes(record)}))
+
+
+def record_to_dict(record: FingerprintRecord) -> dict[str, Any]:
+    """The content of ``fingerprint.json`` (``run_id`` and hashes included for readers; checked on load)."""
+    return {
+        "schema": SCHEMA,
+        "run_id": run_id(record),
+        "component_hashes": component_hashes(record),
+        **{name: record.component(name) for name in COMPONENTS},
+        "warnings": list(record.warnings),
+        "side": record.side,
+    }
+
+
+def record_from_dict(data: Any, source: str = "fingerprint record") -> FingerprintRecord:
+    """Read ``record_to_dict``'s output back; raise InputError if it is not one or does not hash to its ID."""
+    if not isinstance(data, dict):
+        raise InputError(f"{source} is not a JSON object", "regenerate it by running the spec again.")
+    if data.get("schema") != SCHEMA:
+        raise InputError(f"{source} has fingerprint schema {data.get('schema')!r}; this mcx reads {SCHEMA}",
+                         "compare runs recorded by the same mcx version, or run the spec again.")
+    for name in COMPONENTS:
+        comp = data.get(name)
+        if not (isinstance(comp, dict) and isinstance(comp.get("id"), dict) and isinstance(comp.get("info"), dict)):
+            raise InputError(f"{source}: component {name!r} is missing or malformed",
+                             "regenerate it by running the spec again.")
+    warnings = data.get("warnings", [])
+    side = data.get("side", {})
+    if not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings) and isinstance(side, dict)):
+        raise InputError(f"{source}: warnings or side data malformed", "regenerate it by running the spec again.")
+    record = FingerprintRecord(**{name: data[name] for name in COMPONENTS}, warnings=tuple(warnings), side=side)
+    if "run_id" in data and data["run_id"] != run_id(record):
+        raise InputError(f"{source} says run ID {data['run_id']} but its content hashes to {run_id(record)}",
+                         "the file was edited or damaged; run the spec again to record it anew.")
+    return record
+
+
+def load_record(project_root: Path, run_id_text: str) -> FingerprintRecord:
+    """The record of a finished or started run: ``.mcx/runs/<id>/fingerprint.json``.
+
+    Raises RunIdError for a malformed ID (anything but 12 lowercase hex digits: no paths, no shell
+    characters reach the filesystem) or an unknown one, and InputError for a damaged record.
+    """
+    if not isinstance(run_id_text, str) or not RUN_ID_PATTERN.fullmatch(run_id_text):
+        raise RunIdError(f"{run_id_text!r} is not a run ID",
+                         "a run ID is 12 lowercase hex digits, e.g. 3f9c0a12b4de; list runs with `mcx ls`.")
+    path = Path(project_root) / RUNS_DIR / run_id_text / "fingerprint.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise RunIdError(f"unknown run ID {run_id_text}: no {path}",
+                         "list the runs of this project with `mcx ls`, or run from the project root.") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path} is not valid JSON ({exc})",
+                         "the record is damaged; run the spec again to record it anew.") from None
+    record = record_from_dict(data, str(path))
+    if (actual := run_id(record)) != run_id_text:
+        raise InputError(f"{path} hashes to run ID {actual}, not {run_id_text}",
+                         "the run directory was renamed or its record replaced; run the spec again.")
+    return record

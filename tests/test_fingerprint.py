@@ -1,0 +1,468 @@
+"""Fingerprints and run IDs against real git repositories, a real DVC repository and real processes."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import attrs
+import pytest
+from rich.console import Console
+
+from mcx.errors import DataError, InputError, RunIdError
+from mcx.fingerprint import (
+    collect,
+    component_hashes,
+    explain,
+    explanation_to_dict,
+    load_record,
+    patch_bytes,
+    record_from_dict,
+    record_to_dict,
+    render_explanation,
+    run_id,
+)
+from mcx.fingerprint.code import collect_code
+from mcx.fingerprint.config import NOT_HASHED, canonical_config
+from mcx.fingerprint.data import collect_data
+from mcx.fingerprint.environment import collect_environment, cuda_version
+from mcx.fingerprint.explain import flatten
+from mcx.fingerprint.hardware import cpu_model, identity, parse_gpu_query, parse_topology, visible
+from mcx.spec import load_spec
+from mcx.spec.convert import field_types
+from mcx.spec.schema import ExperimentSpec
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "experiments" / "tiny.toml"
+GIT_ID = ["-c", "user.name=mcx tests", "-c", "user.email=tests@mcx.invalid", "-c", "commit.gpgsign=false"]
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *GIT_ID, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def dvc(cwd: Path, *args: str) -> None:
+    subprocess.run([sys.executable, "-m", "dvc", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_repo(root: Path, files: dict[str, bytes], ignore: str = "data/\n") -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    git(root, "init", "-q", "-b", "main")
+    (root / ".gitignore").write_text(ignore)
+    for rel, content in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(content)
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "initial")
+    return root
+
+
+def write_dataset(root: Path) -> None:
+    (root / "data" / "quickstart").mkdir(parents=True, exist_ok=True)
+    (root / "data" / "quickstart" / "corpus.bin").write_bytes(bytes(range(256)) * 8)
+    (root / "data" / "quickstart" / "corpus.idx").write_bytes(b"MMIDIDX\x00\x00" + b"\x01" * 23)
+    (root / "data" / "other").mkdir(parents=True, exist_ok=True)
+    (root / "data" / "other" / "notes.txt").write_text("another dataset in the same tracked directory\n")
+
+
+@pytest.fixture(scope="module")
+def dvc_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A git + DVC project: `data/` tracked by data.dvc, the tiny spec, a lockfile, all committed."""
+    root = tmp_path_factory.mktemp("project")
+    make_repo(root, {"README.md": b"a project\n"}, ignore="")
+    dvc(root, "init", "-q")
+    write_dataset(root)
+    dvc(root, "add", "-q", "data")
+    shutil.copy(TINY, root / "tiny.toml")
+    (root / "lockfiles").mkdir()
+    (root / "lockfiles" / "cpu.txt").write_text("torch==2.11.0\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "data and spec")
+    return root
+
+
+@pytest.fixture
+def project(dvc_project: Path, tmp_path: Path) -> Path:
+    """A private copy of the DVC project (tests may change it)."""
+    return Path(shutil.copytree(dvc_project, tmp_path / "copy", symlinks=True))
+
+
+def spec_in(root: Path, *overrides: str) -> ExperimentSpec:
+    return load_spec(root / "tiny.toml", list(overrides))
+
+
+def dvc_record(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text())["outs"][0]
+
+
+# ---------------------------------------------------------------- code
+
+
+def test_clean_repo_names_its_commit(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "r", {"train.py": b"print(1)\n"})
+    code = collect_code(root)
+    assert code["id"]["commit"] == git(root, "rev-parse", "HEAD").strip()
+    assert code["id"]["dirty"] is False and code["id"]["diff_sha256"] is None
+    assert code["patch"] is None and code["warnings"] == []
+
+
+def test_tracked_untracked_and_ignored_changes(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "r", {"train.py": b"print(1)\n"}, ignore="data/\n*.log\n")
+    clean = collect_code(root)["id"]
+
+    (root / "train.py").write_bytes(b"print(2)\n")
+    edited = collect_code(root)["id"]
+    assert edited["dirty"] and edited["diff_sha256"] is not None
+    assert edited["commit"] == clean["commit"]
+
+    (root / "train.py").write_bytes(b"print(1)\n")  # same content as the commit: clean again
+    assert collect_code(root)["id"] == clean
+
+    (root / "helper.py").write_bytes(b"x = 1\n")  # untracked, not ignored: counts
+    with_helper = collect_code(root)["id"]
+    assert with_helper["dirty"] and with_helper["diff_sha256"] is not None
+    (root / "helper.py").write_bytes(b"x = 2\n")  # its content counts, not just its name
+    assert collect_code(root)["id"]["diff_sha256"] not in (None, with_helper["diff_sha256"])
+    (root / "helper.py").unlink()
+
+    (root / "run.log").write_text("ignored\n")  # ignored: does not count
+    (root / "data").mkdir()
+    (root / "data" / "x.bin").write_bytes(b"\0" * 10)
+    (root / ".mcx" / "runs" / "0123456789ab").mkdir(parents=True)  # mcx's own state never counts
+    (root / ".mcx" / "runs" / "0123456789ab" / "fingerprint.json").write_text("{}")
+    assert collect_code(root)["id"] == clean
+
+
+def test_diff_hash_ignores_users_diff_settings(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "r", {"a.py": b"".join(b"line %d\n" % i for i in range(50))})
+    (root / "a.py").write_bytes(b"".join(b"line %d\n" % (i * 7 % 50) for i in range(50)))
+    before = collect_code(root)
+    git(root, "config", "diff.algorithm", "histogram")
+    git(root, "config", "diff.noprefix", "true")
+    git(root, "config", "diff.context", "9")
+    after = collect_code(root)
+    assert after["id"] == before["id"]
+    assert after["patch"] == before["patch"]
+
+
+def test_patch_restores_the_working_tree(tmp_path: Path) -> None:
+    """The recorded patch (through fingerprint.json) turns a clean checkout into the dirty tree."""
+    files = {"train.py": b"lr = 1\n", "weights.bin": bytes(range(256)), "latin1.txt": b"caf\xe9\n",
+             "gone.py": b"old\n"}
+    root = make_repo(tmp_path / "r", files)
+    (root / "train.py").write_bytes(b"lr = 2\n")
+    (root / "weights.bin").write_bytes(bytes(reversed(range(256))))
+    (root / "latin1.txt").write_bytes(b"na\xefve\n")  # not UTF-8: the patch is kept as base64
+    (root / "gone.py").unlink()
+    (root / "new_module.py").write_bytes(b"def f():\n    return 3\n")
+    (root / "blob.npy").write_bytes(b"\x93NUMPY\x00\x01" + bytes(100))
+    shutil.copy(TINY, root / "tiny.toml")
+    write_dataset(root)
+
+    rec = collect(load_spec(root / "tiny.toml"), root, probe_hardware=False)
+    assert rec.side["patch_encoding"] == "base64"
+    back = record_from_dict(json.loads(json.dumps(record_to_dict(rec))))
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+    subprocess.run(["git", "apply", "--binary", "-"], cwd=clone, input=patch_bytes(back), check=True)
+    for rel in ["train.py", "weights.bin", "latin1.txt", "new_module.py", "blob.npy", "tiny.toml"]:
+        assert (clone / rel).read_bytes() == (root / rel).read_bytes(), rel
+    assert not (clone / "gone.py").exists()
+
+
+def test_outside_git_hashes_mcx_sources_with_a_warning(tmp_path: Path) -> None:
+    code = collect_code(tmp_path)
+    assert code["id"]["commit"] is None
+    assert len(code["id"]["mcx_sources"]) == 64
+    assert any("not a git checkout" in w for w in code["warnings"])
+
+
+# ---------------------------------------------------------------- data (real DVC)
+
+
+def test_dvc_hash_of_a_path_inside_a_tracked_directory(dvc_project: Path) -> None:
+    out = dvc_record(dvc_project / "data.dvc")
+    data = collect_data(spec_in(dvc_project), dvc_project)
+    ds = data["id"]["dataset"]
+    assert ds == {"source": "dvc", "hash": "md5", "value": out["md5"], "subpath": "quickstart"}
+    assert "quickstart" in data["info"]["dataset"]["note"]
+    assert data["warnings"] == []
+    # The value is DVC's own object: the .dir listing in the cache hashes to it and lists our files.
+    listing = dvc_project / ".dvc" / "cache" / "files" / "md5" / ds["value"][:2] / ds["value"][2:]
+    assert hashlib.md5(listing.read_bytes()).hexdigest() + ".dir" == ds["value"]
+    entries = {e["relpath"]: e["md5"] for e in json.loads(listing.read_text())}
+    corpus = dvc_project / "data" / "quickstart" / "corpus.bin"
+    assert entries["quickstart/corpus.bin"] == hashlib.md5(corpus.read_bytes()).hexdigest()
+
+
+def test_dvc_file_of_the_path_itself_wins(project: Path) -> None:
+    tok = project / "tokenizer.json"
+    tok.write_text('{"model": {"type": "BPE"}}\n')
+    dvc(project, "add", "-q", "tokenizer.json")
+    spec = spec_in(project, 'data.tokenizer.path="tokenizer.json"')
+    data = collect_data(spec, project)
+    assert data["id"]["tokenizer"] == {"source": "dvc", "hash": "md5",
+                                       "value": hashlib.md5(tok.read_bytes()).hexdigest(), "subpath": None}
+    assert data["id"]["tokenizer"]["value"] == dvc_record(project / "tokenizer.json.dvc")["md5"]
+
+
+def test_dvc_lock_stage_output(project: Path) -> None:
+    (project / "dvc.yaml").write_text(textwrap.dedent("""\
+        stages:
+          prepare:
+            wdir: work
+            cmd: PYTHON -c "import pathlib; p = pathlib.Path('prepared'); p.mkdir(); (p / 'corpus.bin').write_bytes(b'tokens')"
+            outs:
+              - prepared
+        """).replace("PYTHON", sys.executable))
+    (project / "work").mkdir()
+    dvc(project, "repro", "-q")
+    spec = spec_in(project, 'data.path="work/prepared"')
+    data = collect_data(spec, project)
+    lock_out = __import__("yaml").safe_load((project / "dvc.lock").read_text())["stages"]["prepare"]["outs"][0]
+    assert data["id"]["dataset"] == {"source": "dvc", "hash": "md5", "value": lock_out["md5"], "subpath": None}
+    assert data["info"]["dataset"]["stage"] == "prepare"
+
+
+def test_modified_tracked_data_is_refused(project: Path) -> None:
+    with (project / "data" / "quickstart" / "corpus.bin").open("ab") as f:
+        f.write(b"more")
+    with pytest.raises(DataError, match="changed since DVC recorded it") as exc:
+        collect_data(spec_in(project), project)
+    assert "dvc add" in exc.value.hint and "dvc checkout" in exc.value.hint
+
+
+def test_missing_data_names_the_key_and_the_fix(project: Path) -> None:
+    shutil.rmtree(project / "data")
+    with pytest.raises(DataError) as exc:
+        collect(spec_in(project), project)
+    assert "data.path = 'data/quickstart'" in exc.value.message and "dvc pull" in exc.value.hint
+    with pytest.raises(DataError) as exc:
+        collect_data(spec_in(project, 'data.path="nowhere"'), project)
+    assert "data.path = 'nowhere'" in exc.value.message and "mcx data prepare" in exc.value.hint
+    assert exc.value.exit_code == 2
+
+
+def test_untracked_data_is_hashed_by_content_with_a_warning(tmp_path: Path) -> None:
+    write_dataset(tmp_path)
+    spec = load_spec(TINY)
+    first = collect_data(spec, tmp_path)
+    assert first["id"]["dataset"]["source"] == "sha256"
+    assert any("not tracked by DVC" in w for w in first["warnings"])
+    assert collect_data(spec, tmp_path)["id"] == first["id"]
+    (tmp_path / "data" / "quickstart" / "corpus.idx").write_bytes(b"MMIDIDX\x00\x00" + b"\x02" * 23)
+    assert collect_data(spec, tmp_path)["id"] != first["id"]
+
+
+# ---------------------------------------------------------------- run IDs
+
+ID_SCRIPT = """
+import sys
+from pathlib import Path
+from mcx.fingerprint import collect, run_id
+from mcx.spec import load_spec
+from mcx.spec.convert import field_types
+root = Path(sys.argv[1])
+print(run_id(collect(load_spec(root / "tiny.toml"), root)))
+"""
+
+
+def test_same_inputs_same_id_in_separate_processes(dvc_project: Path) -> None:
+    ids = [subprocess.run([sys.executable, "-c", ID_SCRIPT, str(dvc_project)], check=True, capture_output=True,
+                          text=True, cwd=REPO).stdout.strip() for _ in range(2)]
+    here = run_id(collect(spec_in(dvc_project), dvc_project))
+    assert ids == [here, here]
+    assert len(here) == 12 and int(here, 16) >= 0
+
+
+def test_what_changes_the_id_and_what_does_not(dvc_project: Path) -> None:
+    base = run_id(collect(spec_in(dvc_project), dvc_project))
+    assert run_id(collect(spec_in(dvc_project, "train.lr=1e-3"), dvc_project)) != base
+    for override in ['name="renamed"', 'tracking.uri="http://mlflow.invalid:5000"', 'launch.kind="torchrun"',
+                     'description="other words"', "checkpoint.keep=5", "budget.max_gpu_hours=99.0"]:
+        assert run_id(collect(spec_in(dvc_project, override), dvc_project)) == base, override
+
+
+def test_slurm_launch_is_identified_by_the_declared_hardware(dvc_project: Path) -> None:
+    local = collect(spec_in(dvc_project, 'hardware.gpu="H100"'), dvc_project, probe_hardware=False)
+    slurm = collect(spec_in(dvc_project, 'hardware.gpu="H100"', 'launch.kind="slurm"'), dvc_project)
+    assert slurm.hardware["id"] == {"probed": False, "device": "cuda", "gpu": "H100", "nodes": 1,
+                                    "gpus_per_node": 1}
+    assert run_id(slurm) == run_id(local)
+
+
+def test_code_change_changes_the_id(project: Path) -> None:
+    before = collect(spec_in(project), project)
+    (project / "README.md").write_text("a project, edited\n")
+    after = collect(spec_in(project), project)
+    assert run_id(after) != run_id(before)
+    expl = explain(before, after)
+    assert [d.component for d in expl.components] == ["code"]
+    assert {c.key for c in expl.components[0].changes} == {"dirty", "diff_sha256"}
+
+
+def test_every_not_hashed_key_is_a_spec_field() -> None:
+    for dotted in NOT_HASHED:
+        cls = ExperimentSpec
+        for part in dotted.split("."):
+            assert cls is not None and part in attrs.fields_dict(cls), dotted
+            typ = field_types(cls)[part]
+            cls = typ if isinstance(typ, type) and attrs.has(typ) else None
+    flat = flatten(canonical_config(load_spec(TINY)))
+    assert not any(k == key or k.startswith(key + ".") for key in NOT_HASHED for k in flat)
+    assert "train.lr" in flat and "data.prefix" in flat and "hardware.gpus_per_node" in flat
+
+
+# ---------------------------------------------------------------- explain and stored records
+
+
+def test_explain_lists_exactly_the_changed_keys(dvc_project: Path) -> None:
+    a = collect(spec_in(dvc_project), dvc_project)
+    b = collect(spec_in(dvc_project, "train.lr=1e-3", "model.num_layers=6", 'name="other"'), dvc_project)
+    expl = explain(a, b)
+    assert [d.component for d in expl.components] == ["config"]
+    assert [(c.key, c.a, c.b) for c in expl.components[0].changes] == [("model.num_layers", 4, 6),
+                                                                      ("train.lr", 0.003, 0.001)]
+    as_json = explanation_to_dict(expl)
+    assert as_json["same"] is False and as_json["run_a"] == run_id(a) and as_json["run_b"] == run_id(b)
+    console = Console(file=io.StringIO(), width=160, color_system=None)
+    console.print(render_explanation(expl))
+    text = console.file.getvalue()
+    assert "train.lr" in text and "0.003" in text and "model.num_layers" in text and "name" not in text
+    assert explain(a, a).same
+
+
+def test_stored_record_round_trip_and_lookup(dvc_project: Path, tmp_path: Path) -> None:
+    rec = collect(spec_in(dvc_project), dvc_project)
+    rid = run_id(rec)
+    run_dir = tmp_path / ".mcx" / "runs" / rid
+    run_dir.mkdir(parents=True)
+    (run_dir / "fingerprint.json").write_text(json.dumps(record_to_dict(rec)))
+    loaded = load_record(tmp_path, rid)
+    assert loaded == rec and component_hashes(loaded) == component_hashes(rec)
+
+    tampered = record_to_dict(rec)
+    tampered["config"]["id"]["train"]["lr"] = 1.0
+    (run_dir / "fingerprint.json").write_text(json.dumps(tampered))
+    with pytest.raises(InputError, match="hashes to"):
+        load_record(tmp_path, rid)
+
+
+@pytest.mark.parametrize("bad", ["../etc", "abc;rm -rf", "ABCDEF012345", "0123456789a", "0123456789abc",
+                                 "0123456789a/", "../../.mcx/r", ""])
+def test_malformed_run_ids_are_refused(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(RunIdError, match="is not a run ID") as exc:
+        load_record(tmp_path, bad)
+    assert "12 lowercase hex" in exc.value.hint
+
+
+def test_unknown_run_id(tmp_path: Path) -> None:
+    with pytest.raises(RunIdError, match="unknown run ID 0123456789ab") as exc:
+        load_record(tmp_path, "0123456789ab")
+    assert "mcx ls" in exc.value.hint and exc.value.exit_code == 2
+
+
+# ---------------------------------------------------------------- environment
+
+
+def test_environment_reads_metadata_and_the_lockfile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "lockfiles").mkdir()
+    (tmp_path / "lockfiles" / "cuda13.txt").write_bytes(b"torch==2.11.0\nmegatron-core==0.19.2\n")
+    env = collect_environment(tmp_path, "cuda13")
+    assert env["id"]["lockfile_sha256"] == hashlib.sha256(b"torch==2.11.0\nmegatron-core==0.19.2\n").hexdigest()
+    assert env["info"]["lockfile"] == "cuda13" and env["info"]["lockfile_source"] == "argument"
+    from importlib.metadata import version
+
+    assert env["id"]["torch"] == version("torch") and env["id"]["megatron_core"] == version("megatron-core")
+    assert env["id"]["python"] == ".".join(map(str, sys.version_info[:3]))
+
+    monkeypatch.setenv("MCX_LOCKFILE", "cuda13")
+    assert collect_environment(tmp_path)["info"]["lockfile_source"] == "$MCX_LOCKFILE"
+    monkeypatch.setenv("MCX_LOCKFILE", "rocm")
+    missing = collect_environment(tmp_path)
+    assert missing["id"]["lockfile_sha256"] is None and "not found" in missing["warnings"][0]
+    with pytest.raises(InputError, match="does not exist"):
+        collect_environment(tmp_path, "rocm")
+    with pytest.raises(InputError, match="not a lockfile name"):
+        collect_environment(tmp_path, "../cpu")
+
+
+def test_cuda_version_from_torch_local_tag() -> None:
+    assert cuda_version("2.11.0+cu130")[0] == "13.0"
+    assert cuda_version("2.7.1+cu128")[0] == "12.8"
+    assert cuda_version("2.3.0+cu118")[0] == "11.8"
+    assert cuda_version("2.11.0+cpu")[0] is None
+
+
+def test_control_plane_imports_stay_light() -> None:
+    code = ("import sys, mcx.fingerprint, mcx.fingerprint.explain; "
+            "print(sorted(m for m in ('torch', 'megatron', 'mlflow', 'dvc', 'rich', 'yaml') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
+    assert out.stdout.strip() == "[]"
+
+
+# ---------------------------------------------------------------- hardware
+
+# Captured from a 2 x H200 host (nvidia-smi 580.159.04), UUIDs shortened; the header really is underlined.
+H200_QUERY = """\
+0, GPU-070e6e8c-4e8d-867b-710e-87385ac4b91f, NVIDIA H200, 580.159.04, 143771
+1, GPU-e38e8d4b-ce40-6707-d71f-184c50a89e9e, NVIDIA H200, 580.159.04, 143771
+"""
+H200_TOPO = (
+    "\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+    "GPU0\t X \tNV18\t0-31\t0\t\tN/A\n"
+    "GPU1\tNV18\t X \t0-31\t0\t\tN/A\n\n"
+    "Legend:\n\n  X    = Self\n  SYS  = Connection traversing PCIe as well as the SMP interconnect\n"
+    "  NV#  = Connection traversing a bonded set of # NVLinks\n"
+)
+PCIE_TOPO = (
+    "\tGPU0\tGPU1\tNIC0\tCPU Affinity\tNUMA Affinity\n"
+    "GPU0\t X \tSYS\tPHB\t0-15\t0\n"
+    "GPU1\tSYS\t X \tSYS\t16-31\t1\n"
+    "NIC0\tPHB\tSYS\t X \n"
+)
+
+
+def test_nvidia_smi_parsing() -> None:
+    gpus = parse_gpu_query(H200_QUERY)
+    assert [(g["index"], g["name"], g["driver"], g["memory_mib"]) for g in gpus] == [
+        (0, "NVIDIA H200", "580.159.04", 143771), (1, "NVIDIA H200", "580.159.04", 143771)]
+    assert parse_topology(H200_TOPO, [0, 1]) == "nvlink"
+    assert parse_topology(PCIE_TOPO, [0, 1]) == "pcie"
+    assert parse_topology(H200_TOPO, [1]) == "single"
+    assert parse_topology("", []) is None
+    assert [g["index"] for g in visible(gpus, None)] == [0, 1]
+    assert [g["index"] for g in visible(gpus, "1")] == [1]
+    assert [g["index"] for g in visible(gpus, "GPU-e38e8d4b,0")] == [1, 0]
+    assert visible(gpus, "") == [] and [g["index"] for g in visible(gpus, "0,7,1")] == [0]
+
+
+def test_hardware_identity_hashes_the_documented_fields() -> None:
+    spec = load_spec(TINY, ['hardware.gpu="H200"', "hardware.gpus_per_node=2"])
+    probed = {"gpus": parse_gpu_query(H200_QUERY), "visible": [0, 1], "interconnect": "nvlink",
+              "cpu": "Intel(R) Xeon(R) Processor", "cpu_cores": 32}
+    warnings: list[str] = []
+    assert identity(spec, probed, warnings) == {"probed": True, "device": "cuda", "gpu": "NVIDIA H200",
+                                                "driver_major": "580", "interconnect": "nvlink", "nodes": 1,
+                                                "gpus_per_node": 2}
+    assert warnings == []
+    cpu = identity(load_spec(TINY, ['hardware.gpu="cpu"']), probed, warnings)
+    assert cpu == {"probed": True, "device": "cpu", "cpu": "Intel(R) Xeon(R) Processor", "nodes": 1,
+                   "gpus_per_node": 1}
+
+
+def test_this_machine_probe(dvc_project: Path) -> None:
+    rec = collect(spec_in(dvc_project), dvc_project)
+    hw = rec.hardware
+    if shutil.which("nvidia-smi") is None:
+        assert hw["id"]["device"] == "cpu" and hw["id"]["cpu"] == cpu_model()
+        assert hw["info"]["probe"]["nvidia_smi"] is False
+    assert hw["info"]["probe"]["cpu_cores"] >= 1
