@@ -1,0 +1,27 @@
+"""Datasets: corpora, tokenizers, and `mcx data prepare` (Megatron-Core indexed datasets).
+
+Importing this package is cheap: torch, megatron and the tokenizer libraries load inside the
+functions that need them.
+"""
+
+from mcx.data.corpus import Corpus, jsonl_corpus, megatron_core_corpus, text_corpus
+from mcx.data.dataset import check_dataset, read_manifest
+from mcx.data.dvc_hash import DirHash, DvcCheck, directory_md5, verify_against_dvc
+from mcx.data.prepare import QuickstartRecipe, prepare, prepare_quickstart, quickstart_recipe
+
+__all__ = [
+    "Corpus",
+    "DirHash",
+    "DvcCheck",
+    "QuickstartRecipe",
+    "check_dataset",
+    "directory_md5",
+    "jsonl_corpus",
+    "megatron_core_corpus",
+    "prepare",
+    "prepare_quickstart",
+    "quickstart_recipe",
+    "read_manifest",
+    "text_corpus",
+    "verify_against_dvc",
+]
