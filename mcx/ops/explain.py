@@ -1,0 +1,29 @@
+"""`mcx explain A B`: which fingerprint components differ between two specs or run IDs, and how."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import InputError
+
+_RUN_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+def _record(ref: str, project: Path, overrides: list[str]) -> Any:
+    from mcx.fingerprint.record import collect, load_record
+    from mcx.spec import load_spec
+
+    if _RUN_ID.match(ref) and not Path(ref).exists():
+        return load_record(project, ref)
+    if not Path(ref).exists():
+        raise InputError(f"{ref!r} is neither a spec file nor a run ID;",
+                         "give a path to a TOML spec or a 12-character run ID from 'mcx ls'.")
+    return collect(load_spec(ref, overrides), project)
+
+
+def explain(a: str, b: str, *, project: Path, overrides: list[str] = ()) -> Any:
+    from mcx.fingerprint.explain import explain as diff
+
+    return diff(_record(a, project, []), _record(b, project, list(overrides)))
