@@ -1,0 +1,158 @@
+"""What every launcher offers the control plane: start a worker, follow it, stop it.
+
+A launcher turns a stage directory (``job.json`` written by the control plane) into running
+workers (``python -m mcx.train STAGE_DIR``) and hands back a :class:`Handle`. The control plane
+polls or waits on the handle while it tails ``metrics.jsonl``; when the handle reports a terminal
+state, :class:`LaunchOutcome` says what happened, what the worker reported (``result.json``) and
+what to do next.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from attrs import frozen
+
+from mcx.errors import InputError
+from mcx.spec.schema import LaunchSpec
+
+State = Literal["pending", "running", "finished", "failed", "cancelled", "timeout", "node_fail", "preempted"]
+
+ACTIVE: frozenset[str] = frozenset({"pending", "running"})
+TERMINAL: frozenset[str] = frozenset(
+    {"finished", "failed", "cancelled", "timeout", "node_fail", "preempted"}
+)
+
+RESULT_FILE = "result.json"
+LATEST_FILE = "checkpoints/latest"
+
+
+@frozen(kw_only=True)
+class LaunchOutcome:
+    """The state of a launch; final once ``done``.
+
+    ``exit_code`` follows subprocess's convention: the worker's exit status, or ``-N`` when
+    signal N ended it (None while it runs or when nothing reports it). ``result`` is the
+    worker's ``result.json`` when it wrote one; ``log`` the file that holds the launch's output
+    (Slurm's ``slurm-<job>.out``, or the file a local launcher was given).
+    """
+
+    state: State
+    exit_code: int | None = None
+    detail: str = ""
+    job_id: str | None = None
+    result: dict[str, Any] | None = None
+    log: Path | None = None
+    restarts: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state in TERMINAL
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "finished"
+
+
+class Handle(Protocol):
+    """One launched stage. ``poll`` never blocks; ``wait`` blocks at most ``timeout`` seconds
+    (None: until the launch ends) and returns the outcome so far, final when ``outcome.done``."""
+
+    @property
+    def job_id(self) -> str | None: ...
+
+    @property
+    def stage_dir(self) -> Path: ...
+
+    def poll(self) -> State: ...
+
+    def wait(self, timeout: float | None = None) -> LaunchOutcome: ...
+
+    def cancel(self) -> None: ...
+
+
+class Launcher(Protocol):
+    def start(
+        self,
+        stage_dir: Path,
+        layout: Mapping[str, Any],
+        launch_spec: LaunchSpec,
+        env: Mapping[str, str],
+    ) -> Handle: ...
+
+
+@frozen(kw_only=True)
+class Placement:
+    """Where the worker processes go: ``nodes`` x ``procs_per_node`` processes on ``device``."""
+
+    nodes: int
+    procs_per_node: int
+    device: Literal["cpu", "cuda"]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+def placement(layout: Mapping[str, Any]) -> Placement:
+    """Read the launcher's part of a layout: ``world_size``, ``nodes`` (default 1), ``device``
+    (default "cpu"). One process per GPU on GPU machines, ``world_size`` processes on CPU."""
+    world_size = layout.get("world_size")
+    nodes = layout.get("nodes", 1)
+    device = layout.get("device", "cpu")
+    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+        raise InputError(f"layout.world_size must be a positive integer, got {world_size!r}")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+        raise InputError(f"layout.nodes must be a positive integer, got {nodes!r}")
+    if world_size % nodes:
+        raise InputError(
+            f"layout.world_size={world_size} is not a multiple of layout.nodes={nodes}",
+            "Every node runs the same number of processes: use a world size that nodes divides.",
+        )
+    if device not in ("cpu", "cuda"):
+        raise InputError(f"layout.device must be 'cpu' or 'cuda', got {device!r}")
+    return Placement(nodes=nodes, procs_per_node=world_size // nodes, device=device)
+
+
+def read_result(stage_dir: Path) -> dict[str, Any] | None:
+    """The worker's ``result.json``, or None when it wrote none (or none that parses)."""
+    try:
+        data = json.loads((stage_dir / RESULT_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def clear_result(stage_dir: Path) -> None:
+    """Remove a ``result.json`` left by an earlier attempt, so it is never taken for this one's."""
+    (stage_dir / RESULT_FILE).unlink(missing_ok=True)
+
+
+def latest_checkpoint(stage_dir: Path) -> str | None:
+    """The name ``checkpoints/latest`` points at, or None before the first checkpoint."""
+    try:
+        name = (stage_dir / LATEST_FILE).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    return name or None
+
+
+def resume_note(stage_dir: Path) -> str:
+    """One sentence on what a rerun resumes from."""
+    latest = latest_checkpoint(stage_dir)
+    if latest is None:
+        return "No checkpoint was saved; running the stage again starts it from the beginning."
+    return f"The last complete checkpoint is {latest}; running the stage again resumes from it."
+
+
+def worker_said(result: Mapping[str, Any] | None) -> str:
+    """What the worker reported, for an outcome's detail ("" when it wrote no result)."""
+    if not result:
+        return ""
+    parts = [f"the worker reported status {result.get('status')!r} after {result.get('steps')} steps"]
+    if result.get("error"):
+        parts.append(f"error: {result['error']}")
+    return "; ".join(parts) + "."

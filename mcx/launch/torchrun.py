@@ -1,0 +1,124 @@
+"""One node, one worker process per GPU (or ``world_size`` CPU processes), through torchrun.
+
+The agent (``python -m torch.distributed.run``) runs with SIGTERM ignored and without its own
+SIGTERM handler: on SIGTERM torchrun would re-signal the workers and SIGKILL them 30 s later,
+cutting a large checkpoint short. The signal goes to the workers instead (here from the control
+plane, under Slurm from slurmstepd, which signals every process of the step); the agent exits
+when they do. Workers install their own SIGTERM handler, which replaces the inherited "ignore".
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+
+from mcx.errors import InputError
+from mcx.launch.base import placement
+from mcx.launch.env import check_env, omp_threads
+from mcx.launch.local import WORKER_MODULE
+from mcx.launch.process import ProcessHandle, child_pids
+from mcx.spec.schema import LaunchSpec
+
+# Runs "$@" with SIGTERM ignored; the ignore survives exec (POSIX), the handler of a shell trap
+# would not.
+IGNORE_SIGTERM = ["/bin/sh", "-c", 'trap "" TERM; exec "$@"', "mcx-agent"]
+# Every signal torchrun handles by default except SIGTERM.
+AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the kernel's pick)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def torchrun_argv(
+    *,
+    python: str,
+    nnodes: int | str,
+    nproc_per_node: int,
+    endpoint: str,
+    rdzv_id: str,
+    module: str,
+    stage_dir: Path | str,
+) -> list[str]:
+    """The torchrun command for one node's agent (c10d rendezvous at ``endpoint``), no restarts:
+    a failed worker fails the launch, and mcx resumes from the last checkpoint instead."""
+    return [
+        *IGNORE_SIGTERM,
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        rdzv_id,
+        "--max-restarts",
+        "0",
+        "--signals-to-handle",
+        AGENT_SIGNALS,
+        "-m",
+        module,
+        str(stage_dir),
+    ]
+
+
+@frozen(kw_only=True)
+class TorchrunLauncher:
+    """Starts torchrun as a child of the control plane; result.json comes from rank 0.
+
+    ``log``: None lets the processes write to this terminal; a path appends their output there.
+    """
+
+    python: str = sys.executable
+    module: str = WORKER_MODULE
+    log: Path | None = None
+
+    def start(
+        self,
+        stage_dir: Path,
+        layout: Mapping[str, Any],
+        launch_spec: LaunchSpec,
+        env: Mapping[str, str],
+    ) -> ProcessHandle:
+        where = placement(layout)
+        if where.nodes != 1:
+            raise InputError(
+                f"launch.kind = 'torchrun' runs on one node, but the layout spans {where.nodes} nodes",
+                "Set launch.kind = 'slurm' for several nodes.",
+            )
+        stage_dir = Path(stage_dir).resolve()
+        port = launch_spec.master_port or free_port()
+        child_env = {**os.environ, **check_env(env)}
+        # An equal share of this machine's CPUs per process, unless the caller chose.
+        child_env.setdefault("OMP_NUM_THREADS", omp_threads(where.procs_per_node))
+        argv = torchrun_argv(
+            python=self.python,
+            nnodes=1,
+            nproc_per_node=where.procs_per_node,
+            endpoint=f"127.0.0.1:{port}",
+            rdzv_id=f"mcx-{stage_dir.parent.name}-{stage_dir.name}",
+            module=self.module,
+            stage_dir=stage_dir,
+        )
+        return ProcessHandle(
+            argv,
+            stage_dir=stage_dir,
+            env=child_env,
+            log=self.log,
+            workers=child_pids,
+            what=f"torchrun ({where.procs_per_node} processes)",
+        )
