@@ -1,0 +1,198 @@
+"""Peak memory per GPU, with its breakdown, and a verdict against the GPU's memory.
+
+Model state per parameter (Megatron-Core's DDP + distributed optimizer, as Megatron's own
+``theoretical_memory_usage.py`` counts it): bf16/fp16 weights (2 B), fp32 main gradients (4 B; 2 B
+with ``train.grad_reduce_in_bf16``), Adam's fp32 master weights + m + v (12 B), the last sharded
+over data x context parallel ranks with the distributed optimizer (expert parameters over the
+expert data-parallel ranks, world / (TP x EP x PP)). fp32 training keeps no master copy (8 B).
+
+Activations follow Korthikanti et al. 2022 (the formula Megatron uses), per layer and token, in
+elements of the activation dtype, for the flash-style attention mcx always runs (TE's fused
+attention, or torch SDPA on the local spec), where the ``5as/h`` score-matrix term disappears:
+
+* kept whole on every tensor-parallel rank unless sequence parallel: the two norm inputs and the
+  two column-parallel GEMM inputs (4h);
+* split over TP: Q, K, V (GQA-sized), the attention output, the MLP's first GEMM output
+  (2 x ffn with SwiGLU) and its second GEMM input (ffn); an MoE layer keeps its permuted tokens
+  (top-k x h) and the top-k experts' MLP activations instead of the dense MLP's.
+
+That is 34h bytes per token for LLaMA-3 8B layers, and matches Transformer Engine within 1%
+(measured on H200). Megatron-Core's local spec (torch norms, torch SDPA core attention, unfused
+RoPE) measured ``LOCAL_ACTIVATION_FACTOR`` times that. Context parallel divides the tokens; full
+recomputation keeps only each recompute chunk's input (h) plus one chunk being recomputed; the
+selective recompute of core attention saves nothing with flash attention (no score matrix).
+With pipeline parallel the first stage holds min(PP, micro-batches) micro-batches in flight under
+1F1B, x (1 + (PP - 1) / (PP x VPP)) with interleaving; the last stage one, plus the logits: bf16
+logits and the fp32 softmax of Megatron's vocab-parallel cross entropy (6 B per vocab entry).
+
+Calibrated on H200 peaks (bf16, seq 4096, distributed optimizer; tests/test_plan.py holds them):
+within 2% for every measured case.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import attrs
+from attrs import frozen
+
+from mcx.plan.hardware import GiB, gpu_info
+from mcx.plan.params import Shapes, count_params, stage_params
+
+if TYPE_CHECKING:
+    from mcx.plan.layout import Layout
+    from mcx.spec.schema import ExperimentSpec
+
+LOCAL_ACTIVATION_FACTOR = 1.38  # local spec vs the structural (TE) count, fitted to H200 peaks
+RUNTIME_OVERHEAD_BYTES = 1 * GiB  # CUDA context (0.53 GiB measured on H200), cuBLAS/NCCL workspaces
+TIGHT_FRACTION = 0.90  # above this share of the GPU's memory the verdict is "tight"
+LOGITS_BYTES_16BIT = 2 + 4  # bf16 logits + the fp32 softmax the cross entropy keeps for backward
+
+
+@frozen(kw_only=True)
+class MemoryEstimate:
+    stage: str  # the pipeline stage with the highest peak: "first", "last" or "only" (PP = 1)
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int  # transformer layers, all micro-batches in flight
+    logits: int  # output layer and loss (last stage)
+    overhead: int
+    in_flight_microbatches: float
+    capacity: int | None  # the GPU's usable memory; None when the GPU is not in the table
+    verdict: str  # "fits" | "tight" | "does not fit" | "unknown"
+    fixes: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.overhead
+
+    def breakdown(self) -> dict[str, int]:
+        return {"weights": self.weights, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "logits": self.logits, "overhead": self.overhead}
+
+
+def verdict(total: int, capacity: int | None) -> str:
+    if capacity is None:
+        return "unknown"
+    if total <= TIGHT_FRACTION * capacity:
+        return "fits"
+    return "tight" if total <= capacity else "does not fit"
+
+
+def _bytes_per_param(spec: ExperimentSpec) -> tuple[float, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter."""
+    t = spec.train
+    if t.precision == "fp32":
+        return 4, 4, 8
+    weights = 2 + (2 if t.precision.startswith("fp8") else 0)  # + TE's fp8 weight and transpose caches
+    return weights, 2 if t.grad_reduce_in_bf16 else 4, 12
+
+
+def _layer_elements(spec: ExperimentSpec, layout: Layout) -> tuple[float, float]:
+    """(kept activations of one layer, its input alone) in elements per token of one GPU's share."""
+    s = Shapes.of(spec.model)
+    tp = layout.tp
+    seq_split = tp if layout.sequence_parallel else 1
+    attention = (s.query_proj + 2 * s.kv_proj) + s.query_proj
+    if s.num_experts:
+        # Routed tokens are gathered over TP before the experts (expert TP = TP): top-k copies of
+        # every token of the sequence, unsplit, plus the experts' split MLP activations.
+        routed_tokens = s.topk * s.hidden
+        mlp = s.topk * (s.moe_fc1_out + s.moe_ffn)
+    else:
+        routed_tokens, mlp = 0, s.fc1_out + s.ffn
+    kept = 4 * s.hidden / seq_split + (attention + mlp) / tp + routed_tokens
+    return kept, s.hidden / seq_split
+
+
+def _in_flight(layout: Layout, microbatches: int) -> float:
+    if layout.pp == 1:
+        return 1.0
+    if layout.vpp:
+        return layout.pp * (1 + (layout.pp - 1) / (layout.pp * layout.vpp))
+    return float(min(layout.pp, microbatches))
+
+
+def estimate_memory(spec: ExperimentSpec, layout: Layout, *, vocab_size: int, transformer_impl: str,
+                    suggest_fixes: bool = True) -> MemoryEstimate:
+    """Peak bytes on the most loaded GPU (first or last pipeline stage) for ``layout``."""
+    m, t = spec.model, spec.train
+    counts = count_params(m, vocab_size, layout.tp)
+    wb, gb, ob = _bytes_per_param(spec)
+    act_b = 4 if t.precision == "fp32" else 2
+    microbatches = max(1, t.global_batch_size // (t.micro_batch_size * layout.dp))
+    tokens = t.micro_batch_size * m.seq_length / layout.cp  # per micro-batch on one GPU
+    kept, layer_input = _layer_elements(spec, layout)
+    factor = LOCAL_ACTIVATION_FACTOR if transformer_impl == "local" else 1.0
+    dropout_masks = 2 * m.hidden_size / (layout.tp if layout.sequence_parallel else 1) if m.hidden_dropout > 0 else 0
+    per_layer = tokens * (kept * act_b * factor + dropout_masks)
+    layers = m.num_layers // layout.pp
+    if t.recompute_granularity == "full":
+        n = min(t.recompute_num_layers, layers)
+        if t.recompute_method == "uniform":
+            stored = math.ceil(layers / n) * tokens * layer_input * act_b
+        else:
+            stored = n * tokens * layer_input * act_b + (layers - n) * per_layer
+        working = (n if t.recompute_method == "uniform" else 1) * per_layer
+    else:
+        stored, working = layers * per_layer, 0.0
+    expert_dp = layout.world_size // (layout.tp * layout.ep * layout.pp)
+    dense_dp = layout.dp * layout.cp if layout.distributed_optimizer else 1
+    expert_shards = expert_dp if layout.distributed_optimizer else 1
+    logits_per_token = counts.padded_vocab / layout.tp * (LOGITS_BYTES_16BIT if act_b == 2 else 4)
+    final_norm = 2 * m.hidden_size * act_b / (layout.tp if layout.sequence_parallel else 1)
+
+    candidates = []
+    stages = [("only", True, True)] if layout.pp == 1 else [("first", True, False), ("last", False, True)]
+    for name, first, last in stages:
+        sp = stage_params(counts, m, tp=layout.tp, pp=layout.pp, ep=layout.ep, first=first, last=last)
+        in_flight = _in_flight(layout, microbatches) if first else 1.0
+        candidates.append(dict(
+            stage=name, in_flight_microbatches=in_flight,
+            weights=int(sp.total * wb), gradients=int(sp.total * gb),
+            optimizer=int(sp.dense * ob / dense_dp + sp.experts * ob / expert_shards),
+            activations=int(in_flight * stored + working),
+            logits=int(tokens * (logits_per_token + final_norm)) if last else 0,
+            overhead=RUNTIME_OVERHEAD_BYTES))
+    worst = max(candidates, key=lambda c: sum(v for k, v in c.items() if k not in ("stage", "in_flight_microbatches")))
+    info = gpu_info(spec.hardware.gpu)
+    capacity = info.memory_bytes if info else None
+    est = MemoryEstimate(**worst, capacity=capacity, verdict="unknown")
+    est = attrs.evolve(est, verdict=verdict(est.total, capacity))
+    if suggest_fixes and est.verdict in ("tight", "does not fit"):
+        est = attrs.evolve(est, fixes=tuple(_fixes(spec, layout, est, vocab_size, transformer_impl)))
+    return est
+
+
+def _fixes(spec: ExperimentSpec, layout: Layout, est: MemoryEstimate, vocab_size: int, impl: str) -> list[str]:
+    """Changes that lower the peak, each with the peak it gives; those that make it fit first."""
+    t, m = spec.train, spec.model
+    options: list[tuple[str, ExperimentSpec, Layout]] = []
+    if t.recompute_granularity != "full":
+        options.append(('train.recompute_granularity = "full" (recompute_method = "uniform", recompute_num_layers = 1)',
+                        attrs.evolve(spec, train=attrs.evolve(t, recompute_granularity="full", recompute_method="uniform",
+                                                              recompute_num_layers=1)), layout))
+    if t.micro_batch_size > 1:
+        options.append((f"train.micro_batch_size = 1 (global batch kept at {t.global_batch_size})",
+                        attrs.evolve(spec, train=attrs.evolve(t, micro_batch_size=1)), layout))
+    if not layout.distributed_optimizer and layout.dp * layout.cp > 1:
+        options.append(("parallel.distributed_optimizer = true", spec, attrs.evolve(layout, distributed_optimizer=True)))
+    if layout.tp > 1 and not layout.sequence_parallel:
+        options.append(("parallel.sequence_parallel = true", spec, attrs.evolve(layout, sequence_parallel=True)))
+    groups = m.num_query_groups or m.num_attention_heads
+    tp2 = layout.tp * 2
+    if (m.num_attention_heads % tp2 == 0 and groups % tp2 == 0 and tp2 <= layout.gpus_per_node
+            and layout.dp % 2 == 0 and ((layout.dp // 2) * layout.cp) % layout.ep == 0):
+        options.append((f"parallel.tensor = {tp2}", spec, attrs.evolve(layout, tp=tp2, dp=layout.dp // 2)))
+    pp2 = layout.pp * 2
+    if (m.num_layers % (pp2 * (layout.vpp or 1)) == 0 and layout.dp % 2 == 0
+            and ((layout.dp // 2) * layout.cp) % layout.ep == 0):
+        options.append((f"parallel.pipeline = {pp2}", spec, attrs.evolve(layout, pp=pp2, dp=layout.dp // 2)))
+    scored = []
+    for text, s2, l2 in options:
+        e = estimate_memory(s2, l2, vocab_size=vocab_size, transformer_impl=impl, suggest_fixes=False)
+        if e.total < est.total:
+            scored.append((e.verdict != "fits", e.total, f"{text}: {e.total / GiB:.1f} GiB ({e.verdict})"))
+    return [text for _, _, text in sorted(scored)]

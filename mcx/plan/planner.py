@@ -1,0 +1,143 @@
+"""One plan from one spec: layout, parameters, memory, FLOPs, time, cost and the smoke stage.
+
+Pure: no files, no devices, no torch. ``te_available`` (whether Transformer Engine is importable
+where the worker runs; None when that cannot be known here) and a measured MFU come from the
+caller, which probes them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import frozen
+
+from mcx.plan.cost import CostEstimate, estimate_cost
+from mcx.plan.flops import flops_per_iteration, flops_per_token
+from mcx.plan.hardware import GiB, gpu_info
+from mcx.plan.layout import Layout, resolve_layout, transformer_impl
+from mcx.plan.memory import MemoryEstimate, estimate_memory
+from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
+from mcx.plan.stages import stage_spec
+from mcx.spec.schema import ExperimentSpec
+
+
+@frozen(kw_only=True)
+class SmokePlan:
+    spec: ExperimentSpec  # the shrunk spec the smoke stage trains
+    layout: Layout
+
+
+@frozen(kw_only=True)
+class Plan:
+    spec: ExperimentSpec
+    layout: Layout
+    transformer_impl: str  # "transformer_engine" | "local"
+    transformer_impl_known: bool  # False: assumed (Transformer Engine could not be probed)
+    vocab_size: int
+    params: ParamCounts  # padded vocabulary at the layout's TP
+    params_per_gpu: int  # the most loaded GPU
+    memory: MemoryEstimate
+    flops_per_step: int
+    flops_per_token: float
+    tokens_per_step: int
+    num_microbatches: int
+    cost: CostEstimate
+    warnings: tuple[str, ...]
+    recommendations: tuple[str, ...]
+    smoke: SmokePlan | None
+
+
+def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_size: int | None = None,
+              mfu: float | None = None) -> Plan:
+    """Plan ``spec``; raise SpecError listing every layout problem.
+
+    ``vocab_size``: the tokenizer's size when the spec leaves model.vocab_size unset and the
+    tokenizer is a file; ``mfu``: a measured MFU for the time and cost lines.
+    """
+    vocab = require_vocab_size(spec, vocab_size)
+    layout, warnings, recommendations = resolve_layout(spec, te_available=te_available, vocab_size=vocab)
+    impl, impl_known = transformer_impl(spec, te_available)
+    m, t = spec.model, spec.train
+    counts = count_params(m, vocab, layout.tp)
+    per_gpu = max(stage_params(counts, m, tp=layout.tp, pp=layout.pp, ep=layout.ep, first=first, last=last).total
+                  for first, last in ([(True, True)] if layout.pp == 1 else [(True, False), (False, True)]))
+    memory = estimate_memory(spec, layout, vocab_size=vocab, transformer_impl=impl)
+    flops = flops_per_iteration(m, padded_vocab=counts.padded_vocab, global_batch_size=t.global_batch_size)
+    cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu)
+    warnings = [*warnings, *_memory_warnings(spec, memory), *_cost_warnings(spec, cost)]
+    smoke = None
+    if spec.smoke.enabled:
+        smoke_spec, smoke_layout = stage_spec(spec, layout, "smoke", te_available=te_available, vocab_size=vocab)
+        smoke = SmokePlan(spec=smoke_spec, layout=smoke_layout)
+    return Plan(spec=spec, layout=layout, transformer_impl=impl, transformer_impl_known=impl_known, vocab_size=vocab,
+                params=counts, params_per_gpu=per_gpu, memory=memory, flops_per_step=flops,
+                flops_per_token=flops_per_token(m, padded_vocab=counts.padded_vocab),
+                tokens_per_step=t.global_batch_size * m.seq_length,
+                num_microbatches=t.global_batch_size // (t.micro_batch_size * layout.dp),
+                cost=cost, warnings=tuple(warnings), recommendations=tuple(recommendations), smoke=smoke)
+
+
+def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:
+    if mem.verdict not in ("tight", "does not fit") or mem.capacity is None:
+        return []
+    fix = f"; try {mem.fixes[0]}" if mem.fixes else ""
+    what = "does not fit in" if mem.verdict == "does not fit" else "is tight in (over 90% of)"
+    return [f"memory: {mem.total / GiB:.1f} GiB per GPU {what} the {mem.capacity / GiB:.1f} GiB of each "
+            f"{spec.hardware.gpu}{fix}"]
+
+
+def _cost_warnings(spec: ExperimentSpec, cost: CostEstimate) -> list[str]:
+    if cost.peak_flops_per_gpu is None and spec.hardware.gpu not in ("cpu",):
+        extra = " and budget.max_gpu_hours cannot be checked" if spec.budget.max_gpu_hours is not None else ""
+        return [f"hardware.gpu = \"{spec.hardware.gpu}\" has no known peak: step time, GPU-hours and MFU are "
+                f"unknown{extra}; name the GPU model"]
+    return []
+
+
+def _smoke_shapes(s: ExperimentSpec) -> dict[str, Any]:
+    m, t = s.model, s.train
+    return {"num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_attention_heads": m.num_attention_heads,
+            "num_query_groups": m.num_query_groups, "ffn_hidden_size": m.ffn_hidden_size, "seq_length": m.seq_length,
+            "num_experts": m.num_experts, "micro_batch_size": t.micro_batch_size,
+            "global_batch_size": t.global_batch_size, "train_iters": t.train_iters, "lr": t.lr,
+            "lr_warmup_iters": t.lr_warmup_iters, "nodes": s.hardware.nodes, "gpus_per_node": s.hardware.gpus_per_node}
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as JSON-ready data (``plan.json``, ``mcx plan --json``); the caller adds run_id."""
+    spec, layout, mem, cost, p = plan.spec, plan.layout, plan.memory, plan.cost, plan.params
+    info = gpu_info(spec.hardware.gpu)
+    return {
+        "name": spec.name,
+        "layout": layout.to_dict(),
+        "transformer_impl": plan.transformer_impl,
+        "transformer_impl_assumed": not plan.transformer_impl_known,
+        "gpu": {"model": spec.hardware.gpu, "known": info is not None,
+                "memory_bytes": info.memory_bytes if info else None,
+                "peak_bf16_flops": info.bf16_tflops * 1e12 if info else None},
+        "params": {"total": p.total, "active": p.active, "per_gpu": plan.params_per_gpu,
+                   "embedding": p.embedding, "output_layer": p.output_layer,
+                   "vocab_size": plan.vocab_size, "padded_vocab_size": p.padded_vocab},
+        "memory_per_gpu_bytes": mem.total,
+        "memory": {"breakdown": mem.breakdown(), "stage": mem.stage, "capacity_bytes": mem.capacity,
+                   "verdict": mem.verdict, "fixes": list(mem.fixes),
+                   "in_flight_microbatches": mem.in_flight_microbatches},
+        "flops_per_step": plan.flops_per_step,
+        "flops_per_token": plan.flops_per_token,
+        "tokens_per_step": plan.tokens_per_step,
+        "num_microbatches": plan.num_microbatches,
+        "train_iters": spec.train.train_iters,
+        "total_tokens": plan.tokens_per_step * spec.train.train_iters,
+        "mfu": cost.mfu,
+        "mfu_source": cost.mfu_source,
+        "step_time_s": cost.step_time_s,
+        "wall_time_h": cost.wall_time_h,
+        "gpu_hours": cost.gpu_hours,
+        "cost": cost.cost,
+        "budget": {"max_gpu_hours": cost.max_gpu_hours, "over_budget": cost.over_budget,
+                   "gpu_hour_price": spec.budget.gpu_hour_price},
+        "warnings": list(plan.warnings),
+        "recommendations": list(plan.recommendations),
+        "smoke": None if plan.smoke is None else {"layout": plan.smoke.layout.to_dict(),
+                                                  "shapes": _smoke_shapes(plan.smoke.spec)},
+    }

@@ -1,0 +1,162 @@
+"""`mcx plan` on a terminal: the plan dict (``mcx.plan.planner.plan_to_dict``) as rich tables.
+
+Reads only the JSON-ready dict, so a ``plan.json`` from a run directory renders the same way.
+Fits an 100-column terminal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich import box
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+_GiB = 1 << 30
+_VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red", "unknown": "dim"}
+_DASH = "—"
+
+
+def _gib(n: float | None) -> str:
+    return _DASH if n is None else f"{n / _GiB:,.1f} GiB"
+
+
+def _count(n: float) -> str:
+    for div, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {suffix}"
+    return f"{n:,.0f}"
+
+
+def _flops(n: float) -> str:
+    for div, unit in ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP")):
+        if n >= div:
+            return f"{n / div:,.2f} {unit}"
+    return f"{n:,.0f} FLOP"
+
+
+def _hours(h: float | None) -> str:
+    if h is None:
+        return "unknown"
+    if h < 1:
+        return f"{h * 60:.1f} min"
+    if h < 48:
+        return f"{h:.1f} h"
+    return f"{h / 24:.1f} days ({h:,.0f} h)"
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "unknown"
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:,.2f} s"
+
+
+def _table(title: str, *columns: str, right: tuple[int, ...] = ()) -> Table:
+    t = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+              show_header=bool(columns and any(columns)), min_width=len(title) + 2)
+    for i, c in enumerate(columns):
+        t.add_column(c, justify="right" if i in right else "left")
+    return t
+
+
+def _layout_table(p: dict[str, Any]) -> Table:
+    lay = p["layout"]
+    t = _table("Parallel layout", "TP", "PP", "VPP", "CP", "EP", "DP", "GPUs", "sequence par.", "dist. optimizer",
+               "layer spec", right=tuple(range(7)))
+    impl = {"transformer_engine": "TE"}.get(p["transformer_impl"], p["transformer_impl"])
+    t.add_row(*(str(lay[k]) for k in ("tp", "pp")), str(lay["vpp"] or _DASH), *(str(lay[k]) for k in ("cp", "ep", "dp")),
+              f"{lay['world_size']} ({lay['nodes']}x{lay['gpus_per_node']})",
+              "on" if lay["sequence_parallel"] else "off", "on" if lay["distributed_optimizer"] else "off",
+              impl + (" (assumed)" if p.get("transformer_impl_assumed") else ""))
+    return t
+
+
+def _model_table(p: dict[str, Any]) -> Table:
+    par = p["params"]
+    t = _table("Parameters", "", "", right=(1,))
+    t.add_row("total", _count(par["total"]))
+    if par["active"] != par["total"]:
+        t.add_row("active per token", _count(par["active"]))
+    t.add_row("on the most loaded GPU", _count(par["per_gpu"]))
+    t.add_row("vocabulary (padded)", f"{par['vocab_size']:,} ({par['padded_vocab_size']:,})")
+    return t
+
+
+def _memory_table(p: dict[str, Any]) -> RenderableType:
+    mem = p["memory"]
+    total = p["memory_per_gpu_bytes"]
+    stage = {"only": "", "first": ", first pipeline stage", "last": ", last pipeline stage"}[mem["stage"]]
+    t = _table(f"Memory per GPU{stage}", "", "", "share", right=(1, 2))
+    for name, n in mem["breakdown"].items():
+        t.add_row(name, _gib(n), f"{n / total:.0%}" if total else "")
+    t.add_row(Text("total", style="bold"), Text(_gib(total), style="bold"), "")
+    cap = mem["capacity_bytes"]
+    gpu = p["gpu"]["model"]
+    if cap:
+        line = Text(f"{_gib(total)} of {_gib(cap)} on {gpu} ({total / cap:.0%}): ")
+    else:
+        line = Text(f"{_gib(total)}; hardware.gpu = \"{gpu}\" has no known memory: ")
+    line.append(mem["verdict"], style=_VERDICT_STYLE.get(mem["verdict"], ""))
+    parts: list[RenderableType] = [t, line]
+    for fix in mem["fixes"]:
+        parts.append(Text(f"  fix: {fix}", style="yellow"))
+    return Group(*parts)
+
+
+def _compute_table(p: dict[str, Any]) -> Table:
+    t = _table("Compute, time and cost", "", "", right=(1,))
+    t.add_row("FLOPs per step (Megatron's count)", _flops(p["flops_per_step"]))
+    t.add_row("FLOPs per token", _flops(p["flops_per_token"]))
+    t.add_row("tokens per step", f"{p['tokens_per_step']:,} ({p['num_microbatches']} micro-batches per DP rank)")
+    t.add_row("steps, tokens", f"{p['train_iters']:,}, {_count(p['total_tokens'])}")
+    peak = p["gpu"]["peak_bf16_flops"]
+    t.add_row("MFU (vs bf16 dense peak)", f"{p['mfu']:.0%} {p['mfu_source']}"
+              + (f" of {peak / 1e12:,.0f} TFLOP/s" if peak else "; peak unknown"))
+    t.add_row("step time", _seconds(p["step_time_s"]))
+    t.add_row("wall time", _hours(p["wall_time_h"]))
+    t.add_row("GPU-hours", _DASH if p["gpu_hours"] is None else f"{p['gpu_hours']:,.1f}")
+    if p["cost"] is not None:
+        t.add_row("cost", f"{p['cost']:,.0f} (at {p['budget']['gpu_hour_price']:g} per GPU-hour)")
+    b = p["budget"]
+    if b["max_gpu_hours"] is not None:
+        over = b["over_budget"]
+        status = (Text("unchecked (no GPU-hours)", style="dim") if over is None
+                  else Text("over budget: needs --yes", style="bold red") if over
+                  else Text("within budget", style="green"))
+        t.add_row("budget", Text.assemble(f"{b['max_gpu_hours']:,.0f} GPU-hours: ", status))
+    return t
+
+
+def _smoke_line(p: dict[str, Any]) -> RenderableType:
+    sm = p.get("smoke")
+    if not sm:
+        return Text("Smoke stage: disabled (smoke.enabled = false)", style="dim")
+    s, lay = sm["shapes"], sm["layout"]
+    heads = f"{s['num_attention_heads']} heads" + (f"/{s['num_query_groups']} groups" if s["num_query_groups"] else "")
+    experts = f", {s['num_experts']} experts" if s["num_experts"] else ""
+    text = Text("Smoke stage: ", style="bold")
+    text.append(f"{s['num_layers']} layers, hidden {s['hidden_size']}, {heads}, ffn {s['ffn_hidden_size']}{experts}, "
+                f"seq {s['seq_length']}, batch {s['global_batch_size']}, {s['train_iters']} steps at lr {s['lr']:g} "
+                f"on {s['nodes']}x{s['gpus_per_node']} GPUs: TP {lay['tp']} PP {lay['pp']} CP {lay['cp']} "
+                f"EP {lay['ep']} DP {lay['dp']}")
+    return text
+
+
+def render_plan(plan: dict[str, Any], run_id: str | None) -> RenderableType:
+    """The whole plan: layout, parameters, memory with its verdict, compute/time/cost, smoke, notes."""
+    title = Text.assemble(("Plan ", "bold"), (plan["name"], "bold cyan"))
+    if run_id:
+        title.append(f"   run {run_id}", style="bold")
+    parts: list[RenderableType] = [title, _layout_table(plan), _model_table(plan), _memory_table(plan), Text(""),
+                                   _compute_table(plan), _smoke_line(plan)]
+    for heading, items, mark, style in (("Warnings", plan["warnings"], "!", "yellow"),
+                                        ("Recommendations", plan["recommendations"], "->", "")):
+        if items:
+            notes = Table.grid(padding=(0, 1))
+            notes.add_column(justify="right", style=style or None)
+            notes.add_column(style=style or None)
+            for item in items:
+                notes.add_row(mark, item)
+            parts += [Text(""), Text(heading, style=f"bold {style}".strip()), notes]
+    return Group(*parts)

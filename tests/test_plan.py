@@ -1,0 +1,473 @@
+"""The planner: GPU table, layout rules and recommendations, FLOPs, memory, cost/budget, smoke stage."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import attrs
+import pytest
+import tomli_w
+from rich.console import Console
+
+from mcx.errors import BudgetError, SpecError
+from mcx.hashing import digest
+from mcx.plan.cost import check_budget, estimate_cost
+from mcx.plan.flops import flops_per_iteration, flops_per_token
+from mcx.plan.hardware import GPUS, GiB, gpu_from_name, mfu_peak_flops, peak_flops, supports_fp8
+from mcx.plan.layout import Layout, resolve_layout
+from mcx.plan.memory import estimate_memory
+from mcx.plan.params import count_params
+from mcx.plan.planner import make_plan, plan_to_dict
+from mcx.plan.stages import stage_spec
+from mcx.report.plan_view import render_plan
+from mcx.spec import loads_spec
+from mcx.spec.load import deep_merge
+from mcx.spec.rules import check_spec
+from mcx.spec.schema import ModelSpec
+
+BASE = {
+    "name": "t",
+    "model": {"num_layers": 8, "hidden_size": 1024, "num_attention_heads": 16, "num_query_groups": 8,
+              "ffn_hidden_size": 4096, "seq_length": 2048, "vocab_size": 32000},
+    "parallel": {"tensor": 1, "pipeline": 1, "context": 1},
+    "train": {"micro_batch_size": 1, "global_batch_size": 64, "train_iters": 100, "lr": 3e-4},
+    "data": {"path": "data/quickstart"},
+    "hardware": {"nodes": 1, "gpus_per_node": 8, "gpu": "H100"},
+}
+
+
+def spec(**over):
+    """A spec from BASE with sections merged in (``model={...}``) and ``drop=[("parallel", "tensor")]``."""
+    data = copy.deepcopy(BASE)
+    for section, key in over.pop("drop", []):
+        data[section].pop(key, None)
+    return loads_spec(tomli_w.dumps(deep_merge(data, over)))
+
+
+def problems_of(s, te=True) -> list[tuple[str, str]]:
+    with pytest.raises(SpecError) as exc:
+        resolve_layout(s, te_available=te)
+    return exc.value.problems
+
+
+def one_problem(s, te=True) -> tuple[str, str]:
+    found = problems_of(s, te)
+    assert len(found) == 1, found
+    return found[0]
+
+
+# --- hardware -----------------------------------------------------------------------------------
+
+
+def test_gpu_table_peaks_and_unknowns():
+    assert peak_flops("H100", "bf16") == peak_flops("H200", "bf16") == 989e12
+    assert peak_flops("H100", "fp8-hybrid") == 1979e12
+    assert peak_flops("A100-80GB", "bf16") == 312e12 and peak_flops("A100-80GB", "fp8-e4m3") is None
+    # MFU is always against the bf16 dense peak; unknown GPUs have none (MFU "unknown", not a guess).
+    assert mfu_peak_flops("B200") == 2250e12
+    for gpu in ("any", "cpu", "TPU-v5"):
+        assert peak_flops(gpu, "bf16") is None and mfu_peak_flops(gpu) is None
+    assert GPUS["H200"].memory_bytes == 150_109_880_320  # torch total_memory on an H200
+    assert supports_fp8("H100") and supports_fp8("L40S") and supports_fp8("B200")
+    assert supports_fp8("A100-40GB") is False and supports_fp8("cpu") is False and supports_fp8("any") is None
+
+
+@pytest.mark.parametrize("name,key", [
+    ("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA A100-SXM4-80GB", "A100-80GB"),
+    ("NVIDIA A100-SXM4-40GB", "A100-40GB"), ("NVIDIA A100 80GB PCIe", "A100-80GB"), ("NVIDIA L40S", "L40S"),
+    ("NVIDIA B200", "B200"), ("NVIDIA H100 PCIe", None), ("NVIDIA H100 NVL", None), ("NVIDIA H200 NVL", None),
+    ("NVIDIA GH200 480GB", None), ("Tesla V100-SXM2-32GB", None),
+])
+def test_gpu_from_name(name, key):
+    assert gpu_from_name(name) == key
+
+
+# --- parameters and FLOPs -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset,total", [
+    ("llama3-8b", 8_030_261_248), ("llama3-70b", 70_553_706_496), ("llama3.1-405b", 405_853_388_800),
+    ("llama2-7b", 6_738_415_616), ("llama2-13b", 13_015_864_320), ("mixtral-8x7b", 46_702_792_704),
+])
+def test_parameter_counts_match_published_models(preset, total):
+    from mcx.spec.presets import PRESETS
+
+    m = ModelSpec(**PRESETS[preset])
+    assert count_params(m, m.vocab_size).total == total
+
+
+def test_flops_match_the_upstream_measurement_for_llama3_8b_shapes_with_8_layers():
+    # Megatron logged TFLOP/s consistent with 473e12 FLOPs per step for this model at 8 x 4096 tokens.
+    m = ModelSpec(num_layers=8, hidden_size=4096, num_attention_heads=32, num_query_groups=8, ffn_hidden_size=14336,
+                  seq_length=4096, vocab_size=128256)
+    assert flops_per_iteration(m, padded_vocab=128256, global_batch_size=8) == 472_721_280_466_944
+    assert flops_per_iteration(m, padded_vocab=128256, global_batch_size=16) == 2 * 472_721_280_466_944
+
+
+def test_flops_equal_the_narayanan_formula_with_causal_attention_halved():
+    # GPT-3 175B shapes (MHA, GeLU 4h): 72 B s L h^2 (1 + s/(6h) + V/(12 h L)) with the s/(6h)
+    # attention-score term halved for the causal mask, as current Megatron-LM counts it.
+    B, s, L, h, V = 1536, 2048, 96, 12288, 51200
+    m = ModelSpec(num_layers=L, hidden_size=h, num_attention_heads=96, seq_length=s, swiglu=False)
+    expected = 72 * B * s * L * h * h + 6 * B * s * h * V + 6 * B * s * s * L * h
+    assert flops_per_iteration(m, padded_vocab=V, global_batch_size=B) == expected
+    assert flops_per_token(m, padded_vocab=V) == pytest.approx(expected / (B * s))
+
+
+def test_flops_count_gqa_projections_and_topk_experts():
+    h, q, kv, ffn, L, s, V = 4096, 4096, 1024, 14336, 32, 4096, 32000
+    dense = ModelSpec(num_layers=L, hidden_size=h, num_attention_heads=32, num_query_groups=8,
+                      ffn_hidden_size=ffn, seq_length=s)
+    per_token = 6 * (L * (h * (q + 2 * kv) + q * h + 3 * h * ffn) + h * V) + 6 * s * L * q
+    assert flops_per_iteration(dense, padded_vocab=V, global_batch_size=1) == s * per_token
+    # Mixtral: 8 experts, top-2 of width 14336 count like one dense MLP of width 2 x 14336.
+    moe = attrs.evolve(dense, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=ffn)
+    wide = attrs.evolve(dense, ffn_hidden_size=2 * ffn)
+    assert flops_per_iteration(moe, padded_vocab=V, global_batch_size=4) == \
+        flops_per_iteration(wide, padded_vocab=V, global_batch_size=4)
+
+
+# --- layout rules: each with its key and fix ------------------------------------------------------
+
+
+def test_tensor_must_divide_heads_and_query_groups():
+    path, msg = one_problem(spec(parallel={"tensor": 3}, hardware={"gpus_per_node": 6}))
+    assert path == "parallel.tensor" and "3 does not divide model.num_attention_heads = 16" in msg
+    assert "use 1, 2 or 4" in msg  # divisors of 16 heads and 8 groups that fit the 6-GPU node
+    path, msg = one_problem(spec(parallel={"tensor": 4}, model={"num_query_groups": 2}))
+    assert path == "parallel.tensor" and "model.num_query_groups = 2" in msg and "use 1 or 2" in msg
+
+
+def test_degrees_must_divide_the_world_size():
+    path, msg = one_problem(spec(parallel={"tensor": 4, "pipeline": 4}))
+    assert path == "parallel"
+    assert "4 x 4 x 1 = 16 does not divide the world size 8 (hardware.nodes = 1 x hardware.gpus_per_node = 8)" in msg
+
+
+def test_pipeline_must_divide_layers_and_virtual_pipeline_rules():
+    path, msg = one_problem(spec(model={"num_layers": 6}, parallel={"pipeline": 4}))
+    assert path == "parallel.pipeline" and "does not divide model.num_layers = 6; use 1, 2, 3 or 6" in msg
+    path, msg = one_problem(spec(parallel={"pipeline": 2, "virtual_pipeline": 2}))
+    assert path == "parallel.virtual_pipeline" and "needs parallel.pipeline > 2" in msg
+    path, msg = one_problem(spec(model={"num_layers": 12}, parallel={"pipeline": 4, "virtual_pipeline": 2}))
+    assert path == "parallel.virtual_pipeline" and "4 x 2 does not divide model.num_layers = 12" in msg
+    path, msg = one_problem(spec(parallel={"pipeline": 4, "virtual_pipeline": 2}, train={"global_batch_size": 6}))
+    assert path == "train.global_batch_size" and "3 micro-batches" in msg and "multiple of 8" in msg
+
+
+def test_global_batch_must_be_a_multiple_of_micro_batch_times_dp():
+    path, msg = one_problem(spec(train={"global_batch_size": 20, "micro_batch_size": 2}, parallel={"tensor": 2}))
+    assert path == "train.global_batch_size"
+    assert "20 is not a multiple of train.micro_batch_size x data parallel = 2 x 4 = 8; use e.g. 16 or 24" in msg
+
+
+def test_expert_parallel_divides_experts_and_dp_times_cp():
+    moe = {"num_experts": 6, "moe_router_topk": 2}
+    path, msg = one_problem(spec(model=moe, parallel={"expert": 4}))
+    assert path == "parallel.expert" and "does not divide model.num_experts = 6" in msg
+    path, msg = one_problem(spec(model={"num_experts": 8}, parallel={"expert": 8, "tensor": 2, "sequence_parallel": True}))
+    assert path == "parallel.expert" and "data parallel x context parallel = 4 x 1 = 4" in msg and "use 1, 2 or 4" in msg
+    layout, _, _ = resolve_layout(spec(model={"num_experts": 8}, parallel={"expert": 4, "tensor": 2,
+                                                                           "sequence_parallel": True}),
+                                  te_available=True)
+    assert (layout.tp, layout.ep, layout.dp) == (2, 4, 4)
+
+
+def test_sequence_parallel_rules():
+    path, msg = one_problem(spec(parallel={"sequence_parallel": True}))
+    assert path == "parallel.sequence_parallel" and "needs parallel.tensor > 1" in msg
+    path, msg = one_problem(spec(model={"num_experts": 4}, parallel={"tensor": 2, "expert": 2}))
+    assert path == "parallel.sequence_parallel" and "mixture-of-experts" in msg and "set it to true" in msg
+
+
+def test_context_parallel_sequence_split_and_recompute_layers():
+    path, msg = one_problem(spec(model={"seq_length": 2044}, parallel={"context": 4}, hardware={"gpus_per_node": 8}))
+    assert path == "model.seq_length" and "multiple of 2 x parallel.context = 8" in msg
+    recompute = {"recompute_granularity": "full", "recompute_num_layers": 4}
+    path, msg = one_problem(spec(parallel={"pipeline": 4}, train=recompute))
+    assert path == "train.recompute_num_layers" and "exceeds the 2 layers of a pipeline stage" in msg
+
+
+def test_transformer_engine_features_error_warn_or_pass_by_availability():
+    cp = spec(parallel={"context": 2})
+    path, msg = one_problem(cp, te=False)
+    assert path == "parallel.context" and "needs Transformer Engine, which is not available" in msg
+    _, warnings, _ = resolve_layout(cp, te_available=None)  # a login node cannot know: a warning
+    assert any("context parallel (parallel.context = 2) needs Transformer Engine" in w for w in warnings)
+    _, warnings, _ = resolve_layout(cp, te_available=True)
+    assert not any("Transformer Engine" in w for w in warnings)
+    path, msg = one_problem(spec(parallel={"context": 2}, model={"transformer_impl": "local"}), te=True)
+    assert path == "parallel.context" and "model.transformer_impl = \"local\"" in msg
+    path, msg = one_problem(spec(parallel={"tensor": 2, "sequence_parallel": True}), te=False)
+    assert path == "parallel.sequence_parallel" and "sequence parallel with RMSNorm" in msg
+    path, msg = one_problem(spec(model={"transformer_impl": "transformer_engine"}), te=False)
+    assert path == "model.transformer_impl" and "cannot run" in msg
+
+
+def test_fp8_needs_an_fp8_gpu_and_transformer_engine():
+    path, msg = one_problem(spec(train={"precision": "fp8-hybrid"}, hardware={"gpu": "A100-80GB"}))
+    assert path == "train.precision" and "A100-80GB (Ampere)" in msg and "use \"bf16\"" in msg
+    resolve_layout(spec(train={"precision": "fp8-hybrid"}, hardware={"gpu": "L40S"}), te_available=True)  # Ada: FP8
+    _, warnings, _ = resolve_layout(spec(train={"precision": "fp8-e4m3"}, hardware={"gpu": "any"}), te_available=True)
+    assert any("does not say which" in w for w in warnings)
+    found = problems_of(spec(train={"precision": "fp8-hybrid"}, hardware={"gpu": "cpu"}), te=None)
+    assert [p for p, _ in found] == ["train.precision", "train.precision"]  # no FP8 units, no TE on CPU
+
+
+def test_every_problem_is_reported_at_once():
+    s = spec(parallel={"tensor": 3, "pipeline": 3, "sequence_parallel": True, "distributed_optimizer": False},
+             model={"num_layers": 8}, hardware={"gpus_per_node": 9})
+    paths = [p for p, _ in problems_of(s)]
+    assert {"parallel.tensor", "parallel.pipeline", "parallel.overlap_param_gather"} <= set(paths)
+    with pytest.raises(SpecError) as exc:
+        resolve_layout(s, te_available=True)
+    assert exc.value.exit_code == 2 and str(exc.value).count("\n") == len(exc.value.problems)
+
+
+def test_layout_warnings():
+    _, warnings, _ = resolve_layout(spec(parallel={"tensor": 8}, hardware={"gpus_per_node": 4, "nodes": 2}),
+                                    te_available=True)
+    assert any("spans nodes" in w for w in warnings)
+    _, warnings, _ = resolve_layout(spec(parallel={"pipeline": 4}, train={"global_batch_size": 4}), te_available=True)
+    assert any("pipeline never fills" in w for w in warnings)
+
+
+# --- recommendations ----------------------------------------------------------------------------
+
+
+def _unset(**over):
+    return spec(drop=[("parallel", "tensor"), ("parallel", "pipeline"), ("parallel", "context")], **over)
+
+
+def test_unset_degrees_take_the_most_data_parallel_layout_that_fits():
+    small = _unset()
+    layout, _, recs = resolve_layout(small, te_available=True)
+    assert (layout.tp, layout.pp, layout.cp, layout.dp) == (1, 1, 1, 8)
+    llama = _unset(model={"preset": "llama3-8b", "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32,
+                          "ffn_hidden_size": 14336, "seq_length": 8192, "vocab_size": 128256},
+                   train={"global_batch_size": 512})
+    layout, _, recs = resolve_layout(llama, te_available=True)
+    # DP 8 needs ~97 GiB per GPU on an 80 GB H100; TP 2 is the least model parallelism that fits.
+    assert (layout.tp, layout.pp, layout.cp, layout.dp) == (2, 1, 1, 4)
+    assert any(r.startswith("parallel.tensor = 2, parallel.pipeline = 1, parallel.context = 1: chosen") for r in recs)
+    assert any(r.startswith("parallel.sequence_parallel = true") for r in recs)
+    assert layout.tp * layout.pp * layout.cp * layout.dp == layout.world_size
+    big = attrs.evolve(llama, hardware=attrs.evolve(llama.hardware, gpu="H200"))
+    assert resolve_layout(big, te_available=True)[0].tp == 1  # 141 GB holds DP 8
+
+
+def test_rules_of_thumb_pipeline_above_70b_and_context_above_8k():
+    big = _unset(model={"preset": "llama3-70b", "num_layers": 80, "hidden_size": 8192, "num_attention_heads": 64,
+                        "ffn_hidden_size": 28672, "seq_length": 8192, "vocab_size": 128256},
+                 hardware={"nodes": 8, "gpu": "H200"}, train={"global_batch_size": 512})
+    layout, _, _ = resolve_layout(big, te_available=True)
+    assert layout.pp >= 2 and layout.tp <= 8
+    long = _unset(model={"seq_length": 32768}, hardware={"gpu": "H100"})
+    assert resolve_layout(long, te_available=True)[0].cp == 4
+    assert resolve_layout(long, te_available=False)[0].cp == 1  # CP needs TE: never recommended without it
+
+
+def test_expert_parallel_is_recommended_for_moe():
+    moe = spec(model={"num_experts": 8}, drop=[("parallel", "tensor")])
+    layout, _, recs = resolve_layout(moe, te_available=True)
+    assert layout.ep == 8 and layout.tp == 1 and "parallel.expert = 8" in recs[0]
+
+
+# --- memory -------------------------------------------------------------------------------------
+
+LLAMA3_LAYER = {"preset": "llama3-8b", "hidden_size": 4096, "num_attention_heads": 32, "num_query_groups": 8,
+                "ffn_hidden_size": 14336, "vocab_size": 128256, "seq_length": 4096}
+
+# Peaks measured on H200 (bf16, seq 4096, distributed optimizer), GiB. The estimate is within 2%.
+CALIBRATION = [
+    ("2.8B SDPA mbs 2", {"num_layers": 8}, 2, 1, 1, "local", 65.0),
+    ("2.8B SDPA mbs 4", {"num_layers": 8}, 4, 1, 1, "local", 84.0),
+    ("1.5B SDPA mbs 2", {"num_layers": 16, "hidden_size": 2048, "ffn_hidden_size": 8192}, 2, 1, 1, "local", 44.0),
+    ("8B DP 2 SDPA mbs 1", {"num_layers": 32}, 1, 2, 1, "local", 117.0),
+    ("2.8B TP 2 SDPA mbs 2", {"num_layers": 8}, 2, 2, 2, "local", 35.0),
+    ("16 layers TE mbs 2", {"num_layers": 16}, 2, 1, 1, "transformer_engine", 99.0),
+]
+
+
+@pytest.mark.parametrize("name,model,mbs,gpus,tp,impl,measured", CALIBRATION, ids=[c[0] for c in CALIBRATION])
+def test_memory_matches_h200_measurements(name, model, mbs, gpus, tp, impl, measured):
+    s = spec(model={**LLAMA3_LAYER, **model, "transformer_impl": impl}, parallel={"tensor": tp},
+             train={"micro_batch_size": mbs, "global_batch_size": 16}, hardware={"gpus_per_node": gpus, "gpu": "H200"})
+    plan = make_plan(s, te_available=impl == "transformer_engine")
+    assert plan.transformer_impl == impl
+    estimate = plan.memory.total / GiB
+    assert estimate == pytest.approx(measured, rel=0.02), f"{name}: {estimate:.1f} GiB vs {measured} GiB"
+    assert plan.memory.verdict == "fits"
+
+
+def _mem(s, layout_over=None, impl="transformer_engine"):
+    layout, _, _ = resolve_layout(s, te_available=True)
+    if layout_over:
+        layout = attrs.evolve(layout, **layout_over)
+    return estimate_memory(s, layout, vocab_size=s.model.vocab_size, transformer_impl=impl)
+
+
+def test_model_state_bytes_per_parameter():
+    s = spec(model=LLAMA3_LAYER | {"num_layers": 4}, hardware={"gpu": "H200"})
+    n = count_params(s.model, 128256).total
+    full = _mem(s)  # DP 8, distributed optimizer: 2 + 4 + 12 / 8 bytes per parameter
+    assert (full.weights, full.gradients, full.optimizer) == (2 * n, 4 * n, 12 * n // 8)
+    no_dist = _mem(attrs.evolve(s, parallel=attrs.evolve(s.parallel, distributed_optimizer=False,
+                                                         overlap_param_gather=False)))
+    assert no_dist.optimizer == 12 * n
+    bf16_grads = _mem(attrs.evolve(s, train=attrs.evolve(s.train, grad_reduce_in_bf16=True)))
+    assert bf16_grads.gradients == 2 * n
+    cp = _mem(spec(model=LLAMA3_LAYER | {"num_layers": 4}, parallel={"context": 2}, hardware={"gpu": "H200"}))
+    assert cp.optimizer == 12 * n // 8  # sharded over DP x CP = 4 x 2
+    assert cp.activations == pytest.approx(full.activations / 2, rel=1e-6)
+
+
+def test_activation_savings_sequence_parallel_recompute_and_pipeline():
+    base = spec(model=LLAMA3_LAYER | {"num_layers": 8}, parallel={"tensor": 2}, train={"global_batch_size": 64},
+                hardware={"gpu": "H200"})
+    plain = _mem(base)
+    sp = _mem(attrs.evolve(base, parallel=attrs.evolve(base.parallel, sequence_parallel=True)))
+    assert sp.activations < plain.activations and sp.weights == plain.weights
+    full = _mem(attrs.evolve(base, train=attrs.evolve(base.train, recompute_granularity="full", recompute_num_layers=1)))
+    # Full recompute keeps one h-wide input per layer (8 layers) plus one layer being recomputed.
+    assert full.activations == pytest.approx(plain.activations / 8 + 8 * 4096 * 4096 * 2, rel=1e-6)
+    pipe = spec(model=LLAMA3_LAYER | {"num_layers": 8}, parallel={"pipeline": 4}, train={"global_batch_size": 64},
+                hardware={"gpu": "H200"})
+    first = _mem(pipe)
+    assert first.stage == "first" and first.in_flight_microbatches == 4  # 1F1B: PP micro-batches in flight
+    assert first.logits == 0 and first.activations == pytest.approx(_mem(base, {"tp": 1, "dp": 8}).activations, rel=1e-6)
+    interleaved = _mem(attrs.evolve(pipe, parallel=attrs.evolve(pipe.parallel, virtual_pipeline=2)))
+    assert interleaved.in_flight_microbatches == pytest.approx(4 * (1 + 3 / 8))
+
+
+def test_verdicts_and_fixes():
+    s = spec(model=LLAMA3_LAYER | {"num_layers": 32, "seq_length": 8192}, train={"global_batch_size": 512},
+             hardware={"gpu": "H100"})
+    mem = _mem(s)
+    assert mem.verdict == "does not fit" and mem.total > mem.capacity
+    assert mem.fixes and "parallel.tensor = 2" in mem.fixes[0] and "(fits)" in mem.fixes[0]
+    plan = make_plan(s, te_available=True)
+    assert any(w.startswith("memory:") and "does not fit" in w for w in plan.warnings)
+    assert _mem(attrs.evolve(s, hardware=attrs.evolve(s.hardware, gpu="any"))).verdict == "unknown"
+
+
+# --- cost and budget -----------------------------------------------------------------------------
+
+
+def test_step_time_gpu_hours_and_cost():
+    s = spec(hardware={"gpu": "H100"}, budget={"assumed_mfu": 0.5, "gpu_hour_price": 2.0},
+             train={"eval_interval": 1000})
+    c = estimate_cost(s, flops_per_step=989e12 * 8, world_size=8)
+    assert c.step_time_s == pytest.approx(2.0) and c.mfu_source == "assumed"
+    assert c.gpu_hours == pytest.approx(100 * 2.0 * 8 / 3600) and c.cost == pytest.approx(2 * c.gpu_hours)
+    measured = estimate_cost(s, flops_per_step=989e12 * 8, world_size=8, mfu=0.25)
+    assert measured.step_time_s == pytest.approx(4.0) and measured.mfu_source == "measured"
+    with_eval = estimate_cost(attrs.evolve(s, train=attrs.evolve(s.train, eval_interval=50, eval_iters=30)),
+                              flops_per_step=989e12 * 8, world_size=8)
+    assert with_eval.eval_time_s == pytest.approx(2 * 30 * 2.0 / 3)  # forward-only: a third of a step
+    unknown = estimate_cost(attrs.evolve(s, hardware=attrs.evolve(s.hardware, gpu="any")), flops_per_step=1, world_size=8)
+    assert unknown.step_time_s is None and unknown.gpu_hours is None and unknown.over_budget is None
+
+
+def test_budget_gate():
+    over = make_plan(spec(budget={"max_gpu_hours": 0.01}, train={"train_iters": 100000}), te_available=True)
+    assert over.cost.over_budget
+    with pytest.raises(BudgetError) as exc:
+        check_budget(over, confirmed=False)
+    assert exc.value.exit_code == 2
+    assert "budget.max_gpu_hours = 0" in str(exc.value) and "--yes" in str(exc.value)
+    check_budget(over, confirmed=True)
+    check_budget(make_plan(spec(budget={"max_gpu_hours": 1e9}), te_available=True), confirmed=False)
+    check_budget(make_plan(spec(budget={"max_gpu_hours": 0.01}, hardware={"gpu": "any"}), te_available=True),
+                 confirmed=False)  # unknown GPU-hours: nothing to gate on (the plan warns instead)
+
+
+# --- smoke stage ----------------------------------------------------------------------------------
+
+
+def test_smoke_stage_shrinks_the_model_and_passes_its_own_rules():
+    s = spec(model=LLAMA3_LAYER | {"num_layers": 32}, parallel={"tensor": 2, "sequence_parallel": True},
+             train={"lr_warmup_iters": 2000, "global_batch_size": 512, "train_iters": 100000})
+    layout, _, _ = resolve_layout(s, te_available=True)
+    full, full_layout = stage_spec(s, layout, "full")
+    assert full is s and full_layout is layout
+    smoke, smoke_layout = stage_spec(s, layout, "smoke", te_available=True)
+    m = smoke.model
+    assert (m.num_layers, m.hidden_size, m.seq_length, m.num_attention_heads, m.num_query_groups) == (2, 256, 256, 4, 2)
+    assert m.ffn_hidden_size == 896 and m.vocab_size == 128256 and m.preset is None
+    assert (smoke.train.train_iters, smoke.train.lr_warmup_iters, smoke.train.eval_interval) == (30, 3, 30)
+    assert smoke.train.global_batch_size == smoke_layout.dp  # smallest valid: micro batch 1 x DP
+    assert (smoke_layout.tp, smoke_layout.sequence_parallel) == (2, True)
+    assert check_spec(smoke) == [] and resolve_layout(smoke, te_available=True)[0] == smoke_layout
+
+
+def test_smoke_stage_shrinks_degrees_to_one_node():
+    s = spec(model={"preset": "llama3.1-405b", "num_layers": 128, "hidden_size": 16384, "num_attention_heads": 128,
+                    "ffn_hidden_size": 53248, "seq_length": 8192, "vocab_size": 128256},
+             parallel={"tensor": 8, "pipeline": 8, "context": 2, "sequence_parallel": True},
+             train={"global_batch_size": 256}, hardware={"nodes": 16, "gpu": "H200"}, smoke={"nodes": 1})
+    layout, _, _ = resolve_layout(s, te_available=True)
+    smoke, sl = stage_spec(s, layout, "smoke", te_available=True)
+    assert (sl.tp, sl.pp, sl.cp, sl.dp, sl.world_size) == (2, 2, 2, 1, 8)  # every parallel kind still exercised
+    assert smoke.hardware.nodes == 1 and smoke.parallel.tensor == 2 and smoke.train.global_batch_size == 2
+
+
+def test_smoke_pins_and_its_errors_name_smoke_keys():
+    s = spec(smoke={"tensor": 4})
+    layout, _, _ = resolve_layout(s, te_available=True)
+    _, sl = stage_spec(s, layout, "smoke", te_available=True)
+    assert sl.tp == 4
+    bad = spec(smoke={"tensor": 3, "num_attention_heads": 4})
+    with pytest.raises(SpecError) as exc:
+        stage_spec(bad, resolve_layout(bad, te_available=True)[0], "smoke", te_available=True)
+    assert "smoke.tensor" in {p for p, _ in exc.value.problems}
+    assert all(msg.startswith("smoke stage: ") for _, msg in exc.value.problems)
+
+
+def test_smoke_moe_keeps_experts_within_ep():
+    s = spec(model={"num_experts": 8}, parallel={"expert": 8})
+    smoke, sl = stage_spec(s, resolve_layout(s, te_available=True)[0], "smoke", te_available=True)
+    assert smoke.model.num_experts == 4 and sl.ep == 4 and smoke.model.num_experts % sl.ep == 0
+
+
+# --- the plan as a whole -----------------------------------------------------------------------------
+
+
+def test_plan_dict_is_json_ready_deterministic_and_complete():
+    s = spec(model=LLAMA3_LAYER | {"num_layers": 8}, hardware={"gpu": "H200"}, budget={"max_gpu_hours": 10.0})
+    d1 = plan_to_dict(make_plan(s, te_available=False))
+    d2 = plan_to_dict(make_plan(s, te_available=False))
+    assert d1 == d2 and digest(d1) == digest(d2)
+    json.dumps(d1, allow_nan=False)
+    assert set(d1["layout"]) >= {"tp", "pp", "cp", "ep", "dp", "world_size", "vpp", "sequence_parallel"}
+    for key in ("params", "memory_per_gpu_bytes", "flops_per_step", "flops_per_token", "tokens_per_step",
+                "step_time_s", "wall_time_h", "gpu_hours", "cost", "warnings", "recommendations", "smoke"):
+        assert key in d1
+    assert d1["memory_per_gpu_bytes"] == sum(d1["memory"]["breakdown"].values())
+    assert set(d1["smoke"]) == {"layout", "shapes"} and d1["smoke"]["shapes"]["num_layers"] == 2
+    assert d1["params"]["total"] == count_params(s.model, 128256).total
+    assert d1["tokens_per_step"] == 64 * 4096
+    assert Layout(**{k: v for k, v in d1["layout"].items()}).job_dict() == \
+        {k: d1["layout"][k] for k in ("tp", "pp", "vpp", "cp", "ep", "dp", "world_size", "sequence_parallel")}
+
+
+def test_vocab_size_unknown_is_an_error_not_a_guess():
+    s = spec(data={"tokenizer": {"kind": "huggingface", "path": "tok.json"}}, drop=[("model", "vocab_size")])
+    with pytest.raises(SpecError) as exc:
+        make_plan(s)
+    assert exc.value.problems[0][0] == "model.vocab_size"
+    assert make_plan(s, vocab_size=50000, te_available=True).vocab_size == 50000
+
+
+def test_render_plan_fits_100_columns():
+    s = spec(model=LLAMA3_LAYER | {"num_layers": 32, "seq_length": 8192}, train={"global_batch_size": 512},
+             hardware={"gpu": "H100"}, budget={"max_gpu_hours": 1.0, "gpu_hour_price": 2.5})
+    d = plan_to_dict(make_plan(s, te_available=True))
+    console = Console(width=100, record=True, force_terminal=False)
+    console.print(render_plan(d, "3f9c0a12b4de"))
+    text = console.export_text()
+    assert all(len(line) <= 100 for line in text.splitlines())
+    for needle in ("run 3f9c0a12b4de", "Parallel layout", "Memory per GPU", "does not fit", "fix: parallel.tensor = 2",
+                   "over budget: needs --yes", "Smoke stage:", "Warnings"):
+        assert needle in text, needle
