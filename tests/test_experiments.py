@@ -1,0 +1,76 @@
+"""Every recipe in experiments/ loads, plans (full and smoke stage) and fits its GPUs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mcx.errors import BudgetError
+from mcx.plan.cost import check_budget
+from mcx.plan.layout import resolve_layout
+from mcx.plan.planner import make_plan, plan_to_dict
+from mcx.spec import load_spec
+from mcx.spec.rules import check_spec
+
+EXPERIMENTS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.toml"))
+GPU_SPECS = {"h200_1gpu", "h200_2gpu", "llama3_8b", "llama2_13b", "llama3_70b", "llama405b", "mixtral_8x7b"}
+
+
+def _te(spec) -> bool | None:
+    """As on a login node: Transformer Engine unknown for GPU recipes; CPU recipes run without it."""
+    return False if spec.hardware.gpu in ("cpu", "any") else None
+
+
+def test_the_recipes_are_all_there():
+    assert {p.stem for p in EXPERIMENTS} >= GPU_SPECS | {"tiny", "tiny_moe"}
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_recipe_loads_and_plans(path):
+    spec = load_spec(path)
+    plan = make_plan(spec, te_available=_te(spec))
+    data = plan_to_dict(plan)
+    json.dumps(data, allow_nan=False)
+    layout = plan.layout
+    assert layout.tp * layout.pp * layout.cp * layout.dp == layout.world_size
+    assert layout.world_size == spec.hardware.nodes * spec.hardware.gpus_per_node
+    if path.stem in GPU_SPECS:
+        # Each recipe is sized for its GPUs and pins its layout.
+        assert plan.memory.verdict == "fits", (plan.memory.total, plan.memory.capacity)
+        assert plan.cost.gpu_hours is not None and plan.cost.gpu_hours > 0
+        assert None not in (spec.parallel.tensor, spec.parallel.pipeline, spec.parallel.context)
+    assert plan.smoke is not None
+    smoke = plan.smoke.spec
+    assert check_spec(smoke) == []
+    assert resolve_layout(smoke, te_available=_te(spec))[0] == plan.smoke.layout
+    assert smoke.model.hidden_size <= 256 and smoke.model.seq_length <= 256 and smoke.train.train_iters <= 50
+    assert plan.smoke.layout.world_size <= layout.world_size
+
+
+def test_only_the_405b_recipe_needs_confirmation():
+    for path in EXPERIMENTS:
+        spec = load_spec(path)
+        plan = make_plan(spec, te_available=_te(spec))
+        if path.stem == "llama405b":
+            assert plan.cost.over_budget
+            with pytest.raises(BudgetError):
+                check_budget(plan, confirmed=False)
+        else:
+            check_budget(plan, confirmed=False)
+
+
+def test_recipes_carry_their_documented_layouts():
+    def layout(name):
+        spec = load_spec(EXPERIMENTS[[p.stem for p in EXPERIMENTS].index(name)])
+        return make_plan(spec, te_available=_te(spec)).layout
+
+    assert (layout("llama3_70b").tp, layout("llama3_70b").pp, layout("llama3_70b").world_size) == (4, 4, 64)
+    l405 = layout("llama405b")
+    assert (l405.tp, l405.pp, l405.cp, l405.world_size) == (8, 8, 2, 128)
+    mix = layout("mixtral_8x7b")
+    assert (mix.tp, mix.ep, mix.world_size) == (2, 4, 32)
+    assert layout("h200_2gpu").dp == 2 and layout("llama2_13b").tp == 2
+    moe = load_spec(EXPERIMENTS[[p.stem for p in EXPERIMENTS].index("tiny_moe")])
+    assert (moe.model.num_experts, moe.model.moe_router_topk, moe.model.hidden_size) == (4, 2, 128)
