@@ -1,0 +1,216 @@
+"""DVC records: checkpoints added and pushed by hash, datasets and checkpoints restored by hash.
+
+The project is a DVC repository (``dvc init`` beside ``git init``). mcx uses DVC's Python API
+(``dvc.repo.Repo``: about 0.6 s to import, no subprocess per call) with absolute paths throughout.
+
+Remote: ``[tracking] dvc_remote`` names a remote configured in the project, or gives a URL/path
+that mcx configures as the remote ``mcx`` in ``.dvc/config.local``; unset, it is the embedded
+remote ``mcx-local`` = ``<project>/.mcx/dvc-remote``, also in ``.dvc/config.local`` (machine-local,
+never committed). That is made the default remote only if the project has no default of its own, so
+a team's shared remote configured in ``.dvc/config`` keeps working for plain ``dvc push``/``pull``.
+
+Checkpoints live in run directories under ``.mcx/``, which git ignores; DVC refuses ``.dvc`` files
+in git-ignored places, so checkpoint operations open the repository without its git view
+(``core.no_scm`` for that call only). The ``.dvc`` file is written beside the checkpoint directory
+(``.mcx/runs/<id>/<stage>/checkpoints.dvc``), nothing in the git work tree changes, and the hash
+(``md5``, ``nfiles``, ``size``) goes into MLflow (``mcx.checkpoint.<stage>.md5``), from where any
+clone that reaches the same remote restores it by hash. ``dvc gc --workspace`` does not see these
+``.dvc`` files: the remote, not the local cache, is where checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from attrs import asdict, frozen
+
+from mcx.errors import DataError, EnvironmentProblem, InputError
+from mcx.track import paths
+
+if TYPE_CHECKING:
+    from dvc.repo import Repo
+
+EMBEDDED_REMOTE = "mcx-local"
+CONFIGURED_REMOTE = "mcx"
+RESTORE_DIR = "restore"
+LOCK_RETRY_S = 60.0
+
+
+@frozen
+class DvcRecord:
+    """A directory (or file) version held by DVC: what MLflow records about a checkpoint."""
+
+    md5: str  # "<32 hex>.dir" for a directory, as in the .dvc file
+    size: int | None
+    nfiles: int | None
+    path: str  # project-relative POSIX path of the tracked directory
+    dvc_file: str  # absolute path of the .dvc file that points at it
+    remote: str | None  # the remote it was pushed to (None: not pushed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _root(project_root: Path) -> Path:
+    root = Path(project_root).resolve()
+    if not (root / ".dvc").is_dir():
+        raise EnvironmentProblem(f"{root} is not a DVC repository (no .dvc/)",
+                                 "run `dvc init` in the project root (mcx data prepare does this).")
+    return root
+
+
+@contextmanager
+def _repo(root: Path, *, git_view: bool) -> Iterator[Repo]:
+    """The DVC repo at ``root``; without ``git_view`` it ignores git (for paths inside .mcx/)."""
+    from dvc.lock import LockError
+    from dvc.repo import Repo
+    from dvc.scm import SCM
+
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while True:
+        try:
+            repo = Repo(str(root)) if git_view else Repo(str(root), scm=SCM(str(root), no_scm=True))
+            break
+        except LockError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+    try:
+        yield repo
+    finally:
+        repo.close()
+
+
+def _locked(fn, *args: Any, **kwargs: Any) -> Any:
+    """Run a repo operation, retrying while another DVC process holds the repository lock."""
+    from dvc.lock import LockError
+
+    deadline = time.monotonic() + LOCK_RETRY_S
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except LockError:
+            if time.monotonic() > deadline:
+                raise EnvironmentProblem("another DVC command holds the project's lock (.dvc/tmp/lock)",
+                                         "wait for it to finish, then run again.") from None
+            time.sleep(0.5)
+
+
+def _inside(root: Path, path: Path, what: str) -> Path:
+    full = (root / path).resolve() if not Path(path).is_absolute() else Path(path).resolve()
+    if full != root and root not in full.parents:
+        raise InputError(f"{what} {full} is outside the project {root}",
+                         "DVC tracks only paths inside the project; move it there, or set "
+                         "tracking.log_checkpoints = false.")
+    return full
+
+
+def ensure_remote(project_root: Path, remote: str | None = None) -> str:
+    """The name of the DVC remote mcx pushes to, configured if needed (see the module docstring)."""
+    root = _root(project_root)
+    with _repo(root, git_view=False) as repo:
+        remotes = repo.config.get("remote", {})
+        if remote is not None and remote in remotes:
+            return remote
+        if remote is None:
+            name, url = EMBEDDED_REMOTE, str(paths.state_dir(root) / paths.DVC_REMOTE_DIR)
+            Path(url).mkdir(parents=True, exist_ok=True)
+        else:
+            name, url = CONFIGURED_REMOTE, remote
+        with repo.config.edit("local") as conf:
+            if conf.get("remote", {}).get(name, {}).get("url") != url:
+                conf.setdefault("remote", {})[name] = {"url": url}
+            if not repo.config.get("core", {}).get("remote") and not conf.get("core", {}).get("remote"):
+                conf.setdefault("core", {})["remote"] = name
+        return name
+
+
+def _record(root: Path, stage: Any, remote: str | None) -> DvcRecord:
+    out = stage.outs[0]
+    meta = out.meta
+    return DvcRecord(md5=out.hash_info.value, size=meta.size, nfiles=meta.nfiles,
+                     path=Path(out.fs_path).resolve().relative_to(root).as_posix(),
+                     dvc_file=str(Path(stage.path).resolve()), remote=remote)
+
+
+def track_checkpoint(project_root: Path, path: Path, *, remote: str | None = None, push: bool = True) -> DvcRecord:
+    """``dvc add`` a finished stage's checkpoint directory and push it; returns its hash record.
+
+    ``remote`` is ``[tracking] dvc_remote`` (None: the embedded remote). Adding the same content
+    again is a no-op that returns the same md5.
+    """
+    root = _root(project_root)
+    full = _inside(root, Path(path), "checkpoint directory")
+    if not full.exists():
+        raise InputError(f"checkpoint directory {full} does not exist", "the stage wrote no checkpoint to track.")
+    name = ensure_remote(root, remote) if push else None
+    with _repo(root, git_view=False) as repo:
+        stages = _locked(repo.add, [str(full)])
+        if push:
+            _locked(repo.push, targets=[stages[0].path], remote=name)
+        return _record(root, stages[0], name)
+
+
+def _pointer(root: Path, md5: str, target: Path) -> Path:
+    """A .dvc file under .mcx/restore/ that points at ``target`` with ``md5``."""
+    if not md5 or "/" in md5 or len(md5.split(".")[0]) != 32:
+        raise InputError(f"{md5!r} is not a DVC md5", "give the md5 recorded for the checkpoint or dataset.")
+    pdir = paths.state_dir(root) / RESTORE_DIR
+    pdir.mkdir(parents=True, exist_ok=True)
+    pointer = pdir / f"{target.name}-{md5.split('.')[0][:12]}.dvc"
+    rel = json.dumps(os.path.relpath(target, pdir))  # a JSON string is a YAML double-quoted scalar
+    pointer.write_text(f"outs:\n- md5: {md5}\n  hash: md5\n  path: {rel}\n", encoding="utf-8")
+    return pointer
+
+
+def restore(
+    project_root: Path, *, dvc_file: Path | None = None, md5: str | None = None, path: Path | None = None,
+    remote: str | None = None, force: bool = False,
+) -> Path:
+    """Bring back a dataset or checkpoint version: from ``dvc_file``, or by ``md5`` at ``path``.
+
+    Fetches from the local cache, else the remote; returns the restored path. A different version
+    already at ``path`` is replaced only with ``force`` (DataError otherwise).
+    """
+    from dvc.exceptions import CheckoutError, ConfirmRemoveError, DvcException
+
+    root = _root(project_root)
+    if dvc_file is None:
+        if md5 is None or path is None:
+            raise ValueError("restore needs dvc_file, or md5 and path")
+        target = _inside(root, Path(path), "restore path")
+        pointer = _pointer(root, md5, target)
+    else:
+        pointer = _inside(root, Path(dvc_file), ".dvc file")
+        target = None
+    name = ensure_remote(root, remote)
+    git_view = paths.state_dir(root) not in pointer.parents
+    with _repo(root, git_view=git_view) as repo:
+        try:
+            _locked(repo.pull, targets=[str(pointer)], remote=name, force=force)
+        except (CheckoutError, ConfirmRemoveError) as exc:
+            raise DataError(f"cannot restore {target or pointer}: {exc}",
+                            "it holds another version or local changes; move it away, or restore with force=True.") from None
+        except DvcException as exc:
+            raise DataError(f"cannot restore {target or pointer} from remote {name!r}: {exc}",
+                            "check that the remote holds it (dvc push from where it was made).") from None
+        if target is None:
+            stage = repo.stage.load_one(str(pointer))
+            target = Path(stage.outs[0].fs_path)
+    return target
+
+
+def pull_data(project_root: Path, data_path: Path, *, remote: str | None = None) -> Path:
+    """Fetch a DVC-tracked dataset that is missing here (its ``.dvc`` file is in the project)."""
+    root = _root(project_root)
+    full = _inside(root, Path(data_path), "dataset")
+    dvc_file = full.with_name(full.name + ".dvc")
+    if not dvc_file.is_file():
+        raise DataError(f"{full} is not tracked by DVC (no {dvc_file.name} beside it)",
+                        "prepare it with `mcx data prepare`, or `dvc add` it and commit the .dvc file.")
+    return restore(root, dvc_file=dvc_file, remote=remote)

@@ -1,0 +1,286 @@
+"""MetricsForwarder: a stage's metrics.jsonl -> MLflow, from a thread of the control plane.
+
+The worker only appends lines to ``<stage>/metrics.jsonl``; it never waits for tracking. A thread in
+the control-plane process polls the file, turns every complete new line into metrics and sends them
+with ``log_batch`` (at most 1000 metrics a call, whole lines only). Metric keys are
+``<kind>/<field>`` for every numeric field of a line except ``step`` and ``time`` (``train/loss``,
+``train/mfu``, ``train/tokens_per_s_per_gpu``, ``valid/loss``, ``test/ppl``), the same names
+mcx.report gives its curves; the line's ``step`` is the MLflow step and its ``time`` the timestamp
+(eval lines, which carry none, take the time of the train line before them), so a value sent twice
+is the same MLflow row.
+
+Exactly once: the cursor ``<stage>/tracked.json`` holds the byte offset and line count already sent
+and, per kind, the last step sent; it is replaced only after MLflow acknowledged a batch. A line's
+identity is (stage, kind, step): a line at or below its kind's last sent step is never sent again.
+When a resumed worker truncates the file (docs/architecture.md), the cursor notices (the file is
+shorter, or the bytes before the offset are not the line it last sent), rescans from the top and
+skips every identity already sent; MLflow then keeps the first value sent for a re-run step, while
+metrics.jsonl holds the surviving timeline (they agree for deterministic runs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from attrs import frozen
+
+from mcx.hashing import digest_bytes
+from mcx.track import paths
+from mcx.track.mlflow_store import METRICS_PER_BATCH
+from mcx.track.target import describe_error, is_transient
+
+if TYPE_CHECKING:
+    from mcx.track.recorder import RunRecorder
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK = 4 << 20
+MAX_BACKOFF_S = 30.0
+_NOT_METRICS = frozenset({"kind", "step", "time"})
+
+
+def line_metrics(rec: dict[str, Any]) -> list[tuple[str, float]]:
+    """``(key, value)`` of one metrics.jsonl object: every numeric field but step and time."""
+    kind = rec.get("kind")
+    if type(kind) is not str:
+        return []
+    out = []
+    for name, value in rec.items():
+        if name in _NOT_METRICS or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        out.append((f"{kind}/{name}", float(value)))
+    out.sort()
+    return out
+
+
+@frozen
+class ForwardResult:
+    """One drain: what was sent, what is left of the file, and why it stopped early."""
+
+    metrics: int  # metric values sent
+    lines: int  # lines consumed (sent or skipped as already sent)
+    pending_bytes: int  # bytes of metrics.jsonl not yet consumed
+    error: str | None = None
+    transient: bool = False
+    busy: bool = False
+
+
+class Cursor:
+    """``<stage>/tracked.json``: how much of metrics.jsonl the tracking store holds."""
+
+    def __init__(self, path: Path, target: str, run_uuid: str) -> None:
+        self.path = path
+        data = paths.read_json(path, {}) or {}
+        if data.get("target") != target or data.get("mlflow_run") != run_uuid:
+            data = {}  # another store or run: everything is sent there from the start
+        self.target, self.run_uuid = target, run_uuid
+        self.offset: int = int(data.get("offset", 0))
+        self.lines: int = int(data.get("lines", 0))
+        self.sent_through: dict[str, int] = dict(data.get("sent_through", {}))
+        self.tail_sha: str | None = data.get("tail_sha")
+        self.tail_len: int = int(data.get("tail_len", 0))
+        self.last_time_ms: int = int(data.get("last_time_ms", 0))
+        self.metrics: int = int(data.get("metrics", 0))
+        self.rescans: int = int(data.get("rescans", 0))
+
+    def save(self) -> None:
+        paths.write_json_atomic(self.path, {
+            "target": self.target, "mlflow_run": self.run_uuid, "offset": self.offset, "lines": self.lines,
+            "sent_through": self.sent_through, "tail_sha": self.tail_sha, "tail_len": self.tail_len,
+            "last_time_ms": self.last_time_ms, "metrics": self.metrics, "rescans": self.rescans,
+        })
+
+    def check(self, metrics_file: Path) -> None:
+        """Start over from the top (keeping the identities sent) if the file was rewritten."""
+        try:
+            size = metrics_file.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        rewritten = size < self.offset
+        if not rewritten and self.tail_len:
+            with open(metrics_file, "rb") as f:
+                f.seek(self.offset - self.tail_len)
+                rewritten = digest_bytes(f.read(self.tail_len)) != self.tail_sha
+        if rewritten:
+            self.offset, self.lines, self.tail_sha, self.tail_len, self.last_time_ms = 0, 0, None, 0, 0
+            self.rescans += 1
+
+
+class MetricsForwarder:
+    """Tails one stage's metrics.jsonl into its MLflow child run; use as a context manager.
+
+    ``start()`` runs :meth:`drain` every ``poll_s`` seconds in a daemon thread (backing off up to
+    30 s while the store is unreachable); ``stop()`` drains once more and returns the last result.
+    :meth:`drain` may also be called directly (``mcx sync`` does).
+    """
+
+    def __init__(self, recorder: RunRecorder, stage: str, *, poll_s: float = 1.0) -> None:
+        self.recorder = recorder
+        self.stage = stage
+        self.poll_s = poll_s
+        self.stage_dir = recorder.run_dir / stage
+        self.metrics_file = self.stage_dir / paths.METRICS_FILE
+        self.last: ForwardResult | None = None
+        self.busy_s = 0.0  # wall time the thread spent draining (for the overhead benchmark)
+        self.cycles = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # the thread --------------------------------------------------------------------------------
+    def start(self) -> MetricsForwarder:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"mcx-metrics-{self.stage}", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> ForwardResult | None:
+        """Stop polling after one last drain; returns what that drain did."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self.last
+
+    def __enter__(self) -> MetricsForwarder:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _loop(self) -> None:
+        delay = self.poll_s
+        while True:
+            stopping = self._stop.wait(delay)
+            result = self._cycle()
+            if stopping:
+                return
+            if result.error is not None and not result.busy:
+                delay = min(max(delay * 2, self.poll_s), MAX_BACKOFF_S)
+            else:
+                delay = self.poll_s
+
+    def _cycle(self) -> ForwardResult:
+        t0 = time.perf_counter()
+        try:
+            result = self.drain()
+        except Exception as exc:  # noqa: BLE001 - the thread must outlive anything the store does
+            log.warning("metrics forwarding for %s paused: %s", self.stage, describe_error(exc))
+            result = ForwardResult(0, 0, self._pending_bytes(None), describe_error(exc), is_transient(exc))
+        self.busy_s += time.perf_counter() - t0
+        self.cycles += 1
+        self.last = result
+        return result
+
+    # one pass ----------------------------------------------------------------------------------
+    def _pending_bytes(self, cursor: Cursor | None) -> int:
+        try:
+            size = self.metrics_file.stat().st_size
+        except FileNotFoundError:
+            return 0
+        return max(0, size - (cursor.offset if cursor else 0))
+
+    def pending_bytes(self) -> int:
+        """Bytes of metrics.jsonl the store does not hold yet, as far as the cursor knows."""
+        uuid = self.recorder.record_uuid(f"stage:{self.stage}")
+        if uuid is None:
+            return self._pending_bytes(None)
+        return self._pending_bytes(Cursor(self.stage_dir / paths.CURSOR_FILE, self.recorder.target.name, uuid))
+
+    def drain(self) -> ForwardResult:
+        """Send every complete line not yet sent (journal first, so the stage run exists)."""
+        rec = self.recorder
+        flushed = rec.flush()
+        uuid = rec.record_uuid(f"stage:{self.stage}")
+        if uuid is None:
+            return ForwardResult(0, 0, self._pending_bytes(None), flushed.error or "the stage run is not recorded yet",
+                                 flushed.transient or flushed.error is None, flushed.busy)
+        with rec.sending() as mine:
+            cursor = Cursor(self.stage_dir / paths.CURSOR_FILE, rec.target.name, uuid)
+            if not mine:
+                return ForwardResult(0, 0, self._pending_bytes(cursor), None, busy=True)
+            if not self.metrics_file.exists():
+                return ForwardResult(0, 0, 0)
+            cursor.check(self.metrics_file)
+            return self._send_from(cursor, uuid)
+
+    def _send_from(self, cursor: Cursor, uuid: str) -> ForwardResult:
+        store = self.recorder.store()
+        sent_metrics = sent_lines = 0
+        with open(self.metrics_file, "rb") as f:
+            while True:
+                f.seek(cursor.offset)
+                data = f.read(READ_CHUNK)
+                end = data.rfind(b"\n")
+                if end < 0:
+                    break  # nothing complete yet (a line longer than READ_CHUNK is not a metrics line)
+                for batch in _batches(data[: end + 1], cursor):
+                    if batch.metrics:
+                        try:
+                            store.log_metrics(uuid, batch.metrics)
+                        except Exception as exc:  # noqa: BLE001 - left in the file, sent next time
+                            return ForwardResult(sent_metrics, sent_lines, self._pending_bytes(cursor),
+                                                 describe_error(exc), is_transient(exc))
+                    batch.commit(cursor)
+                    cursor.save()
+                    sent_metrics += len(batch.metrics)
+                    sent_lines += batch.lines
+        return ForwardResult(sent_metrics, sent_lines, self._pending_bytes(cursor))
+
+
+class _Batch:
+    """Whole lines whose metrics fit one log_batch call, and the cursor state after them."""
+
+    def __init__(self, sent_through: dict[str, int], last_time_ms: int) -> None:
+        self.metrics: list[tuple[str, float, int, int]] = []
+        self.lines = 0
+        self.nbytes = 0
+        self.sent_through = dict(sent_through)
+        self.last_time_ms = last_time_ms
+        self.tail = b""
+
+    def commit(self, cursor: Cursor) -> None:
+        cursor.offset += self.nbytes
+        cursor.lines += self.lines
+        cursor.sent_through = self.sent_through
+        cursor.last_time_ms = self.last_time_ms
+        cursor.tail_sha, cursor.tail_len = digest_bytes(self.tail), len(self.tail)
+        cursor.metrics += len(self.metrics)
+
+
+def _batches(data: bytes, cursor: Cursor):
+    """Split complete lines into batches; each batch's state builds on the previous one's."""
+    batch = _Batch(cursor.sent_through, cursor.last_time_ms)
+    for raw in data.splitlines(keepends=True):
+        rec = _parse(raw)
+        kind, step = (rec.get("kind"), rec.get("step")) if rec is not None else (None, None)
+        last = batch.sent_through.get(kind) if type(kind) is str else None
+        fresh = type(kind) is str and type(step) is int and (last is None or step > last)
+        values = line_metrics(rec) if fresh else []  # stale: this (stage, kind, step) was already sent
+        if len(batch.metrics) + len(values) > METRICS_PER_BATCH and batch.lines:
+            yield batch
+            batch = _Batch(batch.sent_through, batch.last_time_ms)
+        batch.lines += 1
+        batch.nbytes += len(raw)
+        batch.tail = raw
+        t = rec.get("time") if rec is not None else None
+        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+            batch.last_time_ms = int(t * 1000)
+        if fresh:
+            batch.sent_through[kind] = step
+            batch.metrics.extend((key, value, batch.last_time_ms, step) for key, value in values)
+    if batch.lines:
+        yield batch
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        log.warning("skipping a metrics line that is not JSON: %r", raw[:80])
+        return None
+    return rec if isinstance(rec, dict) else None

@@ -1,0 +1,83 @@
+"""Where mcx.track keeps its state inside a project, and small file helpers it shares.
+
+    <project>/.mcx/mlflow.db              embedded MLflow store (SQLite)
+    <project>/.mcx/mlartifacts/<exp>/     embedded MLflow artifacts, one folder per experiment
+    <project>/.mcx/dvc-remote/            embedded DVC remote
+    <project>/.mcx/runs/<run_id>/         run directory (docs/architecture.md)
+        track/                            the spool: journal.jsonl, acked.json, ids.json, target.json,
+                                          artifacts/ (redacted copies of what is uploaded), lock
+        <stage>/tracked.json              metrics cursor: what of <stage>/metrics.jsonl MLflow holds
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import RunIdError
+
+STATE_DIR = ".mcx"
+RUNS = "runs"
+EMBEDDED_DB = "mlflow.db"
+EMBEDDED_ARTIFACTS = "mlartifacts"
+DVC_REMOTE_DIR = "dvc-remote"
+TRACK_DIR = "track"
+CURSOR_FILE = "tracked.json"
+METRICS_FILE = "metrics.jsonl"
+RESULT_FILE = "result.json"
+STAGES = ("smoke", "full")
+
+RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
+
+
+def state_dir(project_root: Path) -> Path:
+    return Path(project_root) / STATE_DIR
+
+
+def runs_dir(project_root: Path) -> Path:
+    return state_dir(project_root) / RUNS
+
+
+def check_run_id(run_id: str) -> str:
+    """``run_id`` if it is 12 lowercase hex digits (so it is safe as a path and a filter value)."""
+    if not isinstance(run_id, str) or not RUN_ID_PATTERN.fullmatch(run_id):
+        raise RunIdError(f"{run_id!r} is not a run ID",
+                         "a run ID is 12 lowercase hex digits, e.g. 3f9c0a12b4de; list runs with `mcx ls`.")
+    return run_id
+
+
+def run_dir(project_root: Path, run_id: str) -> Path:
+    return runs_dir(project_root) / check_run_id(run_id)
+
+
+def read_json(path: Path, default: Any = None) -> Any:
+    """The JSON in ``path``; ``default`` when the file is absent, empty or torn."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return default
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return default
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as JSON so readers see the old or the new file, never a torn one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, sort_keys=True, indent=1, allow_nan=False)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

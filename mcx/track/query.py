@@ -1,0 +1,249 @@
+"""Reading runs back: ``mcx ls``, ``mcx show``, and metric curves for ``mcx compare``.
+
+Local first: a run directory holds everything ``ls`` and ``show`` print (run.json, spec.toml,
+fingerprint.json, each stage's result.json and metrics.jsonl), and reading it takes milliseconds,
+while asking MLflow costs its import (about 4 s) before the first answer. So the store is asked only
+when told (``include_tracking=True``: runs recorded elsewhere on a shared server) or when the run
+directory is gone. A stage's curve is read from its metrics.jsonl when present (the exact surviving
+timeline, 10,000 steps in ~20 ms) and from ``MlflowClient.get_metric_history`` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from mcx.errors import RunIdError
+from mcx.track import paths
+from mcx.track.errors import TrackingUnavailable
+from mcx.track.journal import Journal
+from mcx.track.mlflow_store import RECORD_TAG, STAGE_TAG
+from mcx.track.records import fingerprint_tags, spec_params
+from mcx.track.runcache import lookup
+from mcx.track.target import Target, describe_error, is_transient, resolve_target
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
+
+    from mcx.track.mlflow_store import MlflowStore
+
+try:  # same results, about twice as fast on large files
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - depends on the environment
+    _fast_loads = json.loads
+
+_stores: dict[Target, MlflowStore] = {}
+_stores_lock = threading.Lock()
+
+
+def _store(project_root: Path, tracking_uri: str | None) -> MlflowStore:
+    from mcx.track.mlflow_store import MlflowStore
+
+    target = resolve_target(project_root, tracking_uri)
+    with _stores_lock:
+        if target not in _stores:
+            _stores[target] = MlflowStore(target)
+        return _stores[target]
+
+
+@contextmanager
+def _asking(target_name: str) -> Iterator[None]:
+    """Turn "store unreachable" into TrackingUnavailable: a query cannot be spooled for later."""
+    try:
+        yield
+    except (RunIdError, TrackingUnavailable):
+        raise
+    except Exception as exc:
+        if is_transient(exc):
+            raise TrackingUnavailable(f"cannot reach the tracking store {target_name}: {describe_error(exc)}",
+                                      "start it, point MLFLOW_TRACKING_URI elsewhere, or query local runs only.") from None
+        raise
+
+
+# local run directories ----------------------------------------------------------------------------
+def _stage_summary(stage_dir: Path) -> dict[str, Any]:
+    result = paths.read_json(stage_dir / paths.RESULT_FILE)
+    if not isinstance(result, dict):
+        return {"status": "incomplete" if (stage_dir / paths.METRICS_FILE).exists() else "pending"}
+    return {k: result.get(k) for k in ("status", "passed", "steps", "final", "checks", "error", "layer_spec")}
+
+
+def _final(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    for stage in ("full", "smoke"):
+        final = (stages.get(stage) or {}).get("final")
+        if isinstance(final, dict) and final:
+            return final
+    return {}
+
+
+def _tracking_state(rdir: Path) -> dict[str, Any]:
+    journal = Journal(rdir / paths.TRACK_DIR)
+    target = paths.read_json(rdir / paths.TRACK_DIR / "target.json", {}) or {}
+    ids = paths.read_json(rdir / paths.TRACK_DIR / "ids.json", {}) or {}
+    return {"target": target.get("target"), "experiment": target.get("experiment"),
+            "mlflow_run": (ids.get("records") or {}).get("run"), "pending_ops": len(journal.pending())}
+
+
+def _local_summary(project_root: Path, rdir: Path) -> dict[str, Any]:
+    run_json = paths.read_json(rdir / "run.json", {}) or {}
+    stages = {s: _stage_summary(rdir / s) for s in paths.STAGES if (rdir / s).is_dir()}
+    spec_name = None
+    try:
+        import tomllib
+
+        spec_name = tomllib.loads((rdir / "spec.toml").read_text(encoding="utf-8")).get("name")
+    except (OSError, ValueError):
+        pass
+    state = lookup(project_root, rdir.name)
+    return {
+        "run_id": rdir.name, "name": spec_name, "status": run_json.get("status"), "state": state.state,
+        "holder": state.holder.describe() if state.holder else None,
+        "created": run_json.get("created", os.stat(rdir).st_mtime), "stages": stages, "final": _final(stages),
+        "source": "local", "tracking": _tracking_state(rdir),
+    }
+
+
+def _tracking_summary(run: Run) -> dict[str, Any]:
+    tags = run.data.tags
+    return {
+        "run_id": tags.get("mcx.run_id"), "name": tags.get("mcx.spec_name"), "status": tags.get("mcx.status"),
+        "state": "finished" if tags.get("mcx.status") == "finished" else "recorded",
+        "holder": None, "created": (run.info.start_time or 0) / 1000.0, "stages": {},
+        "final": {k: v for k, v in run.data.metrics.items() if not k.startswith("smoke/")},
+        "source": "tracking",
+        "tracking": {"experiment_id": run.info.experiment_id, "mlflow_run": run.info.run_id,
+                     "mlflow_status": run.info.status},
+    }
+
+
+def list_runs(project_root: Path, tracking_uri: str | None = None, *, include_tracking: bool = False) -> list[dict[str, Any]]:
+    """Every run of the project (newest first); with ``include_tracking`` also those only in the store.
+
+    Each entry: run_id, name, status (run.json's, or the record's mcx.status), state ("finished",
+    "running", "interrupted", or "recorded" for store-only runs), holder, created (unix time),
+    stages {stage: status, passed, steps, final, ...}, final (main stage's final metrics),
+    source ("local" | "tracking"), tracking (where it is recorded and what is still unsent).
+    """
+    root = Path(project_root).resolve()
+    runs_root = paths.runs_dir(root)
+    local = {}
+    if runs_root.is_dir():
+        for rdir in runs_root.iterdir():
+            if rdir.is_dir() and paths.RUN_ID_PATTERN.fullmatch(rdir.name):
+                local[rdir.name] = _local_summary(root, rdir)
+    out = list(local.values())
+    if include_tracking:
+        store = _store(root, tracking_uri)
+        with _asking(store.target.name):
+            for run in store.find_runs(store.all_experiment_ids(), {RECORD_TAG: "run"}):
+                entry = _tracking_summary(run)
+                if entry["run_id"] in local:
+                    local[entry["run_id"]]["tracking"].update(entry["tracking"])
+                elif entry["run_id"]:
+                    out.append(entry)
+    return sorted(out, key=lambda e: e["created"] or 0, reverse=True)
+
+
+def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *,
+             include_tracking: bool = False) -> dict[str, Any]:
+    """One run in full: the summary of ``list_runs`` plus params, tags and run.json.
+
+    Read from the run directory; from the store when the directory is gone (or also, with
+    ``include_tracking``, to add the MLflow record's IDs and status). RunIdError if neither has it.
+    """
+    root = Path(project_root).resolve()
+    rdir = paths.run_dir(root, run_id)
+    if rdir.is_dir():
+        out = _local_summary(root, rdir)
+        spec = _spec_tree(rdir)
+        fp = paths.read_json(rdir / "fingerprint.json")
+        out["params"] = spec_params(spec) if spec else {}
+        out["tags"] = fingerprint_tags(fp) if isinstance(fp, dict) else {}
+        out["run"] = paths.read_json(rdir / "run.json", {})
+        if not include_tracking:
+            return out
+    else:
+        out = None
+    store = _store(root, tracking_uri)
+    with _asking(store.target.name):
+        parent = store.find_parent_run(run_id)
+        if parent is None:
+            if out is not None:
+                return out
+            raise RunIdError(f"unknown run ID {run_id}: no {rdir} and no record in {store.target.name}",
+                             "list runs with `mcx ls` (add --all for the tracking store's).")
+        remote = _tracking_summary(parent)
+        remote["params"] = dict(parent.data.params)
+        remote["tags"] = dict(parent.data.tags)
+        for child in store.children(parent):
+            stage = child.data.tags.get(STAGE_TAG)
+            if stage:
+                remote["stages"][stage] = {"status": child.data.tags.get("mcx.status"),
+                                           "passed": child.data.tags.get("mcx.passed"),
+                                           "steps": child.data.tags.get("mcx.steps"),
+                                           "mlflow_run": child.info.run_id}
+    if out is None:
+        return remote
+    out["tracking"].update(remote["tracking"])
+    return out
+
+
+def _spec_tree(rdir: Path) -> dict[str, Any] | None:
+    from mcx.errors import SpecError
+    from mcx.spec.load import loads_spec, spec_to_dict
+
+    path = rdir / "spec.toml"
+    try:
+        return spec_to_dict(loads_spec(path.read_text(encoding="utf-8"), str(path)))
+    except (OSError, SpecError):
+        return None
+
+
+# curves -----------------------------------------------------------------------------------------
+def read_history(metrics_file: Path, key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of metric ``key`` ("<kind>/<field>") from one metrics.jsonl, in file order."""
+    kind, _, field = key.partition("/")
+    data = Path(metrics_file).read_bytes()
+    body = data[: data.rfind(b"\n") + 1].strip()  # complete lines only
+    if not body:
+        return []
+    try:
+        records = _fast_loads(b"[" + body.replace(b"\n", b",") + b"]")
+    except ValueError:  # blank or damaged lines, or NaN tokens orjson refuses: line by line
+        records = []
+        for line in body.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    out = []
+    for rec in records:
+        if type(rec) is dict and rec.get("kind") == kind and type(step := rec.get("step")) is int:
+            value = rec.get(field)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out.append((step, float(value)))
+    return out
+
+
+def metric_history(project_root: Path, run_id: str, stage: str, key: str, *,
+                   tracking_uri: str | None = None) -> list[tuple[int, float]]:
+    """The curve of ``key`` in one stage of a run: from its metrics.jsonl, else from MLflow."""
+    root = Path(project_root).resolve()
+    local = paths.run_dir(root, run_id) / stage / paths.METRICS_FILE
+    if local.is_file():
+        return read_history(local, key)
+    store = _store(root, tracking_uri)
+    with _asking(store.target.name):
+        parent = store.find_parent_run(run_id)
+        if parent is None:
+            raise RunIdError(f"unknown run ID {run_id}: no {local} and no record in {store.target.name}",
+                             "list runs with `mcx ls`.")
+        child = next((c for c in store.children(parent) if c.data.tags.get(STAGE_TAG) == stage), None)
+        if child is None:
+            return []
+        history = store.client.get_metric_history(child.info.run_id, key)
+    return sorted(((m.step, m.value) for m in history), key=lambda sv: sv[0])

@@ -1,0 +1,465 @@
+"""RunRecorder: everything mcx records about one run directory, spooled first, then sent.
+
+The control plane calls, in order::
+
+    rec = RunRecorder.for_run(project_root, run_dir)      # reads spec.toml / fingerprint.json
+    rec.start(launcher="local")                          # parent run: params, tags, artifacts
+    rec.start_stage("smoke")                             # child run; then, while the worker runs:
+    with rec.forwarder("smoke"):                         #   metrics.jsonl -> MLflow, in a thread
+        launcher.run(...)
+    rec.finish_stage("smoke", checkpoint=record)          # result.json: status, finals, smoke report
+    ...
+    rec.finish("finished")
+    report = rec.close()                                 # final send; what is still pending
+
+Every method returns at once: it appends to the journal (mcx.track.journal) and the sending happens
+in the forwarder's thread, in ``flush()``/``close()``, or later in ``mcx sync``. Nothing here raises
+because the tracking store is down; ``close()`` says what waits for ``mcx sync``.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+import tomllib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from attrs import frozen
+
+from mcx.errors import InputError
+from mcx.track import paths
+from mcx.track.journal import Journal
+from mcx.track.records import environment_report, fingerprint_tags, scalar_text, spec_params, clip, TAG_VALUE_LIMIT
+from mcx.track.redact import redact, redact_text
+from mcx.track.target import Target, describe_error, is_transient, resolve_target, target_from_name
+
+if TYPE_CHECKING:
+    from mcx.track.forward import MetricsForwarder
+    from mcx.track.mlflow_store import MlflowStore
+
+log = logging.getLogger(__name__)
+
+TARGET_FILE = "target.json"
+IDS_FILE = "ids.json"
+LOCK_FILE = "lock"
+ARTIFACTS = "artifacts"
+RUN = "run"
+# result.json / run status -> MLflow run status
+MLFLOW_STATUS = {"running": "RUNNING", "finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED",
+                 "preempted": "KILLED", "interrupted": "KILLED", "killed": "KILLED"}
+_LABEL = re.compile(r"^[A-Za-z0-9._:\-]{1,64}$")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def stage_record(stage: str) -> str:
+    return f"stage:{stage}"
+
+
+@frozen
+class FlushResult:
+    """What one send attempt did: ``sent`` operations, ``pending`` left, and why it stopped early."""
+
+    sent: int
+    pending: int
+    error: str | None = None
+    transient: bool = False  # the error means "unreachable now", not "refused"
+    busy: bool = False  # another process was sending this run's records
+
+
+class RunRecorder:
+    """The MLflow record of one run directory (a run, or a reproduction of one)."""
+
+    def __init__(
+        self, project_root: Path, run_dir: Path, *, target: Target, experiment: str, run_id: str,
+        reproduces: str | None = None, reproduction: str | None = None,
+    ) -> None:
+        if (reproduces is None) != (reproduction is None):
+            raise ValueError("a reproduction needs both reproduces= and reproduction=")
+        if reproduction is not None and not _LABEL.fullmatch(reproduction):
+            raise InputError(f"reproduction label {reproduction!r} is not a plain name",
+                             "use letters, digits, '.', '_', '-' or ':' (at most 64).")
+        self.project_root = Path(project_root).resolve()
+        self.run_dir = Path(run_dir).resolve()
+        self.track_dir = self.run_dir / paths.TRACK_DIR
+        self.target = target
+        self.experiment = experiment
+        self.run_id = paths.check_run_id(run_id)
+        self.reproduces = paths.check_run_id(reproduces) if reproduces is not None else None
+        self.reproduction = reproduction
+        self.journal = Journal(self.track_dir)
+        self._send_lock = threading.RLock()
+        self._store: MlflowStore | None = None
+        self._bind_target()
+
+    # construction ------------------------------------------------------------------------------
+    @classmethod
+    def for_run(
+        cls, project_root: Path, run_dir: Path, *, tracking_uri: str | None = None,
+        reproduces: str | None = None, reproduction: str | None = None,
+    ) -> RunRecorder:
+        """A recorder for a run directory holding spec.toml (and fingerprint.json)."""
+        run_dir = Path(run_dir)
+        spec = _read_spec_table(run_dir)
+        tracking = spec.get("tracking") or {}
+        experiment = tracking.get("experiment") or spec.get("name")
+        if not experiment:
+            raise InputError(f"{run_dir / 'spec.toml'} has no name", "the run directory is damaged; run the spec again.")
+        target = resolve_target(project_root, tracking_uri if tracking_uri is not None else tracking.get("uri"))
+        fp = paths.read_json(run_dir / "fingerprint.json", {}) or {}
+        run_id = fp.get("run_id") or run_dir.name
+        return cls(project_root, run_dir, target=target, experiment=experiment, run_id=run_id,
+                   reproduces=reproduces, reproduction=reproduction)
+
+    @classmethod
+    def load(cls, project_root: Path, run_dir: Path, tracking_uri: str | None = None) -> RunRecorder:
+        """The recorder a previous process set up in ``run_dir`` (for ``mcx sync``).
+
+        ``tracking_uri`` sends the run to another store instead (everything is replayed there).
+        """
+        state = paths.read_json(Path(run_dir) / paths.TRACK_DIR / TARGET_FILE)
+        if not isinstance(state, dict) or "target" not in state:
+            raise InputError(f"{run_dir} has no tracking state", "it was never recorded; nothing to sync.")
+        target = (resolve_target(project_root, tracking_uri) if tracking_uri is not None
+                  else target_from_name(project_root, state["target"]))
+        return cls(project_root, run_dir, target=target, experiment=state["experiment"], run_id=state["run_id"],
+                   reproduces=state.get("reproduces"), reproduction=state.get("reproduction"))
+
+    def _bind_target(self) -> None:
+        state = {"target": self.target.name, "experiment": self.experiment, "run_id": self.run_id,
+                 "reproduces": self.reproduces, "reproduction": self.reproduction}
+        old = paths.read_json(self.track_dir / TARGET_FILE)
+        if old == state:
+            return
+        if isinstance(old, dict) and (old.get("target"), old.get("experiment")) != (state["target"], state["experiment"]):
+            # A different store or experiment: everything journaled is sent there again from the start.
+            self.journal.reset()
+            paths.write_json_atomic(self.track_dir / IDS_FILE, {})
+        paths.write_json_atomic(self.track_dir / TARGET_FILE, state)
+
+    # identities --------------------------------------------------------------------------------
+    def _anchor_identity(self) -> dict[str, str]:
+        if self.reproduces is None:
+            return {"mcx.run_id": self.run_id, "mcx.record": RUN}
+        return {"mcx.record": "reproduction", "mcx.reproduces": self.reproduces, "mcx.reproduction": self.reproduction}
+
+    def record_uuid(self, record: str) -> str | None:
+        """The MLflow run ID of ``record`` ("run" or "stage:<name>") once it exists there."""
+        ids = self._ids()
+        return ids.get("records", {}).get(record)
+
+    def _ids(self) -> dict[str, Any]:
+        ids = paths.read_json(self.track_dir / IDS_FILE, {}) or {}
+        return ids if ids.get("target") == self.target.name else {"target": self.target.name, "records": {}}
+
+    def _save_ids(self, ids: dict[str, Any]) -> None:
+        paths.write_json_atomic(self.track_dir / IDS_FILE, ids)
+
+    # journaling --------------------------------------------------------------------------------
+    def _artifact_copy(self, rel_dest: str, *, data: Any = None, text: str | None = None, src: Path | None = None) -> str:
+        """A redacted copy under track/artifacts/ (what is uploaded); returns its path from run_dir."""
+        out = self.track_dir / ARTIFACTS / rel_dest
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if data is not None:
+            out.write_text(json.dumps(redact(data), indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+        elif text is not None:
+            out.write_text(redact_text(text), encoding="utf-8", errors="surrogateescape")
+        elif src is not None:
+            raw = Path(src).read_bytes()
+            out.write_bytes(redact_text(raw.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
+        return str(out.relative_to(self.run_dir))
+
+    def _op(self, op: str, **fields: Any) -> None:
+        self.journal.append({"op": op, "time_ms": now_ms(), **fields})
+
+    def _artifact(self, record: str, rel_file: str, dest: str | None) -> None:
+        self._op("artifact", record=record, file=rel_file, dest=dest)
+
+    def start(self, *, launcher: str | None = None, slurm_job_id: str | None = None,
+              tags: dict[str, str] | None = None) -> None:
+        """Journal the parent record: experiment, run, params, tags, and the run's artifacts."""
+        spec = _resolved_spec(self.run_dir)
+        fp = paths.read_json(self.run_dir / "fingerprint.json")
+        anchor_tags = {
+            "mcx.run_id": self.run_id,
+            "mcx.spec_name": str(spec.get("name", "")),
+            "mcx.seed": scalar_text((spec.get("train") or {}).get("seed")),
+            "mcx.launcher": launcher or str((spec.get("launch") or {}).get("kind", "local")),
+            "mcx.host": socket.gethostname(),
+            "mcx.status": "running",
+        }
+        job_id = slurm_job_id or os.environ.get("SLURM_JOB_ID")
+        if job_id:
+            anchor_tags["mcx.slurm.job_id"] = job_id
+        if isinstance(fp, dict):
+            anchor_tags.update(fingerprint_tags(fp))
+        anchor_tags.update(tags or {})
+        name = self.run_id if self.reproduces is None else f"{self.run_id} reproduces {self.reproduces} ({self.reproduction})"
+        parent_identity = {"mcx.run_id": self.reproduces, "mcx.record": RUN} if self.reproduces else None
+        self._op("experiment", name=self.experiment)
+        self._op("open", record=RUN, identity=self._anchor_identity(), parent=None, parent_identity=parent_identity,
+                 tags={k: clip(redact_text(v), TAG_VALUE_LIMIT) for k, v in anchor_tags.items()},
+                 name=name, start_ms=now_ms())
+        self._op("params", record=RUN, params=spec_params(spec))
+        for rel_file, dest in self._run_artifacts(fp):
+            self._artifact(RUN, rel_file, dest)
+
+    def _run_artifacts(self, fp: Any) -> list[tuple[str, str | None]]:
+        out: list[tuple[str, str | None]] = []
+        spec_file = self.run_dir / "spec.toml"
+        if spec_file.is_file():
+            out.append((self._artifact_copy("run/spec.toml", src=spec_file), None))
+        if isinstance(fp, dict):
+            side = dict(fp.get("side") or {})
+            patch = side.pop("patch", None)
+            encoding = side.pop("patch_encoding", "utf-8")
+            out.append((self._artifact_copy("run/fingerprint.json", data={**fp, "side": side}), None))
+            if patch:
+                raw = base64.b64decode(patch) if encoding == "base64" else patch.encode("utf-8")
+                tmp = self.track_dir / ARTIFACTS / "run" / "code.patch.raw"
+                tmp.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_bytes(raw)
+                out.append((self._artifact_copy("run/code.patch", src=tmp), None))
+                tmp.unlink()
+            lockfile = _lockfile_path(self.project_root, fp)
+            if lockfile is not None:
+                out.append((self._artifact_copy(f"run/lockfile/{lockfile.name}", src=lockfile), "lockfile"))
+        out.append((self._artifact_copy("run/environment.json", data=environment_report(fp if isinstance(fp, dict) else None)), None))
+        plan = paths.read_json(self.run_dir / "plan.json")
+        if plan is not None:
+            out.append((self._artifact_copy("run/plan.json", data=plan), None))
+        return out
+
+    def start_stage(self, stage: str, *, tags: dict[str, str] | None = None) -> None:
+        """Journal the stage's child run (params: the stage's own spec from job.json, if written)."""
+        record = stage_record(stage)
+        stage_dir = self.run_dir / stage
+        stage_tags = {"mcx.record": "stage", "mcx.run_id": self.run_id, "mcx.status": "running", **(tags or {})}
+        self._op("open", record=record, identity={"mcx.stage": stage}, parent=RUN, parent_identity=None,
+                 tags={k: clip(redact_text(v), TAG_VALUE_LIMIT) for k, v in stage_tags.items()},
+                 name=f"{self.run_id}/{stage}", start_ms=now_ms())
+        job = paths.read_json(stage_dir / "job.json")
+        if isinstance(job, dict):
+            if isinstance(job.get("spec"), dict):
+                self._op("params", record=record, params=spec_params(job["spec"]))
+            layout = {f"mcx.layout.{k}": scalar_text(v) for k, v in (job.get("layout") or {}).items()}
+            if layout:
+                self._op("tags", record=record, tags=layout)
+            self._artifact(record, self._artifact_copy(f"{stage}/job.json", data=job), None)
+
+    def forwarder(self, stage: str, *, poll_s: float = 1.0) -> MetricsForwarder:
+        """A MetricsForwarder for the stage (use as a context manager around the worker)."""
+        from mcx.track.forward import MetricsForwarder
+
+        return MetricsForwarder(self, stage, poll_s=poll_s)
+
+    def finish_stage(self, stage: str, *, checkpoint: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """Journal the stage's outcome from its result.json; returns the result (None if absent).
+
+        ``checkpoint`` is what mcx.track.dvc_store.track_checkpoint returned for the stage.
+        """
+        record = stage_record(stage)
+        result = paths.read_json(self.run_dir / stage / paths.RESULT_FILE)
+        if isinstance(result, dict):
+            status = str(result.get("status", "failed"))
+            tags = {"mcx.status": status, "mcx.passed": scalar_text(result.get("passed")),
+                    "mcx.steps": scalar_text(result.get("steps")),
+                    "mcx.layer_spec": scalar_text(result.get("layer_spec"))}
+            if result.get("error"):
+                tags["mcx.error"] = clip(redact_text(str(result["error"])), TAG_VALUE_LIMIT)
+            for name, check in (result.get("checks") or {}).items():
+                if isinstance(check, dict) and "passed" in check:
+                    tags[f"mcx.check.{name}"] = "pass" if check["passed"] else "fail"
+            self._op("tags", record=record, tags=tags)
+            copy = self._artifact_copy(f"{stage}/result.json", data=result)
+            self._artifact(record, copy, None)
+            if stage == "smoke":
+                self._artifact(RUN, copy, "smoke")  # the smoke report, on the parent run too
+            finals = {k: float(v) for k, v in (result.get("final") or {}).items()
+                      if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if finals:
+                prefix = "" if stage == "full" else f"{stage}/"
+                self._op("metrics", record=RUN, metrics={prefix + k: v for k, v in finals.items()},
+                         step=int(result.get("steps") or 0))
+            end_status = MLFLOW_STATUS.get(status, "FAILED")
+        else:
+            result = None
+            end_status = "KILLED"
+            self._op("tags", record=record, tags={"mcx.status": "interrupted"})
+        if checkpoint:
+            ck = {f"mcx.checkpoint.{stage}.{k}": scalar_text(v) for k, v in checkpoint.items()
+                  if k in ("md5", "nfiles", "size", "path", "remote")}
+            self._op("tags", record=RUN, tags=ck)
+            dvc_file = checkpoint.get("dvc_file")
+            if dvc_file and Path(dvc_file).is_file():
+                self._artifact(RUN, self._artifact_copy(f"run/checkpoints/{stage}.dvc", src=Path(dvc_file)), "checkpoints")
+        self._op("status", record=record, status=end_status, end_ms=now_ms())
+        return result
+
+    def finish(self, status: str, *, tags: dict[str, str] | None = None) -> None:
+        """Journal the run's end: status tag, run.json and plots/ as artifacts, MLflow status."""
+        if status not in MLFLOW_STATUS:
+            raise ValueError(f"unknown run status {status!r}; one of {sorted(MLFLOW_STATUS)}")
+        self._op("tags", record=RUN, tags={"mcx.status": status, **(tags or {})})
+        run_json = paths.read_json(self.run_dir / "run.json")
+        if run_json is not None:
+            self._artifact(RUN, self._artifact_copy("run/run.json", data=run_json), None)
+        plots = self.run_dir / "plots"
+        if plots.is_dir():
+            for f in sorted(p for p in plots.rglob("*") if p.is_file()):
+                rel = f.relative_to(plots).as_posix()
+                dest = f"plots/{os.path.dirname(rel)}".rstrip("/")
+                copy = self.track_dir / ARTIFACTS / "run" / "plots" / rel
+                copy.parent.mkdir(parents=True, exist_ok=True)
+                if f.suffix in (".svg", ".html", ".md", ".json", ".txt", ".csv"):
+                    self._artifact_copy(f"run/plots/{rel}", src=f)
+                else:
+                    shutil.copyfile(f, copy)
+                self._artifact(RUN, str(copy.relative_to(self.run_dir)), dest)
+        self._op("status", record=RUN, status=MLFLOW_STATUS[status], end_ms=now_ms())
+
+    # sending -----------------------------------------------------------------------------------
+    def store(self) -> MlflowStore:
+        if self._store is None:
+            from mcx.track.mlflow_store import MlflowStore
+
+            self._store = MlflowStore(self.target)
+        return self._store
+
+    @contextmanager
+    def sending(self) -> Iterator[bool]:
+        """Hold this run's send lock (threads and processes); yields False if another process has it."""
+        with self._send_lock:
+            self.track_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.track_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    yield False
+                    return
+                yield True
+            finally:
+                os.close(fd)
+
+    def flush(self) -> FlushResult:
+        """Send every journaled operation not yet acknowledged, in order; stop at the first failure."""
+        with self.sending() as mine:
+            if not mine:
+                return FlushResult(0, len(self.journal.pending()), busy=True)
+            return self._flush_locked()
+
+    def _flush_locked(self) -> FlushResult:
+        pending = self.journal.pending()
+        sent = 0
+        for op in pending:
+            try:
+                self._apply(op)
+            except Exception as exc:  # noqa: BLE001 - every failure leaves the op spooled
+                transient = is_transient(exc)
+                msg = describe_error(exc)
+                log.log(logging.DEBUG if transient else logging.WARNING, "tracking op %s spooled: %s", op["seq"], msg)
+                return FlushResult(sent, len(pending) - sent, msg, transient)
+            self.journal.ack(op["seq"])
+            sent += 1
+        return FlushResult(sent, 0)
+
+    def _apply(self, op: dict[str, Any]) -> None:
+        store = self.store()
+        ids = self._ids()
+        kind = op["op"]
+        if kind == "experiment":
+            ids["experiment_id"] = store.experiment_id(op["name"])
+            self._save_ids(ids)
+            return
+        exp_id = ids.get("experiment_id")
+        if exp_id is None:
+            exp_id = ids["experiment_id"] = store.experiment_id(self.experiment)
+            self._save_ids(ids)
+        if kind == "open":
+            parent_uuid = None
+            if op.get("parent"):
+                parent_uuid = ids["records"][op["parent"]]
+            elif op.get("parent_identity"):
+                found = store.find_runs([exp_id], op["parent_identity"], max_results=1)
+                parent_uuid = found[0].info.run_id if found else None
+            uuid = store.find_or_create_run(exp_id, op["identity"], tags=op["tags"], name=op["name"],
+                                            start_ms=op["start_ms"], parent_uuid=parent_uuid, reopen=True)
+            store.set_tags(uuid, op["tags"])
+            ids["records"][op["record"]] = uuid
+            self._save_ids(ids)
+            return
+        uuid = ids["records"][op["record"]]
+        if kind == "params":
+            store.log_params(uuid, op["params"])
+        elif kind == "tags":
+            store.set_tags(uuid, op["tags"])
+        elif kind == "artifact":
+            store.log_artifact(uuid, str(self.run_dir / op["file"]), op.get("dest"))
+        elif kind == "metrics":
+            store.log_metrics(uuid, [(k, v, op["time_ms"], op["step"]) for k, v in sorted(op["metrics"].items())])
+        elif kind == "status":
+            store.set_status(uuid, op["status"], op.get("end_ms"))
+        else:
+            raise ValueError(f"unknown journal operation {kind!r}")
+
+    def stages(self) -> list[str]:
+        """Stages this run opened, in order."""
+        seen: list[str] = []
+        for op in self.journal.ops():
+            rec = op.get("record", "")
+            if op.get("op") == "open" and rec.startswith("stage:") and rec[6:] not in seen:
+                seen.append(rec[6:])
+        return seen
+
+    def close(self) -> SyncEntry:
+        """Send everything still pending (journal and every stage's metrics); say what is left."""
+        from mcx.track.sync import sync_recorder
+
+        return sync_recorder(self)
+
+
+def _read_spec_table(run_dir: Path) -> dict[str, Any]:
+    path = Path(run_dir) / "spec.toml"
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"no spec.toml in {run_dir}", "write the run directory (mcx run does) before recording it.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InputError(f"{path} is not valid TOML ({exc})", "the run directory is damaged; run the spec again.") from None
+
+
+def _resolved_spec(run_dir: Path) -> dict[str, Any]:
+    """The run's spec with every default filled in (as the run ID hashed it), else the raw table."""
+    from mcx.errors import SpecError
+    from mcx.spec.load import loads_spec, spec_to_dict
+
+    path = Path(run_dir) / "spec.toml"
+    try:
+        return spec_to_dict(loads_spec(path.read_text(encoding="utf-8"), str(path)))
+    except (SpecError, FileNotFoundError):
+        return _read_spec_table(run_dir)
+
+
+def _lockfile_path(project_root: Path, fp: dict[str, Any]) -> Path | None:
+    name = ((fp.get("environment") or {}).get("info") or {}).get("lockfile")
+    if not isinstance(name, str) or "/" in name or name.startswith("."):
+        return None
+    path = Path(project_root) / "lockfiles" / f"{name}.txt"
+    return path if path.is_file() else None
+
+
+if TYPE_CHECKING:
+    from mcx.track.sync import SyncEntry
