@@ -165,12 +165,11 @@ def layout_problems(spec: ExperimentSpec, layout: Layout, te_available: bool | N
         out.append(("parallel.tensor", f"{tp} does not divide model.num_query_groups = {groups} (each rank needs whole "
                     f"key/value groups); use {_listing(heads_ok)}"))
     model_parallel = tp * pp * cp
-    if world % model_parallel:
+    dp: int | None = world // model_parallel if world % model_parallel == 0 else None
+    if dp is None:
         out.append(("parallel", f"tensor x pipeline x context = {tp} x {pp} x {cp} = {model_parallel} does not divide "
                     f"the world size {world} (hardware.nodes = {hw.nodes} x hardware.gpus_per_node = "
                     f"{hw.gpus_per_node}); lower the degrees or change the GPU count"))
-        return out + _te_rules(spec, layout, te_available)[0]
-    dp = world // model_parallel
     if m.num_layers % pp:
         out.append(("parallel.pipeline", f"{pp} does not divide model.num_layers = {m.num_layers}; use "
                     f"{_listing([d for d in _divisors(m.num_layers) if d <= world])}"))
@@ -183,20 +182,21 @@ def layout_problems(spec: ExperimentSpec, layout: Layout, te_available: bool | N
             out.append(("parallel.virtual_pipeline", f"pipeline x virtual_pipeline = {pp} x {vpp} does not divide "
                         f"model.num_layers = {m.num_layers}; use a virtual_pipeline that divides "
                         f"{m.num_layers // pp if m.num_layers % pp == 0 else 'the layers per stage'}"))
-        whole = t.global_batch_size % (t.micro_batch_size * dp) == 0
-        microbatches = t.global_batch_size // (t.micro_batch_size * dp)
-        if whole and microbatches % pp:
-            out.append(("train.global_batch_size", f"{t.global_batch_size} gives {microbatches} micro-batches per step; "
-                        f"the interleaved schedule needs a multiple of parallel.pipeline = {pp}; use a multiple of "
-                        f"{t.micro_batch_size * dp * pp}"))
+        if dp is not None and t.global_batch_size % (t.micro_batch_size * dp) == 0:
+            microbatches = t.global_batch_size // (t.micro_batch_size * dp)
+            if microbatches % pp:
+                out.append(("train.global_batch_size", f"{t.global_batch_size} gives {microbatches} micro-batches per "
+                            f"step; the interleaved schedule needs a multiple of parallel.pipeline = {pp}; use a "
+                            f"multiple of {t.micro_batch_size * dp * pp}"))
     if cp > 1 and m.seq_length % (2 * cp):
         out.append(("model.seq_length", f"{m.seq_length} must be a multiple of 2 x parallel.context = {2 * cp} "
                     "(load-balanced causal context parallel); change one of them"))
     if m.num_experts is not None:
         if m.num_experts % ep:
+            fitting = [d for d in _divisors(m.num_experts) if dp is None or (dp * cp) % d == 0]
             out.append(("parallel.expert", f"{ep} does not divide model.num_experts = {m.num_experts}; use "
-                        f"{_listing([d for d in _divisors(m.num_experts) if (dp * cp) % d == 0])}"))
-        elif (dp * cp) % ep:
+                        f"{_listing(fitting)}"))
+        elif dp is not None and (dp * cp) % ep:
             out.append(("parallel.expert", f"{ep} must divide data parallel x context parallel = {dp} x {cp} = "
                         f"{dp * cp} (Megatron-Core folds expert parallel into those ranks: TP x EP x PP must divide "
                         f"the world size); use {_listing([d for d in _divisors(dp * cp) if m.num_experts % d == 0])}"))
@@ -206,11 +206,11 @@ def layout_problems(spec: ExperimentSpec, layout: Layout, te_available: bool | N
     if layout.sequence_parallel and tp == 1:
         out.append(("parallel.sequence_parallel", "true needs parallel.tensor > 1 (it splits the sequence over the "
                     "tensor-parallel ranks; Megatron turns it off at TP = 1); set it to false or raise tensor"))
-    batch_unit = t.micro_batch_size * dp
-    if t.global_batch_size % batch_unit:
-        lower = max(batch_unit, t.global_batch_size // batch_unit * batch_unit)
+    if dp is not None and t.global_batch_size % (t.micro_batch_size * dp):
+        unit = t.micro_batch_size * dp
+        lower = max(unit, t.global_batch_size // unit * unit)
         out.append(("train.global_batch_size", f"{t.global_batch_size} is not a multiple of train.micro_batch_size x "
-                    f"data parallel = {t.micro_batch_size} x {dp} = {batch_unit}; use e.g. {lower} or {lower + batch_unit}"))
+                    f"data parallel = {t.micro_batch_size} x {dp} = {unit}; use e.g. {lower} or {lower + unit}"))
     if t.recompute_granularity == "full" and m.num_layers % pp == 0 and t.recompute_num_layers > m.num_layers // pp:
         out.append(("train.recompute_num_layers", f"{t.recompute_num_layers} exceeds the {m.num_layers // pp} layers "
                     f"of a pipeline stage; use 1 to {m.num_layers // pp}"))

@@ -4,7 +4,8 @@ Model state per parameter (Megatron-Core's DDP + distributed optimizer, as Megat
 ``theoretical_memory_usage.py`` counts it): bf16/fp16 weights (2 B), fp32 main gradients (4 B; 2 B
 with ``train.grad_reduce_in_bf16``), Adam's fp32 master weights + m + v (12 B), the last sharded
 over data x context parallel ranks with the distributed optimizer (expert parameters over the
-expert data-parallel ranks, world / (TP x EP x PP)). fp32 training keeps no master copy (8 B).
+expert data-parallel ranks, world / (TP x EP x PP)). fp32 training keeps no master copy (8 B); FP8
+adds Transformer Engine's cached FP8 weight and its transpose (2 B, not calibrated).
 
 Activations follow Korthikanti et al. 2022 (the formula Megatron uses), per layer and token, in
 elements of the activation dtype, for the flash-style attention mcx always runs (TE's fused
@@ -138,7 +139,7 @@ def estimate_memory(spec: ExperimentSpec, layout: Layout, *, vocab_size: int, tr
         working = (n if t.recompute_method == "uniform" else 1) * per_layer
     else:
         stored, working = layers * per_layer, 0.0
-    expert_dp = layout.world_size // (layout.tp * layout.ep * layout.pp)
+    expert_dp = max(1, layout.world_size // (layout.tp * layout.ep * layout.pp))
     dense_dp = layout.dp * layout.cp if layout.distributed_optimizer else 1
     expert_shards = expert_dp if layout.distributed_optimizer else 1
     logits_per_token = counts.padded_vocab / layout.tp * (LOGITS_BYTES_16BIT if act_b == 2 else 4)

@@ -19,7 +19,9 @@ _DASH = "—"
 
 
 def _gib(n: float | None) -> str:
-    return _DASH if n is None else f"{n / _GiB:,.1f} GiB"
+    if n is None:
+        return _DASH
+    return f"{n / _GiB:,.1f} GiB" if n >= _GiB / 10 else f"{n / (1 << 20):,.1f} MiB"
 
 
 def _count(n: float) -> str:
@@ -62,8 +64,8 @@ def _table(title: str, *columns: str, right: tuple[int, ...] = ()) -> Table:
 
 def _layout_table(p: dict[str, Any]) -> Table:
     lay = p["layout"]
-    t = _table("Parallel layout", "TP", "PP", "VPP", "CP", "EP", "DP", "GPUs", "sequence par.", "dist. optimizer",
-               "layer spec", right=tuple(range(7)))
+    t = _table("Parallel layout", "TP", "PP", "VPP", "CP", "EP", "DP", "GPUs", "SP", "dist. opt.", "layer spec",
+               right=tuple(range(7)))
     impl = {"transformer_engine": "TE"}.get(p["transformer_impl"], p["transformer_impl"])
     t.add_row(*(str(lay[k]) for k in ("tp", "pp")), str(lay["vpp"] or _DASH), *(str(lay[k]) for k in ("cp", "ep", "dp")),
               f"{lay['world_size']} ({lay['nodes']}x{lay['gpus_per_node']})",
