@@ -247,7 +247,7 @@ def _candidates(spec: ExperimentSpec) -> dict[str, list[int]]:
 
 def _search(spec: ExperimentSpec, te_available: bool | None, vocab: int, impl: str) -> tuple[Layout | None, bool]:
     """The preferred valid layout for the unset degrees, and whether it fits in memory."""
-    from mcx.plan.memory import estimate_memory  # memory imports Layout for typing only
+    from mcx.plan.memory import TIGHT_FRACTION, estimate_memory  # memory imports Layout for typing only
 
     m, par = spec.model, spec.parallel
     cands = _candidates(spec)
@@ -270,7 +270,7 @@ def _search(spec: ExperimentSpec, te_available: bool | None, vocab: int, impl: s
             total, fits = 0, True
         else:
             total = estimate_memory(spec, layout, vocab_size=vocab, transformer_impl=impl, suggest_fixes=False).total
-            fits = total <= 0.9 * capacity
+            fits = total <= TIGHT_FRACTION * capacity
         thumb = pp >= min(min_pp, max(cands["pipeline"])) and cp >= min(min_cp, max(cands["context"]))
         wide_ep = -ep if ep * tp <= spec.hardware.gpus_per_node else ep
         valid.append(((not fits, not thumb, tp * pp * cp, pp, cp, wide_ep, tp), total, layout, fits))
