@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,11 @@ def te_available(spec: ExperimentSpec) -> bool | None:
     """Whether Transformer Engine will be there where the worker runs; None when it cannot be known here."""
     if spec.launch.kind == "slurm":
         return None  # planned on a login node; the cluster's environment decides
-    return importlib.util.find_spec("transformer_engine") is not None
+    if importlib.util.find_spec("transformer_engine") is not None:
+        return True
+    if spec.hardware.gpu not in ("cpu", "any") and shutil.which("nvidia-smi") is None:
+        return None  # planned away from the GPU machine the spec targets
+    return False
 
 
 def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = True) -> PlanResult:
