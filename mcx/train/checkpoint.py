@@ -1,0 +1,153 @@
+"""Checkpoint directories: atomic commit, the ``latest`` pointer, retention, resume lookup.
+
+What goes *inside* a checkpoint is the backend's business (cpu.py: torch.save of plain state
+dicts; gpu.py: Megatron-Core dist_checkpointing). This module owns the directory protocol that makes
+a crash at any moment safe:
+
+1. every rank writes into ``iter_NNNNNNN.tmp/`` (created empty by rank 0);
+2. once all ranks are done, rank 0 writes ``meta.json`` (step, consumed samples, layout, ...),
+   fsyncs it and renames the directory to ``iter_NNNNNNN/``;
+3. rank 0 writes ``latest.tmp`` naming it and ``os.replace``-s it onto ``latest``;
+4. older complete checkpoints beyond ``checkpoint.keep`` are deleted (never a pinned one).
+
+``latest`` therefore always names a complete checkpoint; leftover ``*.tmp`` directories are partial
+and are removed at the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import InputError
+
+LATEST = "latest"
+META = "meta.json"
+FORMAT = 1
+_ITER = re.compile(r"^iter_(\d{7,})$")
+
+# Test hook (one place): when set, every committed checkpoint is corrupted right after commit, so
+# the smoke stage's save/load check must catch it. Used by tests/test_train.py; never set it in use.
+CORRUPT_ENV = "MCX_TEST_CORRUPT_CHECKPOINT"
+
+
+def iter_name(step: int) -> str:
+    return f"iter_{step:07d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class CheckpointStore:
+    """The checkpoint directory of one stage. Methods that write are rank-0 only (the caller
+    synchronises ranks around them); reads are safe everywhere."""
+
+    def __init__(self, root: Path, keep: int) -> None:
+        self.root = root
+        self.keep = keep
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints present, ascending."""
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            m = _ITER.match(p.name)
+            if m and p.is_dir() and (p / META).is_file():
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def path(self, step: int) -> Path:
+        return self.root / iter_name(step)
+
+    def latest(self) -> Path | None:
+        """The checkpoint ``latest`` names, or None when there is none yet."""
+        pointer = self.root / LATEST
+        if not pointer.is_file():
+            return None
+        name = pointer.read_text(encoding="utf-8").strip()
+        path = self.root / name
+        if not _ITER.match(name) or not (path / META).is_file():
+            raise InputError(f"{pointer} names {name!r}, which is not a complete checkpoint;",
+                             f"delete {pointer} to start the stage over, or restore the checkpoint directory.")
+        return path
+
+    @staticmethod
+    def read_meta(path: Path) -> dict[str, Any]:
+        meta = json.loads((path / META).read_text(encoding="utf-8"))
+        if meta.get("format") != FORMAT:
+            raise InputError(f"{path} has checkpoint format {meta.get('format')!r}, this worker reads {FORMAT};",
+                             "resume it with the mcx version that wrote it.")
+        return meta
+
+    # -- writing (rank 0) --------------------------------------------------------------------------
+
+    def clean_partial(self) -> None:
+        """Remove leftovers of interrupted saves."""
+        if not self.root.is_dir():
+            return
+        for p in self.root.iterdir():
+            if p.name.endswith(".tmp"):
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+
+    def begin(self, step: int) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / (iter_name(step) + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        return tmp
+
+    def commit(self, tmp: Path, meta: dict[str, Any], pinned: set[int] = frozenset()) -> Path:
+        step = int(meta["step"])
+        write_json_atomic(tmp / META, {**meta, "format": FORMAT, "saved_at": time.time()})
+        final = self.path(step)
+        if final.exists():  # an abandoned timeline's checkpoint of the same step
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(self.root)
+        pointer = self.root / LATEST
+        pointer_tmp = self.root / (LATEST + ".tmp")
+        with open(pointer_tmp, "w", encoding="utf-8") as f:
+            f.write(final.name + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(pointer_tmp, pointer)
+        _fsync_dir(self.root)
+        self.prune(pinned | {step})
+        return final
+
+    def prune(self, pinned: set[int] = frozenset()) -> list[int]:
+        """Delete complete checkpoints beyond the newest ``keep`` (pinned ones survive)."""
+        steps = self.steps()
+        keep = set(steps[-self.keep:]) | set(pinned)
+        removed = [s for s in steps if s not in keep]
+        for s in removed:
+            shutil.rmtree(self.path(s))
+        return removed
+
+    def discard_after(self, step: int) -> None:
+        """Remove complete checkpoints newer than ``step`` (not on the surviving timeline)."""
+        for s in self.steps():
+            if s > step:
+                shutil.rmtree(self.path(s))

@@ -1,0 +1,298 @@
+"""The CUDA backend: Megatron-Core's own training machinery, wired as Megatron-LM's training.py does.
+
+* parallel state (tp, pp, vpp, cp, ep, dp) comes from runtime.distributed; one GPTModel per virtual
+  pipeline chunk, ``Float16Module`` for bf16/fp16, each chunk in MCore ``DistributedDataParallel``
+  (grads reduced in fp32 unless ``train.grad_reduce_in_bf16``; overlapped reduce / param gather;
+  distributed optimizer);
+* ``get_megatron_optimizer`` (Adam with Megatron's weight-decay groups, fp32 main params, dynamic
+  loss scaling for fp16, grad clipping) and MCore's ``OptimizerParamScheduler`` (shared with CPU);
+* ``get_forward_backward_func``: no pipelining, 1F1B, or interleaved 1F1B with virtual stages;
+* ``dist_checkpointing`` (torch_dist format, fully parallel save over DP) of model + optimizer +
+  scheduler + every rank's RNG states (Python, NumPy, torch, CUDA and MCore's CUDA RNG tracker);
+  async saves go through MCore's ``AsyncCallsQueue`` and are committed when every rank has written;
+* FP8 (Transformer Engine spec only), recompute and deterministic mode are TransformerConfig fields
+  (model.py); the deterministic environment is set in runtime.py before CUDA starts.
+
+Megatron-LM details kept: forward pre-hooks (overlapped param all-gather) are off for the first
+step and during evaluation, params are force-synced before a checkpoint, the scheduler steps only
+after a successful update (fp16 skips), and the loss is averaged over tokens of the global batch.
+"""
+
+from __future__ import annotations
+
+import random
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.serialization import (
+    get_default_load_sharded_strategy,
+    get_default_save_sharded_strategy,
+)
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.transformer.module import Float16Module
+from megatron.core.utils import get_batch_on_this_cp_rank, unwrap_model
+
+from mcx.train import model as model_lib
+from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
+from mcx.train.job import Job
+from mcx.train.runtime import World, seed_everything
+
+_SHARDING = "dp_reshardable"  # Megatron-LM's distributed-optimizer checkpoint format (MCore >= 0.14)
+
+
+class GpuBackend:
+    device = "cuda"
+
+    def __init__(self, job: Job, world: World, vocab_size: int) -> None:
+        spec, lay, t = job.spec, job.layout, job.spec.train
+        self.job, self.world, self.spec = job, world, spec
+        self.layer_spec = model_lib.choose_layer_spec(spec, lay, "cuda")
+        self.config = model_lib.transformer_config(spec, lay, "cuda", self.layer_spec)
+        padded = model_lib.padded_vocab_size(vocab_size, spec.model.make_vocab_size_divisible_by, lay.tp)
+        # Megatron's _set_random_seed: a different seed per pipeline stage, then MCore's CUDA RNG tracker.
+        seed = t.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+        seed_everything(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+        layer_spec = model_lib.gpt_layer_spec(spec, self.layer_spec)
+        chunks = []
+        vpp = lay.vpp if lay.pp > 1 and lay.vpp else None
+        for i in range(vpp or 1):
+            vp_stage = i if vpp else None
+            chunk = model_lib.build_model_chunk(
+                spec, self.config, layer_spec, padded,
+                pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+                post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+                vp_stage=vp_stage)
+            for p in chunk.parameters():
+                tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)
+            chunk.cuda(torch.cuda.current_device())
+            if self.config.fp16 or self.config.bf16:
+                chunk = Float16Module(self.config, chunk)
+            chunks.append(chunk)
+        par = spec.parallel
+        dist_opt = par.distributed_optimizer
+        self.overlap_param_gather = par.overlap_param_gather and dist_opt
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=not t.grad_reduce_in_bf16,
+            overlap_grad_reduce=par.overlap_grad_reduce,
+            overlap_param_gather=self.overlap_param_gather,
+            use_distributed_optimizer=dist_opt,
+            check_for_nan_in_grad=False,  # the divergence guard reports NaN/Inf (as "diverged", not a crash)
+            bucket_size=max(40_000_000, 1_000_000 * parallel_state.get_data_parallel_world_size(with_context_parallel=True))
+            if par.overlap_grad_reduce else None,
+        )
+        self.model = [DistributedDataParallel(self.config, ddp_config, chunk, disable_bucketing=i > 0)
+                      for i, chunk in enumerate(chunks)]
+        self.optimizer = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
+            adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, clip_grad=t.clip_grad,
+            bf16=self.config.bf16, fp16=self.config.fp16, params_dtype=self.config.params_dtype,
+            use_distributed_optimizer=dist_opt, overlap_param_gather=self.overlap_param_gather,
+            # Megatron-LM's fp16 dynamic loss scaling defaults.
+            initial_loss_scale=2.0 ** 32, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2,
+        ), self.model)
+        self.scheduler = make_scheduler(self.optimizer, spec)
+        # What Megatron-LM's train() sets on the config for the schedules.
+        cfg = self.config
+        cfg.grad_scale_func = self.optimizer.scale_loss
+        if par.overlap_grad_reduce:
+            syncs = [m.no_sync for m in self.model]
+            cfg.no_sync_func = syncs[0] if len(syncs) == 1 else syncs
+        self._param_sync_func = None
+        if self.overlap_param_gather:
+            # Off until the first step has run (training.py: errors in checkpoint loading or init
+            # must not be all-gathered); cfg.param_sync_func stays None (align_param_gather off).
+            for m in self.model:
+                m.disable_forward_pre_hook(param_sync=False)
+        self._pre_hook_enabled = False
+        cfg.finalize_model_grads_func = finalize_model_grads
+        self.forward_backward = get_forward_backward_func()
+        self.async_queue = AsyncCallsQueue() if spec.checkpoint.async_save else None
+        self.details = {**model_lib.describe(self.config, self.layer_spec, padded),
+                        "distributed_optimizer": dist_opt, "precision": t.precision,
+                        "deterministic": t.deterministic, "pipeline_schedule": (
+                            "interleaved_1f1b" if vpp else "1f1b" if lay.pp > 1 else "no_pipelining")}
+
+    # -- forward / loss ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+        loss, num_tokens = masked_loss(output_tensor, loss_mask)
+        report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1).float()])
+        return loss, num_tokens, {"lm loss": report}
+
+    def _forward_step(self, data_iterator, model):
+        batch = {k: (v.cuda(non_blocking=True) if v is not None else None) for k, v in next(data_iterator).items()}
+        if self.job.layout.cp > 1:
+            batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False,
+                                              cp_group=parallel_state.get_context_parallel_group())
+        output = model(batch["tokens"], batch["position_ids"], batch.get("attention_mask"), labels=batch["labels"])
+        return output, partial(self._loss_func, batch["loss_mask"])
+
+    def _run(self, microbatches: list[Batch], forward_only: bool) -> tuple[float, int]:
+        n_chunks = len(self.model)
+        iterators = [iter(microbatches) for _ in range(n_chunks)]
+        seq = self.spec.model.seq_length
+        losses = self.forward_backward(
+            forward_step_func=self._forward_step,
+            data_iterator=iterators if n_chunks > 1 else iterators[0],
+            model=self.model, num_microbatches=len(microbatches), seq_length=seq,
+            micro_batch_size=self.spec.train.micro_batch_size, decoder_seq_length=seq, forward_only=forward_only)
+        # Only the last pipeline stage has losses; count each (dp, cp) replica once (tp rank 0).
+        contributes = parallel_state.is_pipeline_last_stage(ignore_virtual=True) and \
+            parallel_state.get_tensor_model_parallel_rank() == 0
+        local = torch.stack([x["lm loss"].double() for x in losses]).sum(0).tolist() if contributes and losses else [0.0, 0.0]
+        loss_sum, tokens = self.world.sum(local)
+        return loss_sum, int(tokens)
+
+    # -- training ---------------------------------------------------------------------------------
+
+    def train_step(self, microbatches: list[Batch]) -> StepOutput:
+        for m in self.model:
+            m.train()
+            m.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss_sum, tokens = self._run(microbatches, forward_only=False)
+        lr = current_lr(self.optimizer)
+        ok, grad_norm, _ = self.optimizer.step()
+        ok = self.world.all(bool(ok))
+        grad_norm = self.world.max([float("nan") if grad_norm is None else float(grad_norm)])[0] if ok else None
+        if ok:
+            self.scheduler.step(increment=1)
+            if self.overlap_param_gather and not self._pre_hook_enabled:
+                for m in self.model:
+                    m.enable_forward_pre_hook()
+                self._pre_hook_enabled = True
+        return StepOutput(loss=loss_sum / max(tokens, 1), grad_norm=grad_norm, lr=lr, tokens=tokens, skipped=not ok)
+
+    def _sync_params(self) -> None:
+        """Bring model params up to date with the optimizer (overlapped param gather is lazy)."""
+        if self.overlap_param_gather:
+            for m in self.model:
+                m.start_param_sync(force_sync=True)
+
+    @torch.no_grad()
+    def evaluate(self, microbatches: list[Batch]) -> tuple[float, int]:
+        if self._pre_hook_enabled:
+            for m in self.model:
+                m.disable_forward_pre_hook(param_sync=True)
+        for m in self.model:
+            m.eval()
+        try:
+            return self._run(microbatches, forward_only=True)
+        finally:
+            for m in self.model:
+                m.train()
+            if self._pre_hook_enabled:
+                for m in self.model:
+                    m.enable_forward_pre_hook()
+
+    # -- checkpoints ------------------------------------------------------------------------------
+
+    def _rng_state(self) -> dict[str, Any]:
+        return {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+
+    def _set_rng_state(self, state: dict[str, Any]) -> None:
+        random.setstate(state["random"])
+        np.random.set_state(state["numpy"])
+        torch.set_rng_state(state["torch"])
+        torch.cuda.set_rng_state(state["cuda"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+    def _sharded_state_dict(self, is_loading: bool) -> dict[str, Any]:
+        metadata = {"distrib_optim_sharding_type": _SHARDING, "singleton_local_shards": False,
+                    "chained_optim_avoid_prefix": True,
+                    "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+        sd: dict[str, Any] = {}
+        for i, m in enumerate(self.model):
+            if len(self.model) > 1:
+                parallel_state.set_virtual_pipeline_model_parallel_rank(i)
+            sd["model" if len(self.model) == 1 else f"model{i}"] = unwrap_model(m).sharded_state_dict(metadata=metadata)
+        if len(self.model) > 1:
+            parallel_state.set_virtual_pipeline_model_parallel_rank(0)
+        sd["optimizer"] = self.optimizer.sharded_state_dict(sd, is_loading=is_loading, metadata=metadata)
+        sd["opt_param_scheduler"] = self.scheduler.state_dict()
+        # Every rank's RNG states (ranks of one DP group differ, e.g. by expert-parallel rank).
+        sd["rng_state"] = ShardedObject("rng_state", self._rng_state(), (self.world.size,), (self.world.rank,),
+                                        replica_id=0)
+        return sd
+
+    def save(self, directory: Path, on_done) -> None:
+        self._sync_params()
+        strategy = FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy("torch_dist"),
+                                                    parallel_state.get_data_parallel_group(with_context_parallel=True))
+        is_async = self.async_queue is not None
+        request = dist_checkpointing.save(
+            self._sharded_state_dict(is_loading=False), str(directory), sharded_strategy=strategy,
+            async_sharded_save=is_async, async_strategy="nvrx" if HAVE_NVRX else "mcore",
+            content_metadata={"distrib_optim_sharding_type": _SHARDING})
+        if not is_async:
+            on_done()
+            self.world.barrier()
+            return
+        request.add_finalize_fn(on_done)
+        request.add_finalize_fn(self.world.barrier)
+        self.async_queue.schedule_async_request(request)
+
+    def finalize_saves(self, blocking: bool) -> None:
+        if self.async_queue is not None:
+            self.async_queue.maybe_finalize_async_calls(blocking=blocking)
+
+    def load(self, directory: Path) -> None:
+        self.finalize_saves(blocking=True)
+        sd = self._sharded_state_dict(is_loading=True)
+        loaded = dist_checkpointing.load(sd, str(directory), sharded_strategy=get_default_load_sharded_strategy(str(directory)))
+        for i, m in enumerate(self.model):
+            unwrap_model(m).load_state_dict(loaded["model" if len(self.model) == 1 else f"model{i}"], strict=True)
+        self.optimizer.load_state_dict(loaded["optimizer"])
+        self.scheduler = make_scheduler(self.optimizer, self.spec)  # MCore's load adds to num_steps
+        self.scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        self._set_rng_state(loaded["rng_state"])
+
+    def corrupt_checkpoint(self, directory: Path) -> str:
+        raise NotImplementedError("the checkpoint-corruption test hook is implemented for the CPU backend only")
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """This rank's model shards and optimizer state (main params, moments, steps, lrs)."""
+        self._sync_params()
+        out: dict[str, torch.Tensor] = {}
+        for i, m in enumerate(self.model):
+            for k, v in unwrap_model(m).state_dict().items():
+                if isinstance(v, torch.Tensor) and not k.endswith("_extra_state"):
+                    out[f"model{i}/{k}"] = v.detach()
+        for ci, opt in enumerate(getattr(self.optimizer, "chained_optimizers", [self.optimizer])):
+            inner = opt.optimizer
+            if inner is None:
+                continue
+            for gi, group in enumerate(inner.param_groups):
+                out[f"opt{ci}/group{gi}/lr"] = torch.tensor(float(group["lr"]), dtype=torch.float64)
+                out[f"opt{ci}/group{gi}/weight_decay"] = torch.tensor(float(group["weight_decay"]), dtype=torch.float64)
+                for pi, p in enumerate(group["params"]):
+                    out[f"opt{ci}/group{gi}/param{pi}/main"] = p.detach()
+                    for key, value in inner.state.get(p, {}).items():
+                        if isinstance(value, torch.Tensor):
+                            out[f"opt{ci}/group{gi}/param{pi}/{key}"] = value.detach()
+        out["scheduler/num_steps"] = torch.tensor(self.scheduler.num_steps)
+        return out
+
+    def peak_memory_bytes(self) -> int:
+        return int(torch.cuda.max_memory_allocated())
+
+    def close(self) -> None:
+        self.finalize_saves(blocking=True)
+        for m in self.model:
+            if self._pre_hook_enabled:
+                m.disable_forward_pre_hook(param_sync=False)
+        self.model, self.optimizer = [], None
+        torch.cuda.empty_cache()

@@ -1,0 +1,107 @@
+"""The job file: what the control plane asks the worker to do (STAGE_DIR/job.json).
+
+The contract is in docs/architecture.md ("The job contract"). The spec inside is the stage's resolved
+``ExperimentSpec``, structured with the same strict converter as a TOML spec, so a job file that a
+newer or older control plane wrote is rejected with the exact key instead of being half-understood.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from attrs import field, frozen
+
+from mcx.errors import InputError, SpecError
+from mcx.spec import convert
+from mcx.spec.schema import ExperimentSpec
+
+Stage = Literal["smoke", "full"]
+Device = Literal["cpu", "cuda"]
+Output = Literal["bar", "quiet", "json"]
+
+JOB_FILE = "job.json"
+
+
+@frozen(kw_only=True)
+class Layout:
+    """Parallel degrees the planner chose; their product with dp is the world size."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: int | None = None
+    cp: int = 1
+    ep: int = 1
+    dp: int = 1
+    world_size: int = 1
+    sequence_parallel: bool = False
+
+
+@frozen(kw_only=True)
+class Checks:
+    """Smoke-stage check settings (from the spec's [smoke] table)."""
+
+    resume_check_iters: int = 3
+    loss_window: int = 5
+    min_loss_drop: float = 0.0
+
+
+@frozen(kw_only=True)
+class Job:
+    run_id: str
+    stage: Stage
+    spec: ExperimentSpec
+    layout: Layout = field(factory=Layout)
+    data_dir: str
+    checkpoint_dir: str
+    train_samples_limit: int | None = None
+    checks: Checks = field(factory=Checks)
+    device: Device = "cpu"
+    output: Output = "bar"
+
+
+def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
+    """Structure a job dict; every problem is reported with its key."""
+    return convert.structure(data, Job, source)
+
+
+def read_job(stage_dir: Path) -> Job:
+    path = stage_dir / JOB_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"no {JOB_FILE} in {stage_dir};", "the worker needs a stage directory written by `mcx run`.") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path} is not valid JSON ({exc});", "rewrite it with `mcx run`.") from None
+    job = job_from_dict(data, str(path))
+    problems = check_job(job)
+    if problems:
+        raise SpecError(problems, str(path))
+    return job
+
+
+def check_job(job: Job) -> list[tuple[str, str]]:
+    """Consistency of the layout with the spec (the planner guarantees this; the worker re-checks)."""
+    lay, t, m = job.layout, job.spec.train, job.spec.model
+    out: list[tuple[str, str]] = []
+    product = lay.tp * lay.pp * lay.cp * lay.dp
+    if product != lay.world_size:
+        out.append(("layout.world_size", f"{lay.world_size} != tp*pp*cp*dp = {product}"))
+    if t.global_batch_size % (t.micro_batch_size * lay.dp):
+        out.append(("spec.train.global_batch_size", f"{t.global_batch_size} is not divisible by "
+                    f"micro_batch_size*dp = {t.micro_batch_size * lay.dp}"))
+    if m.num_layers % lay.pp:
+        out.append(("layout.pp", f"{lay.pp} does not divide model.num_layers={m.num_layers}"))
+    if lay.vpp is not None and (m.num_layers // max(lay.pp, 1)) % lay.vpp:
+        out.append(("layout.vpp", f"{lay.vpp} does not divide the {m.num_layers // lay.pp} layers per pipeline stage"))
+    if lay.ep > 1 and (m.num_experts is None or m.num_experts % lay.ep):
+        out.append(("layout.ep", f"{lay.ep} does not divide model.num_experts={m.num_experts}"))
+    if lay.ep > 1 and (lay.dp * lay.cp) % lay.ep:
+        out.append(("layout.ep", f"{lay.ep} does not divide dp*cp = {lay.dp * lay.cp}"))
+    return out
+
+
+def num_microbatches(job: Job) -> int:
+    t = job.spec.train
+    return t.global_batch_size // (t.micro_batch_size * job.layout.dp)

@@ -1,0 +1,246 @@
+"""The training loop, the same over both backends.
+
+Per step: take the step's micro-batches (this data-parallel rank's share of the global batch),
+``backend.train_step``, one metrics line, the divergence guard, evaluation every
+``train.eval_interval`` steps, a checkpoint every ``checkpoint.interval`` steps. At the end: a
+final checkpoint, a validation pass (unless the last step just ran one) and the test pass.
+
+Resuming: when ``checkpoints/latest`` exists, model, optimizer, scheduler, RNG states, step and
+consumed samples are restored from it, metrics.jsonl is cut back to that step, and the data position
+follows from the consumed samples, so the resumed run continues the exact timeline.
+
+Evaluation ``k`` (at step ``k * eval_interval`` < train_iters; the final one after the last step) reads validation
+samples ``[(k-1) * E * G, k * E * G)`` (E = eval_iters, G = global batch), which is where
+Megatron-LM's continuing validation iterator would be, but computed from the step, so it does not
+depend on where a run was resumed. The test pass reads the first ``E * G`` test samples.
+
+Preemption: SIGTERM (or SIGUSR1, Slurm's usual pre-kill signal) sets a flag; at the next step
+boundary all ranks agree on it, the current state is checkpointed, and the stage ends "preempted".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import DataError, InputError
+from mcx.plan.flops import flops_per_iteration
+from mcx.train import checkpoint as ckpt
+from mcx.train.backend import Backend, Batch
+from mcx.train.data import Datasets, iterate_batches
+from mcx.train.guard import DivergenceGuard, advice
+from mcx.train.job import Job, num_microbatches
+from mcx.train.metrics import MetricsFile
+from mcx.train.progress import Progress
+from mcx.train.runtime import World
+
+log = logging.getLogger("mcx.train")
+
+PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopFlag:
+    """Records preemption signals; installed only from the main thread (signal module rule)."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.signal = signum
+
+    def __enter__(self) -> StopFlag:
+        if threading.current_thread() is threading.main_thread():
+            for sig in PREEMPT_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class Outcome:
+    status: str  # finished | preempted | diverged
+    step: int
+    consumed_samples: int
+    error: str | None = None
+    evals: dict[str, dict[str, Any]] = field(default_factory=dict)
+    measured: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Trainer:
+    def __init__(self, job: Job, world: World, backend: Backend, data: Datasets, stage_dir: Path,
+                 metrics: MetricsFile, progress: Progress, *, padded_vocab: int, peak_flops: float | None,
+                 pinned_steps: set[int] = frozenset()) -> None:
+        self.job, self.world, self.backend, self.data = job, world, backend, data
+        self.spec = job.spec
+        self.metrics, self.progress = metrics, progress
+        self.store = ckpt.CheckpointStore(Path(job.checkpoint_dir), job.spec.checkpoint.keep)
+        self.pinned = set(pinned_steps)
+        self.num_micro = num_microbatches(job)
+        t = self.spec.train
+        self.flops = flops_per_iteration(self.spec.model, padded_vocab=padded_vocab,
+                                         global_batch_size=t.global_batch_size, seq_length=self.spec.model.seq_length)
+        self.peak_flops = peak_flops
+        self.saved_step: int | None = None
+
+    # -- data ---------------------------------------------------------------------------------------
+
+    def batches(self, dataset, consumed: int) -> Iterator[Batch]:
+        return iterate_batches(dataset, consumed, self.spec.train.micro_batch_size, self.world.dp_rank, self.job.layout.dp)
+
+    def take(self, it: Iterator[Batch], n: int, what: str) -> list[Batch]:
+        out = []
+        for _ in range(n):
+            try:
+                out.append(next(it))
+            except StopIteration:
+                raise DataError(f"the {what} data ran out; the dataset is smaller than the stage needs.",
+                                "use a larger dataset, or fewer train.train_iters / train.eval_iters.") from None
+        return out
+
+    # -- checkpoints --------------------------------------------------------------------------------
+
+    def meta(self, step: int, consumed: int) -> dict[str, Any]:
+        lay = self.job.layout
+        return {"step": step, "consumed_samples": consumed, "run_id": self.job.run_id, "stage": self.job.stage,
+                "backend": self.backend.device, "layer_spec": self.backend.layer_spec,
+                "layout": {"tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp,
+                           "world_size": lay.world_size}}
+
+    def save(self, step: int, consumed: int) -> None:
+        if self.saved_step == step:
+            return
+        self.saved_step = step
+        tmp = self.store.begin(step) if self.world.is_main else self.store.path(step).with_name(ckpt.iter_name(step) + ".tmp")
+        self.world.barrier()
+        meta = self.meta(step, consumed)
+
+        def on_done() -> None:
+            if self.world.is_main:
+                final = self.store.commit(tmp, meta, self.pinned)
+                log.info("checkpoint %s committed", final.name)
+                if ckpt.CORRUPT_ENV in os.environ:
+                    name = self.backend.corrupt_checkpoint(final)
+                    log.warning("test hook %s: corrupted %s in %s", ckpt.CORRUPT_ENV, name, final.name)
+
+        self.backend.save(tmp, on_done)
+
+    def resume(self) -> tuple[int, int]:
+        """(step, consumed samples) of the latest checkpoint, restored into the backend; (0, 0) if none."""
+        if self.world.is_main:
+            self.store.clean_partial()
+        self.world.barrier()
+        latest = self.store.latest()
+        if latest is None:
+            self.metrics.truncate_after(0, final=False)
+            return 0, 0
+        meta = self.store.read_meta(latest)
+        want = self.meta(meta["step"], meta["consumed_samples"])
+        for key in ("backend", "layout"):
+            if meta.get(key) != want[key]:
+                raise InputError(f"{latest} was written with {key} {meta.get(key)}, this stage runs {want[key]};",
+                                 "resume with the same layout, or delete the stage's checkpoints to start over.")
+        self.backend.load(latest)
+        step, consumed = int(meta["step"]), int(meta["consumed_samples"])
+        self.saved_step = step
+        # Evaluations at the last step run after its checkpoint: a resume there runs them again.
+        self.metrics.truncate_after(step, final=step >= self.spec.train.train_iters)
+        if self.world.is_main:
+            self.store.discard_after(step)
+        log.info("resumed from %s (step %d, %d samples consumed)", latest.name, step, consumed)
+        return step, consumed
+
+    # -- evaluation ---------------------------------------------------------------------------------
+
+    def evaluate(self, kind: str, step: int, index: int) -> dict[str, Any] | None:
+        dataset = self.data.valid if kind == "valid" else self.data.test
+        iters = self.spec.train.eval_iters
+        if dataset is None or iters == 0:
+            return None
+        start = index * iters * self.spec.train.global_batch_size
+        mbs = self.take(self.batches(dataset, start), iters * self.num_micro, kind)
+        loss_sum, tokens = self.backend.evaluate(mbs)
+        loss = loss_sum / max(tokens, 1)
+        rec = {"kind": kind, "step": step, "loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf,
+               "time": time.time()}
+        self.metrics.append(rec)
+        self.progress.record(rec)
+        return rec
+
+    # -- the loop -----------------------------------------------------------------------------------
+
+    def step_record(self, step: int, out, step_time: float) -> dict[str, Any]:
+        t, ws = self.spec.train, self.world.size
+        tokens = t.global_batch_size * self.spec.model.seq_length
+        tflops = self.flops / step_time / ws / 1e12
+        rec = {"kind": "train", "step": step, "loss": out.loss, "grad_norm": out.grad_norm, "lr": out.lr,
+               "tokens_per_s_per_gpu": tokens / step_time / ws, "tflops_per_gpu": tflops,
+               "mfu": tflops * 1e12 / self.peak_flops if self.peak_flops else None,
+               "mem_peak_bytes": self.backend.peak_memory_bytes(), "step_time_s": step_time, "time": time.time()}
+        if out.skipped:
+            rec["skipped"] = True  # fp16 loss scaling skipped the update
+        return rec
+
+    def run(self, stop: StopFlag) -> Outcome:
+        t = self.spec.train
+        step, consumed = self.resume()
+        guard = DivergenceGuard(t.loss_spike_factor, t.loss_spike_window,
+                                [r.get("loss") for r in self.metrics.history("train")])
+        outcome = Outcome(status="finished", step=step, consumed_samples=consumed)
+        self.progress.start(t.train_iters, step, f"{self.job.stage} {self.job.run_id}")
+        train_it = self.batches(self.data.train, consumed)
+        interval = self.spec.checkpoint.interval
+        while step < t.train_iters:
+            if self.world.any(stop.signal is not None):
+                return self._preempt(outcome, step, consumed)
+            t0 = time.perf_counter()
+            mbs = self.take(train_it, self.num_micro, "training")
+            out = self.backend.train_step(mbs)
+            step_time = time.perf_counter() - t0
+            step += 1
+            consumed += t.global_batch_size
+            outcome.step, outcome.consumed_samples = step, consumed
+            rec = self.step_record(step, out, step_time)
+            self.metrics.append(rec)
+            self.progress.record(rec)
+            outcome.measured.append(rec)
+            reason = guard.check(step, out.loss, out.grad_norm, out.skipped)
+            if reason:
+                outcome.status, outcome.error = "diverged", f"Training diverged: {reason}. {advice(self.spec)}"
+                log.error(outcome.error)
+                self.backend.finalize_saves(blocking=True)
+                return outcome
+            self.backend.finalize_saves(blocking=False)
+            if t.eval_interval > 0 and step % t.eval_interval == 0 and step < t.train_iters:
+                outcome.evals["valid"] = self.evaluate("valid", step, step // t.eval_interval - 1) or {}
+            if (interval and step % interval == 0) or step in self.pinned or step == t.train_iters:
+                self.save(step, consumed)
+        if self.world.any(stop.signal is not None):
+            return self._preempt(outcome, step, consumed)
+        self.save(step, consumed)  # no-op when the last step saved already (e.g. resumed at the end)
+        # The final validation continues after the (train_iters - 1) // eval_interval in-loop ones.
+        final_index = (t.train_iters - 1) // t.eval_interval if t.eval_interval > 0 else 0
+        outcome.evals["valid"] = self.evaluate("valid", step, final_index) or {}
+        outcome.evals["test"] = self.evaluate("test", step, 0) or {}
+        outcome.evals = {k: v for k, v in outcome.evals.items() if v}
+        self.backend.finalize_saves(blocking=True)
+        return outcome
+
+    def _preempt(self, outcome: Outcome, step: int, consumed: int) -> Outcome:
+        log.warning("preemption signal received: checkpointing step %d and stopping", step)
+        if step > 0:
+            self.save(step, consumed)
+        self.backend.finalize_saves(blocking=True)
+        outcome.status = "preempted"
+        return outcome

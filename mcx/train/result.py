@@ -1,0 +1,96 @@
+"""result.json: how the stage ended, its checks, final metrics, and what ran.
+
+Status -> exit code of ``python -m mcx.train`` (also recorded as ``exit_code``):
+
+* ``finished`` -> 0; ``preempted`` -> 0: the worker handled the signal as asked (a resumable
+  checkpoint is saved, ``latest`` names it); a zero exit keeps torchrun from restarting the group and
+  Slurm from marking the step failed, and the control plane reads the status from this file;
+* ``failed`` (a smoke check, a crash) -> 1; ``diverged`` -> 1;
+* bad input (job file, spec, data, environment) -> 2, status ``failed``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import platform
+import statistics
+from pathlib import Path
+from typing import Any
+
+from mcx.train.checkpoint import write_json_atomic
+
+RESULT_FILE = "result.json"
+EXIT_CODES = {"finished": 0, "preempted": 0, "failed": 1, "diverged": 1}
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for dist in ("torch", "megatron-core", "transformer-engine", "numpy", "mcx"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    try:
+        import torch
+
+        out["cuda"] = torch.version.cuda
+        out["cudnn"] = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else None
+    except ImportError:
+        pass
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return statistics.median(vals) if vals else None
+
+
+def summarize(train: list[dict[str, Any]], measured: list[dict[str, Any]], evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Final metrics: the last train loss, the last valid/test losses, and throughput medians over
+    the steps this process timed (the first step, which pays for warm-up, left out when possible)."""
+    timed = measured[1:] if len(measured) > 1 else measured
+    final: dict[str, Any] = {
+        "train_loss": train[-1].get("loss") if train else None,
+        "tokens_per_s_per_gpu": _median([r["tokens_per_s_per_gpu"] for r in timed]),
+        "tflops_per_gpu": _median([r["tflops_per_gpu"] for r in timed]),
+        "mfu": _median([r["mfu"] for r in timed if r.get("mfu") is not None]),
+        "step_time_s": _median([r["step_time_s"] for r in timed]),
+        "mem_peak_bytes": max((r["mem_peak_bytes"] for r in measured), default=None),
+    }
+    for kind in ("valid", "test"):
+        rec = evals.get(kind)
+        final[f"{kind}_loss"] = rec["loss"] if rec else None
+        final[f"{kind}_ppl"] = rec["ppl"] if rec else None
+    return final
+
+
+def make_result(*, status: str, passed: bool, checks: dict[str, Any] | None = None, final: dict[str, Any] | None = None,
+                error: str | None = None, steps: int = 0, layer_spec: str | None = None, exit_code: int | None = None,
+                details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "status": status,
+        "passed": passed,
+        "checks": checks or {},
+        "final": final or {},
+        "error": error,
+        "steps": steps,
+        "layer_spec": layer_spec,
+        "exit_code": EXIT_CODES[status] if exit_code is None else exit_code,
+        "details": details or {},
+        "versions": versions(),
+    }
+
+
+def write_result(stage_dir: Path, result: dict[str, Any]) -> None:
+    write_json_atomic(stage_dir / RESULT_FILE, _json_safe(result))
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj

@@ -1,0 +1,172 @@
+"""One stage, end to end: job.json in, metrics.jsonl + checkpoints/ + result.json + worker.log out.
+
+``run_stage`` is the in-process entry (the local launcher and the tests call it); ``python -m
+mcx.train STAGE_DIR`` wraps it and exits with ``result["exit_code"]``. Every rank runs it; rank 0
+writes metrics.jsonl and result.json, all ranks log to worker.log (ranks other than 0 at WARNING).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import DataError, McxError
+from mcx.train.job import Job, read_job
+from mcx.train.result import make_result, summarize, write_result
+
+log = logging.getLogger("mcx.train")
+LOG_FILE = "worker.log"
+
+
+def _rank() -> int:
+    for name in ("RANK", "SLURM_PROCID"):
+        if name in os.environ:
+            return int(os.environ[name])
+    return 0
+
+
+def _start_logging(stage_dir: Path, rank: int) -> logging.Handler:
+    handler = logging.FileHandler(stage_dir / LOG_FILE, encoding="utf-8")
+    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
+    handler.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    for name, level in (("mcx", logging.INFO), ("megatron", logging.WARNING), ("py.warnings", logging.WARNING)):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(min(logger.level or level, level))
+    logging.captureWarnings(True)
+    return handler
+
+
+def _stop_logging(handler: logging.Handler) -> None:
+    for name in ("mcx", "megatron", "py.warnings"):
+        logging.getLogger(name).removeHandler(handler)
+    logging.captureWarnings(False)
+    handler.close()
+
+
+def _import_worker(device: str) -> None:
+    """Import torch and Megatron-Core without their import-time chatter (warnings about optional
+    packages the worker does not use: apex, absl, TE on CPU; torch's CUDA_HOME notice)."""
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+    modules = ["mcx.train.runtime", "mcx.train.loop", "mcx.train.smoke", "mcx.train.data",
+               "mcx.train.gpu" if device == "cuda" else "mcx.train.cpu"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in modules:
+            importlib.import_module(name)
+
+
+def make_backend(job: Job, world, vocab_size: int):
+    if job.device == "cuda":
+        from mcx.train.gpu import GpuBackend
+
+        return GpuBackend(job, world, vocab_size)
+    from mcx.train.cpu import CpuBackend
+
+    return CpuBackend(job, world, vocab_size)
+
+
+def _vocab_size(job: Job, tokenizer_vocab: int) -> int:
+    wanted = job.spec.model.vocab_size
+    if wanted is None:
+        return tokenizer_vocab
+    if wanted < tokenizer_vocab:
+        raise DataError(f"model.vocab_size = {wanted} is smaller than the dataset tokenizer's vocabulary ({tokenizer_vocab});",
+                        "remove model.vocab_size to use the tokenizer's, or raise it.")
+    return wanted
+
+
+def _peak_flops(job: Job) -> tuple[float | None, str | None]:
+    if job.device != "cuda":
+        return None, None
+    import torch
+
+    from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
+
+    name = torch.cuda.get_device_name()
+    gpu = gpu_from_name(name)
+    return (mfu_peak_flops(gpu) if gpu else None), name
+
+
+def _train(job: Job, world, stage_dir: Path, stop) -> dict[str, Any]:
+    from mcx.train import smoke
+    from mcx.train.data import datasets_from_spec
+    from mcx.train.loop import Trainer
+    from mcx.train.metrics import METRICS_FILE, MetricsFile
+    from mcx.train.progress import make_progress
+
+    data = datasets_from_spec(job.spec, Path(job.data_dir), stage_dir / "cache",
+                              train_samples_limit=job.train_samples_limit)
+    vocab = _vocab_size(job, data.tokenizer.vocab_size)
+    backend = make_backend(job, world, vocab)
+    peak, gpu_name = _peak_flops(job)
+    metrics = MetricsFile(stage_dir / METRICS_FILE, enabled=world.is_main)
+    progress = make_progress(job.output, world.is_main)
+    is_smoke = job.stage == "smoke"
+    trainer = Trainer(job, world, backend, data, stage_dir, metrics, progress,
+                      padded_vocab=backend.details["padded_vocab_size"], peak_flops=peak,
+                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else set())
+    try:
+        outcome = trainer.run(stop)
+    finally:
+        progress.close()
+        metrics.close()
+    world.barrier()
+    train_records = metrics.history("train")
+    checks: dict[str, Any] = {}
+    status, error = outcome.status, outcome.error
+    if is_smoke and status == "finished":
+        def replay(fresh, directory, n):
+            fresh.load(directory)
+            meta = trainer.store.read_meta(directory)
+            it = trainer.batches(data.train, int(meta["consumed_samples"]))
+            return [fresh.train_step(trainer.take(it, trainer.num_micro, "training")).loss for _ in range(n)]
+
+        checks = smoke.run_checks(job, train_records, outcome.measured, backend,
+                                  lambda: make_backend(job, world, vocab), trainer.store.path(outcome.step),
+                                  trainer.store.path(smoke.resume_check_step(job)), replay)
+        failed = [f"{name}: {c['detail']}" for name, c in checks.items() if not c["passed"]]
+        if failed:
+            status, error = "failed", "smoke check failed: " + "; ".join(failed)
+        if world.is_main:
+            trainer.store.prune()
+        world.barrier()
+    details = {**backend.details, "device": job.device, "gpu_name": gpu_name, "world_size": world.size,
+               "num_microbatches": trainer.num_micro, "consumed_samples": outcome.consumed_samples,
+               "stop_signal": stop.signal}
+    backend.close()
+    return make_result(status=status, passed=status == "finished", checks=checks,
+                       final=summarize(train_records, outcome.measured, outcome.evals), error=error,
+                       steps=outcome.step, layer_spec=backend.layer_spec, details=details)
+
+
+def run_stage(stage_dir: Path | str) -> dict[str, Any]:
+    """Run the stage in ``stage_dir`` in this process; returns (and, on rank 0, writes) the result."""
+    stage_dir = Path(stage_dir).resolve()
+    rank = _rank()
+    handler = _start_logging(stage_dir, rank)
+    try:
+        job = read_job(stage_dir)
+        log.info("stage %s of run %s on %s", job.stage, job.run_id, job.device)
+        _import_worker(job.device)
+        from mcx.train.loop import StopFlag
+        from mcx.train.runtime import distributed
+
+        with StopFlag() as stop, distributed(job) as world:
+            result = _train(job, world, stage_dir, stop)
+    except McxError as exc:
+        log.error("%s", exc)
+        result = make_result(status="failed", passed=False, error=str(exc), exit_code=exc.exit_code)
+    except Exception as exc:  # a crash: record it, the control plane reports it
+        log.error("worker crashed:\n%s", traceback.format_exc())
+        result = make_result(status="failed", passed=False, error=f"{type(exc).__name__}: {exc}", exit_code=1)
+    finally:
+        _stop_logging(handler)
+    if rank == 0:
+        write_result(stage_dir, result)
+    return result
