@@ -219,7 +219,7 @@ def test_dvc_lock_stage_output(project: Path) -> None:
         stages:
           prepare:
             wdir: work
-            cmd: PYTHON -c "import pathlib; p = pathlib.Path('prepared'); p.mkdir(); (p / 'corpus.bin').write_bytes(b'tokens')"
+            cmd: PYTHON -c "import pathlib; p = pathlib.Path('prepared'); p.mkdir(); (p / 'x.bin').write_bytes(b'1')"
             outs:
               - prepared
         """).replace("PYTHON", sys.executable))
@@ -241,7 +241,11 @@ def test_modified_tracked_data_is_refused(project: Path) -> None:
 
 
 def test_missing_data_names_the_key_and_the_fix(project: Path) -> None:
+    present = run_id(collect(spec_in(project), project))
     shutil.rmtree(project / "data")
+    not_pulled = collect(spec_in(project), project, require_data=False)  # planning on a fresh clone
+    assert run_id(not_pulled) == present
+    assert any("dvc pull" in w for w in not_pulled.warnings)
     with pytest.raises(DataError) as exc:
         collect(spec_in(project), project)
     assert "data.path = 'data/quickstart'" in exc.value.message and "dvc pull" in exc.value.hint
@@ -348,6 +352,12 @@ def test_stored_record_round_trip_and_lookup(dvc_project: Path, tmp_path: Path) 
     (run_dir / "fingerprint.json").write_text(json.dumps(record_to_dict(rec)))
     loaded = load_record(tmp_path, rid)
     assert loaded == rec and component_hashes(loaded) == component_hashes(rec)
+
+    other = tmp_path / ".mcx" / "runs" / "0123456789ab"  # a valid record under another run's name
+    other.mkdir()
+    shutil.copy(run_dir / "fingerprint.json", other / "fingerprint.json")
+    with pytest.raises(InputError, match=f"hashes to run ID {rid}, not 0123456789ab"):
+        load_record(tmp_path, "0123456789ab")
 
     tampered = record_to_dict(rec)
     tampered["config"]["id"]["train"]["lr"] = 1.0

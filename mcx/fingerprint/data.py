@@ -12,7 +12,9 @@ Hashed (``id``), for ``data.path`` and, when set, ``data.tokenizer.path`` / ``da
 - not tracked: ``{"source": "sha256", "value": ...}``, sha256 over the sorted relative paths and the
   sha256 of each file's bytes, streamed, with a warning (track it: `dvc add`).
 
-Missing data is a DataError naming the key and the fix (``mcx data prepare`` or ``dvc pull``).
+Missing data is a DataError naming the key and the fix (``mcx data prepare`` or ``dvc pull``),
+except that ``require_data=False`` (``mcx plan``, ``mcx explain`` on a fresh clone) takes the hash of
+a tracked but not yet pulled path from its DVC record: the ID is the same before and after the pull.
 """
 
 from __future__ import annotations
@@ -89,11 +91,27 @@ def _check_fresh(out: DvcOut, key: str, shown: str, warnings: list[str]) -> str:
                     f"or restore the recorded one with `dvc checkout {out.record}`.")
 
 
-def content_identity(project_root: Path, value: str, key: str, warnings: list[str]) -> dict[str, Any]:
-    """``{"id": ..., "info": ...}`` for one data path of the spec (``key`` names it in messages)."""
+def _dvc_identity(out: DvcOut, full: Path) -> dict[str, Any]:
+    subpath = full.relative_to(out.path).as_posix() if full != out.path else None
+    return {"source": "dvc", "hash": out.hash_name, "value": out.value, "subpath": subpath}
+
+
+def content_identity(project_root: Path, value: str, key: str, warnings: list[str],
+                     require_data: bool = True) -> dict[str, Any]:
+    """``{"id": ..., "info": ...}`` for one data path of the spec (``key`` names it in messages).
+
+    With ``require_data=False`` a DVC-tracked path that is not in the workspace (not pulled yet)
+    gets the hash DVC recorded, which is what ``dvc pull`` will bring, and a warning.
+    """
     full = norm(Path(project_root) / value)
     out = find_out(full)
     if not full.exists():
+        if out is not None and not require_data:
+            warnings.append(f"{key} = {value!r} is not in the workspace; the ID uses the hash in {out.record}; "
+                            f"`dvc pull {out.record}` before training")
+            return {"id": _dvc_identity(out, full),
+                    "info": {"path": str(full), "record": str(out.record), "stage": out.stage, "size": out.size,
+                             "nfiles": out.nfiles, "verified": "not verified (not in the workspace)"}}
         if out is not None:
             raise DataError(f"{key} = {value!r}: {full} is missing; DVC tracks it in {out.record}",
                             f"fetch it with `dvc pull {out.record}`.")
@@ -101,15 +119,14 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
                else "fix the path (relative to the project root) or fetch the file with `dvc pull`")
         raise DataError(f"{key} = {value!r}: {full} does not exist", fix + ".")
     if out is not None:
-        verified = _check_fresh(out, key, value, warnings)
-        subpath = full.relative_to(out.path).as_posix() if full != out.path else None
+        ident = _dvc_identity(out, full)
         info: dict[str, Any] = {"path": str(full), "record": str(out.record), "stage": out.stage,
-                                "size": out.size, "nfiles": out.nfiles, "verified": verified}
-        if subpath is not None:
+                                "size": out.size, "nfiles": out.nfiles,
+                                "verified": _check_fresh(out, key, value, warnings)}
+        if ident["subpath"] is not None:
             info["note"] = (f"inside the DVC-tracked {out.path}: the identity is that directory's hash "
-                            f"plus the relative path {subpath!r}")
-        return {"id": {"source": "dvc", "hash": out.hash_name, "value": out.value, "subpath": subpath},
-                "info": info}
+                            f"plus the relative path {ident['subpath']!r}")
+        return {"id": ident, "info": info}
     sha, nfiles, size = tree_sha256(full)
     if nfiles == 0:
         raise DataError(f"{key} = {value!r}: {full} holds no files",
@@ -120,8 +137,8 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
             "info": {"path": str(full), "record": None, "size": size, "nfiles": nfiles}}
 
 
-def collect_data(spec: ExperimentSpec, project_root: Path) -> dict[str, Any]:
-    """The data component: ``{"id": ..., "info": ..., "warnings": [...]}``."""
+def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = True) -> dict[str, Any]:
+    """The data component: ``{"id": ..., "info": ..., "warnings": [...]}`` (see ``content_identity``)."""
     warnings: list[str] = []
     paths = {"dataset": ("data.path", spec.data.path),
              "tokenizer": ("data.tokenizer.path", spec.data.tokenizer.path),
@@ -131,6 +148,6 @@ def collect_data(spec: ExperimentSpec, project_root: Path) -> dict[str, Any]:
     for name, (key, value) in paths.items():
         if value is None:
             continue
-        part = content_identity(project_root, value, key, warnings)
+        part = content_identity(project_root, value, key, warnings, require_data)
         ident[name], info[name] = part["id"], part["info"]
     return {"id": ident, "info": info, "warnings": warnings}

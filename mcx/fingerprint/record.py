@@ -76,8 +76,15 @@ def collect(
     *,
     lockfile: str | None = None,
     probe_hardware: bool = True,
+    require_data: bool = True,
 ) -> FingerprintRecord:
     """Fingerprint ``spec`` as it would run from ``project_root`` on this machine.
+
+    ``lockfile``: the name in ``lockfiles/`` (default ``$MCX_LOCKFILE``, else "cpu").
+    ``probe_hardware=False``: identify hardware by the spec's declaration only (Slurm launches do
+    this anyway: the training nodes are not this machine).
+    ``require_data=False``: a DVC-tracked dataset that is not pulled yet is identified by its DVC
+    record (for planning and explaining); training needs the default.
 
     Raises DataError for missing or modified data, InputError for a bad lockfile name, and
     EnvironmentProblem when git cannot read the repository.
@@ -87,7 +94,7 @@ def collect(
         "code": collect_code(root),
         "environment": collect_environment(root, lockfile),
         "config": collect_config(spec),
-        "data": collect_data(spec, root),
+        "data": collect_data(spec, root, require_data),
         "hardware": collect_hardware(spec, probe_hardware),
     }
     warnings = tuple(f"{name}: {w}" for name, part in parts.items() for w in part["warnings"])
