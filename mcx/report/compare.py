@@ -1,0 +1,263 @@
+"""Comparing runs: what differs in config and fingerprint, how the metrics moved, the curves.
+
+``compare`` is pure: RunData in, a ``Comparison`` (plain data) out. Renderers in ``table``,
+``markdown``, ``jsondoc`` and ``htmlpage`` turn one Comparison into a terminal table, Markdown, a
+JSON document and a self-contained HTML page.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attrs import frozen
+
+from mcx.errors import InputError
+from mcx.report.metrics import BY_KEY, METRIC_KEYS, METRICS, MetricDef, summarize
+from mcx.report.metricsfile import Curve
+from mcx.report.rundata import RunData, flatten
+
+# Relative slack below which a change is float noise, neither a regression nor an improvement.
+EPS = 1e-9
+# Fingerprint components in the order a reader checks them; "config" is the config diff itself.
+COMPONENT_ORDER = ("code", "environment", "data", "hardware")
+
+
+class _Absent:
+    """A key a run does not have (distinct from a value that is null)."""
+
+    _instance: _Absent | None = None
+
+    def __new__(cls) -> _Absent:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+
+
+@frozen
+class RunHeader:
+    run_id: str
+    name: str
+    status: str
+    is_baseline: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.run_id} {self.name}" if self.name and self.name != self.run_id else self.run_id
+
+
+@frozen
+class DiffRow:
+    """One key whose value is not the same in every run; ``values`` follow ``Comparison.runs``."""
+
+    key: str
+    values: tuple[Any, ...]  # ABSENT where a run lacks the key
+
+
+@frozen
+class MetricCell:
+    value: float | None
+    delta: float | None = None  # value - baseline
+    delta_rel: float | None = None  # delta / |baseline|; None when the baseline is 0 or not finite
+    regressed: bool = False
+    improved: bool = False
+
+
+@frozen
+class MetricRow:
+    metric: MetricDef
+    tolerance: float  # allowed relative change in the worse direction before it is a regression
+    cells: tuple[MetricCell, ...]  # one per run, in ``Comparison.runs`` order
+
+
+@frozen
+class Regression:
+    run_id: str
+    metric: str
+    baseline: float
+    value: float
+    delta_rel: float | None
+    tolerance: float
+
+    def describe(self) -> str:
+        """One line for people: what moved, by how much, against which tolerance."""
+        from mcx.report.fmt import value  # fmt imports this module
+
+        m = BY_KEY[self.metric]
+        rel = f"{self.delta_rel:+.2%}, " if self.delta_rel is not None else ""
+        tol = f", tolerance {self.tolerance:.1%}" if self.tolerance else ""
+        return (f"{self.run_id}: {m.label} {value(m.unit, self.value)} vs {value(m.unit, self.baseline)} "
+                f"in the baseline ({rel}{m.better} is better{tol})")
+
+
+@frozen
+class Series:
+    run_id: str
+    label: str
+    curve: Curve
+
+
+@frozen
+class Plot:
+    key: str
+    title: str
+    y_label: str
+    curve: str  # the metric plotted, e.g. "train/loss"
+    series: tuple[Series, ...]  # runs that have the curve, in ``Comparison.runs`` order
+    zero_based: bool = False  # y axis from 0 (rates)
+
+
+@frozen
+class Comparison:
+    runs: tuple[RunHeader, ...]
+    baseline: str | None  # run ID of the baseline (the first run), or None
+    config_diff: tuple[DiffRow, ...]
+    fingerprint_diff: dict[str, tuple[DiffRow, ...]]  # component -> differing fields (only components that differ)
+    fingerprint_same: tuple[str, ...]  # components identical in every run
+    metrics: tuple[MetricRow, ...]  # metrics at least one run has
+    regressions: tuple[Regression, ...]
+    plots: tuple[Plot, ...]
+    notes: tuple[str, ...] = ()  # what loading skipped, per run
+
+
+# key, title, y label, curve, y axis from zero
+PLOTS: tuple[tuple[str, str, str, str, bool], ...] = (
+    ("train_loss", "Train loss", "loss", "train/loss", False),
+    ("valid_loss", "Validation loss", "loss", "valid/loss", False),
+    ("throughput", "Throughput", "tokens/s/GPU", "train/tokens_per_s_per_gpu", True),
+    ("grad_norm", "Gradient norm", "grad norm", "train/grad_norm", False),
+)
+
+
+def same_key(value: Any) -> str:
+    """Equality that tells 1 from 1.0 from true (all equal in Python)."""
+    if value is ABSENT:
+        return "\0absent"
+    return type(value).__name__ + ":" + json.dumps(value, sort_keys=True, default=repr)
+
+
+def diff_rows(tables: Sequence[Mapping[str, Any]]) -> tuple[DiffRow, ...]:
+    """Rows for the keys (in first-seen order) whose values are not all the same."""
+    keys: dict[str, None] = {}
+    for t in tables:
+        keys.update(dict.fromkeys(t))
+    rows = []
+    for key in keys:
+        values = tuple(t.get(key, ABSENT) for t in tables)
+        if len({same_key(v) for v in values}) > 1:
+            rows.append(DiffRow(key, values))
+    return tuple(rows)
+
+
+def check_tolerances(tolerances: Mapping[str, float] | None) -> dict[str, float]:
+    """Validated ``[baseline.tolerances]``: known metric keys, finite values >= 0."""
+    out: dict[str, float] = {}
+    for key, tol in (tolerances or {}).items():
+        if key not in BY_KEY:
+            raise InputError(f"baseline.tolerances.{key}: unknown metric;", f"use one of {', '.join(METRIC_KEYS)}.")
+        if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not math.isfinite(tol) or tol < 0:
+            raise InputError(f"baseline.tolerances.{key} = {tol!r} is not a relative tolerance;",
+                             "give a number >= 0, e.g. 0.02 for 2%.")
+        out[key] = float(tol)
+    return out
+
+
+def judge(metric: MetricDef, base: float | None, value: float | None, tolerance: float) -> MetricCell:
+    """One run's value against the baseline's: deltas, and whether it regressed or improved."""
+    if value is None or base is None:
+        return MetricCell(value)
+    if math.isnan(base):
+        return MetricCell(value)
+    if math.isnan(value):  # a NaN (a diverged run) is worse than any number
+        return MetricCell(value, regressed=True)
+    delta = value - base
+    finite = math.isfinite(base) and base != 0
+    delta_rel = delta / abs(base) if finite else None
+    worse = delta if metric.better == "lower" else -delta  # > 0: moved the wrong way
+    if math.isinf(worse):
+        return MetricCell(value, delta, delta_rel, regressed=worse > 0, improved=worse < 0)
+    if finite:
+        rel_worse = worse / abs(base)
+        return MetricCell(value, delta, delta_rel, regressed=rel_worse > tolerance + EPS, improved=rel_worse < -EPS)
+    return MetricCell(value, delta, delta_rel, regressed=worse > EPS, improved=worse < -EPS)
+
+
+def _fingerprint_diff(runs: Sequence[RunData]) -> tuple[dict[str, tuple[DiffRow, ...]], tuple[str, ...]]:
+    names = {n for r in runs for n in r.fingerprint if n != "config"}
+    ordered = [n for n in COMPONENT_ORDER if n in names] + sorted(names - set(COMPONENT_ORDER))
+    diff: dict[str, tuple[DiffRow, ...]] = {}
+    same: list[str] = []
+    for name in ordered:
+        tables = [flatten(c) if isinstance(c := r.fingerprint.get(name), dict) else {} for r in runs]
+        rows = diff_rows(tables)
+        if rows:
+            diff[name] = rows
+        else:
+            same.append(name)
+    return diff, tuple(same)
+
+
+def compare(runs: Sequence[RunData], baseline: RunData | None = None, *,
+            tolerances: Mapping[str, float] | None = None) -> Comparison:
+    """Compare runs; with a baseline, it comes first and every other run gets deltas against it.
+
+    ``tolerances``: metric key -> allowed relative change in the worse direction (default 0, so any
+    change beyond float noise is flagged). A run given twice (or also as the baseline) appears once.
+    """
+    tols = check_tolerances(tolerances)
+    ordered: list[RunData] = []
+    seen: set[str] = set()
+    for r in ([baseline] if baseline is not None else []) + list(runs):
+        if r.run_id not in seen:
+            seen.add(r.run_id)
+            ordered.append(r)
+    if not ordered:
+        raise InputError("nothing to compare;", "give at least one run ID (or an experiment with runs).")
+    base_id = baseline.run_id if baseline is not None else None
+    headers = tuple(RunHeader(r.run_id, r.name, r.status, r.run_id == base_id) for r in ordered)
+
+    summaries = [summarize(r) for r in ordered]
+    rows: list[MetricRow] = []
+    regressions: list[Regression] = []
+    for m in METRICS:
+        values = [s[m.key] for s in summaries]
+        if all(v is None for v in values):
+            continue
+        tol = tols.get(m.key, 0.0)
+        base = values[0] if base_id is not None else None
+        cells = []
+        for h, v in zip(headers, values):
+            cell = MetricCell(v) if base_id is None or h.is_baseline else judge(m, base, v, tol)
+            cells.append(cell)
+            if cell.regressed:
+                regressions.append(Regression(h.run_id, m.key, base, v, cell.delta_rel, tol))
+        rows.append(MetricRow(m, tol, tuple(cells)))
+
+    plots = []
+    for key, title, y_label, name, zero_based in PLOTS:
+        series = tuple(Series(h.run_id, h.label, r.curves[name])
+                       for h, r in zip(headers, ordered) if name in r.curves and r.curves[name].values)
+        if series:
+            plots.append(Plot(key, title, y_label, name, series, zero_based))
+
+    fp_diff, fp_same = _fingerprint_diff(ordered)
+    notes = tuple(f"{r.run_id}: {note}" for r in ordered for s in r.stages.values() for note in s.notes)
+    return Comparison(
+        runs=headers,
+        baseline=base_id,
+        config_diff=diff_rows([r.spec for r in ordered]),
+        fingerprint_diff=fp_diff,
+        fingerprint_same=fp_same,
+        metrics=tuple(rows),
+        regressions=tuple(regressions),
+        plots=tuple(plots),
+        notes=notes,
+    )
