@@ -93,6 +93,11 @@ def _split_z(out: bytes) -> list[str]:
     return [p.decode("utf-8", "surrogateescape") for p in out.split(b"\0") if p]
 
 
+def _key(path: str) -> str:
+    """A path as JSON can hold it: names that are not UTF-8 keep their bytes as \\x escapes."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def mcx_sources_sha256() -> str:
     """sha256 over mcx's own ``.py`` files (relative path + content), sorted by path."""
     root = Path(mcx.__file__).resolve().parent
@@ -105,10 +110,10 @@ def _changes(top: Path, exclude: str) -> tuple[dict[str, list[str] | str], list[
     status = _split_z(_git(top, "diff", "HEAD", "--name-status", "-z", "--no-renames", "--no-ext-diff"))
     changes: dict[str, list[str] | str] = {}
     for kind, path in zip(status[0::2], status[1::2], strict=True):
-        changes[path] = "deleted" if kind == "D" else _entry(top / path)
+        changes[_key(path)] = "deleted" if kind == "D" else _entry(top / path)
     untracked = _split_z(_git(top, "ls-files", "-z", "--others", "--exclude-standard", "--", ".", exclude))
     for path in untracked:
-        changes[path] = _entry(top / path)
+        changes[_key(path)] = _entry(top / path)
     return dict(sorted(changes.items())), untracked
 
 
