@@ -20,7 +20,7 @@ from typing import Any
 
 from attrs import frozen
 
-from mcx.errors import DataError
+from mcx.errors import DataError, EnvironmentProblem
 
 
 @frozen
@@ -50,7 +50,11 @@ def dvc_root(path: Path) -> Path | None:
 
 
 def _load_yaml(path: Path) -> Any:
-    import yaml  # PyYAML comes with dvc; imported only when a DVC record exists
+    try:
+        import yaml  # PyYAML (a dvc dependency); imported only when a DVC record exists
+    except ImportError:
+        raise EnvironmentProblem(f"reading the DVC record {path} needs PyYAML, which is not installed",
+                                 "install it: pip install 'pyyaml>=6' (it comes with mcx[track]).") from None
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
