@@ -20,7 +20,7 @@ def _record(ref: str, project: Path, overrides: list[str]) -> Any:
     if not Path(ref).exists():
         raise InputError(f"{ref!r} is neither a spec file nor a run ID;",
                          "give a path to a TOML spec or a 12-character run ID from 'mcx ls'.")
-    return collect(load_spec(ref, overrides), project)
+    return collect(load_spec(ref, overrides), project, require_data=False)
 
 
 def explain(a: str, b: str, *, project: Path, overrides: list[str] = ()) -> Any:

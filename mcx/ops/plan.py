@@ -42,12 +42,13 @@ def te_available(spec: ExperimentSpec) -> bool | None:
     return False
 
 
-def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = True) -> PlanResult:
+def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = True,
+                require_data: bool = False) -> PlanResult:
     from mcx.fingerprint.record import collect, run_id
     from mcx.plan.planner import make_plan, plan_to_dict
 
     plan = make_plan(spec, te_available=te_available(spec))
-    record = collect(spec, project, probe_hardware=probe_hardware)
+    record = collect(spec, project, probe_hardware=probe_hardware, require_data=require_data)
     return PlanResult(spec=spec, plan=plan, plan_dict=plan_to_dict(plan), record=record, run_id=run_id(record))
 
 
