@@ -1,0 +1,309 @@
+"""The one table: every spec key and its Megatron-LM ``pretrain_gpt.py`` argument.
+
+Each row says how a key travels between a spec and a Megatron-LM command line:
+
+- ``value``: ``--flag VALUE`` carries the key's value;
+- ``switch``: a store-true flag; present means ``true``;
+- ``negated``: a store-false flag; present means ``false`` (``--disable-bias-linear``);
+- ``rule``: several arguments or a conversion; the importer and exporter name the rule by the key;
+- ``launcher``: a torchrun option or an ``#SBATCH`` line, not a ``pretrain_gpt.py`` argument;
+- ``mcx``: mcx only; ``note`` says why Megatron-LM has no equivalent.
+
+``absent`` is what Megatron-LM uses when a script leaves the argument out, in spec terms (checked
+against megatron-core 0.19.2's ``megatron/training/arguments.py`` by tests/test_interop.py). Megatron-LM's
+defaults often differ from mcx's (``--weight-decay`` 0.01 against 0.1, LayerNorm against RMSNorm), so an
+import writes them into the spec: the imported experiment is the one the script runs. ``when`` names the
+condition under which the key matters at all (fp8 settings only with fp8, MoE settings only with
+experts); outside it the absent default is not applied and the exporter leaves the argument out unless
+the spec sets a non-default value. Rows come in schema order, except that a row follows the rows it
+reads (``ffn_hidden_size`` follows ``swiglu``). docs/spec.md is generated from this table
+(mcx/interop/docgen.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from attrs import frozen
+
+Kind = Literal["value", "switch", "negated", "rule", "launcher", "mcx"]
+
+
+class Absent(enum.Enum):
+    """What an argument's absence means when no plain value says it."""
+
+    REQUIRED = "required"  # Megatron-LM needs the argument
+    DERIVED = "derived"  # Megatron-LM computes it from other arguments (see the row's note)
+    UNMATCHED = "unmatched"  # Megatron-LM's absence has no spec equivalent; the importer keeps mcx's default
+    NA = "n/a"  # not a pretrain_gpt.py argument (launcher, mcx-only and rule rows)
+
+
+REQUIRED, DERIVED, UNMATCHED, NA = Absent.REQUIRED, Absent.DERIVED, Absent.UNMATCHED, Absent.NA
+
+
+@frozen
+class Row:
+    key: str
+    kind: Kind
+    args: tuple[str, ...]
+    absent: Any
+    doc: str
+    note: str = ""
+    when: str | None = None
+
+
+def _flat_get(flat: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    return flat.get(key, default)
+
+
+# Conditions under which a key matters, over a flat {dotted.key: value} view of a spec.
+WHEN: dict[str, tuple[str, Callable[[Mapping[str, Any]], bool]]] = {
+    "rope": ('model.position_embedding_type = "rope"',
+             lambda f: _flat_get(f, "model.position_embedding_type", "rope") == "rope"),
+    "moe": ("model.num_experts is set", lambda f: _flat_get(f, "model.num_experts") is not None),
+    "fp8": ("train.precision is an fp8 precision", lambda f: str(_flat_get(f, "train.precision", "")).startswith("fp8")),
+    "full_recompute": ('train.recompute_granularity = "full"',
+                       lambda f: _flat_get(f, "train.recompute_granularity") == "full"),
+    "pipelined": ("parallel.pipeline > 1", lambda f: (_flat_get(f, "parallel.pipeline") or 1) > 1),
+    "dist_opt": ("parallel.distributed_optimizer = true", lambda f: bool(_flat_get(f, "parallel.distributed_optimizer", True))),
+    "saving": ("checkpoint.dir is set", lambda f: _flat_get(f, "checkpoint.dir") is not None),
+}
+
+
+def matters(row: Row, flat: Mapping[str, Any]) -> bool:
+    return row.when is None or WHEN[row.when][1](flat)
+
+
+def _r(key: str, kind: Kind, args: str | tuple[str, ...], absent: Any, doc: str, note: str = "",
+       when: str | None = None) -> Row:
+    return Row(key=key, kind=kind, args=(args,) if isinstance(args, str) else args, absent=absent, doc=doc,
+               note=note, when=when)
+
+
+_SMOKE = "the smoke stage is mcx's own short run before the full one"
+_TRACK = "mcx records runs to MLflow and DVC"
+
+FLAGS: tuple[Row, ...] = (
+    # ---- top level
+    _r("name", "mcx", (), NA, "Experiment name: MLflow experiment, run directory label, Slurm job name.",
+       "the export writes it as `#SBATCH --job-name`"),
+    _r("description", "mcx", (), NA, "Free text recorded with the run.", "a comment in exported scripts"),
+    # ---- model
+    _r("model.preset", "mcx", (), NA, "Published model shape from mcx/spec/presets.py; keys the spec sets win.",
+       "the export writes the preset's keys as their flags; the import names a preset when every one of its keys matches"),
+    _r("model.num_layers", "value", "--num-layers", REQUIRED, "Transformer layers."),
+    _r("model.hidden_size", "value", "--hidden-size", REQUIRED, "Hidden (model) dimension."),
+    _r("model.num_attention_heads", "value", "--num-attention-heads", REQUIRED, "Attention heads (query heads)."),
+    _r("model.num_query_groups", "rule", ("--group-query-attention", "--num-query-groups"), None,
+       "Key/value head groups for grouped-query attention; unset means multi-head attention.",
+       "both flags together; Megatron-LM ignores --num-query-groups without --group-query-attention"),
+    _r("model.kv_channels", "value", "--kv-channels", None, "Per-head dimension; unset means hidden_size / num_attention_heads."),
+    _r("model.vocab_size", "value", "--vocab-size", None, "Vocabulary size before padding; unset means the tokenizer's.",
+       "Megatron-LM reads --vocab-size only for tokenizers without a vocabulary file (NullTokenizer)"),
+    _r("model.make_vocab_size_divisible_by", "value", "--make-vocab-size-divisible-by", 128,
+       "Pad the vocabulary (embedding rows) to a multiple of this (times parallel.tensor)."),
+    _r("model.seq_length", "value", "--seq-length", REQUIRED, "Training sequence length in tokens."),
+    _r("model.max_position_embeddings", "value", "--max-position-embeddings", REQUIRED,
+       "Position table size; unset means seq_length.", "Megatron-LM requires it; the export writes seq_length when unset"),
+    _r("model.normalization", "value", "--normalization", "LayerNorm", "Normalization layer."),
+    _r("model.norm_epsilon", "value", "--norm-epsilon", 1e-5, "Epsilon of the normalization layers."),
+    _r("model.swiglu", "switch", "--swiglu", False, "SwiGLU MLP (gated SiLU); false means a GeLU MLP."),
+    _r("model.ffn_hidden_size", "value", "--ffn-hidden-size", DERIVED, "MLP hidden dimension; unset means 4 x hidden_size.",
+       "absent in a script: 4 x hidden_size, or int(8 x hidden_size / 3 / 64) x 64 with --swiglu (Megatron-LM's rule, "
+       "written into the spec); the export always writes the value when model.swiglu is true"),
+    _r("model.position_embedding_type", "rule",
+       ("--position-embedding-type", "--use-rotary-position-embeddings", "--no-position-embedding"),
+       "learned_absolute", "Position embedding: rotary, learned absolute, or none.",
+       "--use-rotary-position-embeddings (deprecated) imports as \"rope\"; --no-position-embedding is accepted with rope only"),
+    _r("model.rotary_base", "value", "--rotary-base", 10000, "RoPE base (theta).", when="rope"),
+    _r("model.rotary_percent", "value", "--rotary-percent", 1.0, "Fraction of each head's dimensions that RoPE rotates.",
+       when="rope"),
+    _r("model.untie_embeddings_and_output_weights", "switch", "--untie-embeddings-and-output-weights", False,
+       "Separate output projection instead of reusing the input embedding."),
+    _r("model.add_bias_linear", "negated", "--disable-bias-linear", True, "Biases in all linear layers."),
+    _r("model.add_qkv_bias", "switch", "--add-qkv-bias", False, "Bias in the QKV projection only (Qwen style)."),
+    _r("model.init_method_std", "value", "--init-method-std", 0.02, "Standard deviation of the weight initialisation."),
+    _r("model.hidden_dropout", "value", "--hidden-dropout", 0.1, "Dropout after attention and MLP."),
+    _r("model.attention_dropout", "value", "--attention-dropout", 0.1, "Dropout on attention probabilities."),
+    _r("model.transformer_impl", "rule", "--transformer-impl", "auto",
+       "Layer implementation: Transformer Engine, Megatron-Core's local layers, or auto (Transformer Engine when it is installed).",
+       "absent in a script imports as \"auto\" (Megatron-LM's default is transformer_engine, which auto picks wherever "
+       "Transformer Engine exists); the export leaves \"auto\" out"),
+    _r("model.num_experts", "value", "--num-experts", None, "Experts per MoE layer; unset means a dense model."),
+    _r("model.moe_router_topk", "value", "--moe-router-topk", 2, "Experts each token is routed to.", when="moe"),
+    _r("model.moe_router_load_balancing_type", "value", "--moe-router-load-balancing-type", "aux_loss",
+       "Router load balancing.", when="moe"),
+    _r("model.moe_aux_loss_coeff", "value", "--moe-aux-loss-coeff", 0.0, "Weight of the load-balancing loss.", when="moe"),
+    _r("model.moe_ffn_hidden_size", "value", "--moe-ffn-hidden-size", None,
+       "Expert MLP hidden dimension; unset means ffn_hidden_size.", when="moe"),
+    _r("model.moe_token_dispatcher_type", "value", "--moe-token-dispatcher-type", "allgather",
+       "How tokens reach their experts across expert-parallel ranks.", when="moe"),
+    _r("model.moe_grouped_gemm", "switch", "--moe-grouped-gemm", False, "Run a rank's experts as one grouped GEMM.",
+       when="moe"),
+    # ---- parallel
+    _r("parallel.tensor", "value", "--tensor-model-parallel-size", 1,
+       "Tensor-parallel degree; unset lets the planner choose.", "the export takes the planned layout's degree"),
+    _r("parallel.pipeline", "value", "--pipeline-model-parallel-size", 1,
+       "Pipeline-parallel degree; unset lets the planner choose.", "the export takes the planned layout's degree"),
+    _r("parallel.virtual_pipeline", "rule",
+       ("--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank"), 1,
+       "Virtual (interleaved) pipeline stages per pipeline rank; 1 means no interleaving; unset lets the planner choose.",
+       "--num-virtual-stages-per-pipeline-rank V imports as V; --num-layers-per-virtual-pipeline-stage L as "
+       "num_layers / pipeline / L; the export writes --num-layers-per-virtual-pipeline-stage", when="pipelined"),
+    _r("parallel.context", "value", "--context-parallel-size", 1,
+       "Context-parallel degree (sequence split across GPUs); unset lets the planner choose."),
+    _r("parallel.expert", "value", "--expert-model-parallel-size", 1,
+       "Expert-parallel degree; unset lets the planner choose.", when="moe"),
+    _r("parallel.sequence_parallel", "switch", "--sequence-parallel", False,
+       "Shard norm and dropout activations across the tensor-parallel group."),
+    _r("parallel.distributed_optimizer", "switch", "--use-distributed-optimizer", False,
+       "Shard optimizer state across data-parallel ranks (ZeRO-1)."),
+    _r("parallel.overlap_grad_reduce", "switch", "--overlap-grad-reduce", False,
+       "Overlap the gradient reduce-scatter/all-reduce with the backward pass."),
+    _r("parallel.overlap_param_gather", "switch", "--overlap-param-gather", False,
+       "Overlap the distributed optimizer's parameter all-gather with the forward pass.", when="dist_opt"),
+    # ---- train
+    _r("train.micro_batch_size", "value", "--micro-batch-size", REQUIRED, "Sequences per GPU per forward pass."),
+    _r("train.global_batch_size", "value", "--global-batch-size", DERIVED, "Sequences per optimizer step.",
+       "absent in a script: micro_batch_size x data-parallel size, as Megatron-LM computes it"),
+    _r("train.train_iters", "rule", ("--train-iters", "--train-samples"), REQUIRED, "Optimizer steps of the full stage.",
+       "--train-samples S imports as S / global_batch_size when that divides"),
+    _r("train.lr", "value", "--lr", REQUIRED, "Peak learning rate."),
+    _r("train.min_lr", "value", "--min-lr", 0.0, "Learning rate at the end of the decay."),
+    _r("train.lr_decay_style", "value", "--lr-decay-style", "linear", "Learning-rate decay shape."),
+    _r("train.lr_warmup_iters", "rule", ("--lr-warmup-iters", "--lr-warmup-fraction", "--lr-warmup-samples"), 0,
+       "Linear warmup steps.", "--lr-warmup-fraction F imports as F x the decay length; --lr-warmup-samples S as "
+       "S / global_batch_size; both only when the result is a whole number"),
+    _r("train.lr_decay_iters", "rule", ("--lr-decay-iters", "--lr-decay-samples"), None,
+       "Steps over which the learning rate decays; unset means train_iters.",
+       "--lr-decay-samples S imports as S / global_batch_size when that divides"),
+    _r("train.weight_decay", "value", "--weight-decay", 0.01, "Decoupled (AdamW) weight decay."),
+    _r("train.clip_grad", "value", "--clip-grad", 1.0, "Gradient-norm clipping threshold."),
+    _r("train.adam_beta1", "value", "--adam-beta1", 0.9, "Adam beta1."),
+    _r("train.adam_beta2", "value", "--adam-beta2", 0.999, "Adam beta2."),
+    _r("train.adam_eps", "value", "--adam-eps", 1e-8, "Adam epsilon."),
+    _r("train.precision", "rule", ("--bf16", "--fp16", "--fp8-format"), "fp32",
+       "Parameter/compute precision; the fp8 precisions run Transformer Engine fp8 GEMMs with bf16 parameters.",
+       "bf16: --bf16; fp16: --fp16; fp32: neither; fp8-hybrid: --bf16 --fp8-format hybrid; fp8-e4m3: --bf16 --fp8-format e4m3"),
+    _r("train.fp8_recipe", "value", "--fp8-recipe", "delayed", "FP8 scaling recipe.", when="fp8"),
+    _r("train.fp8_amax_history_len", "value", "--fp8-amax-history-len", 1, "Amax history window of delayed scaling.",
+       when="fp8"),
+    _r("train.fp8_amax_compute_algo", "value", "--fp8-amax-compute-algo", "most_recent",
+       "How delayed scaling picks the amax from its history.", when="fp8"),
+    _r("train.grad_reduce_in_bf16", "switch", "--grad-reduce-in-bf16", False, "Reduce gradients in bf16 instead of fp32."),
+    _r("train.recompute_granularity", "rule", ("--recompute-granularity", "--recompute-activations"), "none",
+       "Activation recomputation: none, selective (attention core) or full (whole layers).",
+       "\"none\" is the flag's absence; --recompute-activations (deprecated) imports as \"selective\""),
+    _r("train.recompute_method", "value", "--recompute-method", UNMATCHED, "How full recomputation picks layers.",
+       "Megatron-LM refuses full recomputation without it", when="full_recompute"),
+    _r("train.recompute_num_layers", "value", "--recompute-num-layers", UNMATCHED,
+       "Layers per recompute unit (uniform) or recomputed layers per stage (block).",
+       "Megatron-LM refuses full recomputation without it", when="full_recompute"),
+    _r("train.seed", "value", "--seed", 1234, "Random seed (initialisation, data order, dropout)."),
+    _r("train.deterministic", "switch", "--deterministic-mode", False,
+       "Deterministic kernels and NCCL algorithms: bitwise-reproducible runs."),
+    _r("train.eval_interval", "value", "--eval-interval", UNMATCHED, "Validate every this many steps.",
+       "absent in a script, Megatron-LM validates only after training; the import keeps mcx's default and says so"),
+    _r("train.eval_iters", "value", "--eval-iters", 100, "Validation batches per evaluation."),
+    _r("train.log_interval", "value", "--log-interval", 100, "Record training metrics every this many steps."),
+    _r("train.loss_spike_factor", "mcx", (), NA, "Stop as diverged when the loss exceeds this multiple of its recent mean.",
+       "mcx's divergence guard; Megatron-LM's --check-for-spiky-loss is a rerun check with a fixed threshold"),
+    _r("train.loss_spike_window", "mcx", (), NA, "Steps in the recent mean of the divergence guard.",
+       "mcx's divergence guard"),
+    # ---- data
+    _r("data.path", "rule", "--data-path", REQUIRED, "Prepared dataset directory (DVC-tracked), relative to the project.",
+       "--data-path DIR/PREFIX imports as path = DIR, prefix = PREFIX; blended (weighted) paths are not supported"),
+    _r("data.prefix", "rule", "--data-path", NA, "Dataset file prefix: <path>/<prefix>.bin and .idx.",
+       "the last part of --data-path"),
+    _r("data.split", "value", "--split", "969,30,1", "Train, validation and test weights."),
+    _r("data.tokenizer.kind", "rule", "--tokenizer-type", REQUIRED,
+       "Tokenizer: bpe (trained on the corpus by mcx data prepare), huggingface, sentencepiece or gpt2.",
+       "GPT2BPETokenizer <-> gpt2; HuggingFaceTokenizer <-> huggingface; GPTSentencePieceTokenizer, "
+       "SentencePieceTokenizer and Llama2Tokenizer -> sentencepiece (exported as GPTSentencePieceTokenizer); "
+       "bpe exports as HuggingFaceTokenizer with <data.path>/tokenizer.json"),
+    _r("data.tokenizer.path", "rule", ("--tokenizer-model", "--vocab-file"), None,
+       "tokenizer.json, a SentencePiece model, or a GPT-2 vocab.json.",
+       "--vocab-file for gpt2, --tokenizer-model otherwise"),
+    _r("data.tokenizer.merges", "rule", "--merge-file", None, "GPT-2 merges.txt."),
+    _r("data.tokenizer.vocab_size", "mcx", (), NA, "Vocabulary size of the BPE tokenizer mcx trains (kind = \"bpe\").",
+       "Megatron-LM does not train tokenizers"),
+    # ---- checkpoint
+    _r("checkpoint.dir", "rule", ("--save", "--load"), None, "Checkpoint directory; unset means <run dir>/checkpoints.",
+       "--save and --load must name the same directory; the export writes both"),
+    _r("checkpoint.interval", "rule", "--save-interval", 0, "Save every this many steps; 0 saves only at the end of a stage.",
+       "--save-interval >= train_iters imports as 0; the export writes train_iters for 0 (Megatron-LM requires the "
+       "flag with --save)", when="saving"),
+    _r("checkpoint.async_save", "rule", ("--async-save", "--use-persistent-ckpt-worker"), False,
+       "Write checkpoints in the background.",
+       "megatron-core 0.19 honours --async-save only with --use-persistent-ckpt-worker; the export writes both"),
+    _r("checkpoint.keep", "mcx", (), NA, "Checkpoints kept per stage (older ones are deleted).",
+       "Megatron-LM keeps every checkpoint"),
+    _r("checkpoint.track_intermediate", "mcx", (), NA, "Add intermediate checkpoints to DVC too, not only the last.", _TRACK),
+    # ---- smoke
+    _r("smoke.enabled", "mcx", (), NA, "Run the smoke stage before the full stage.", _SMOKE),
+    _r("smoke.num_layers", "mcx", (), NA, "Layers of the smoke model.", _SMOKE),
+    _r("smoke.hidden_size", "mcx", (), NA, "Hidden size of the smoke model; unset means min(model.hidden_size, 256).", _SMOKE),
+    _r("smoke.ffn_hidden_size", "mcx", (), NA, "MLP size of the smoke model; unset scales with hidden_size.", _SMOKE),
+    _r("smoke.num_attention_heads", "mcx", (), NA, "Heads of the smoke model; unset fits hidden_size and the layout.", _SMOKE),
+    _r("smoke.seq_length", "mcx", (), NA, "Sequence length of the smoke stage; unset means min(model.seq_length, 256).", _SMOKE),
+    _r("smoke.num_experts", "mcx", (), NA, "Experts of the smoke model; unset means min(model.num_experts, 4).", _SMOKE),
+    _r("smoke.train_iters", "mcx", (), NA, "Steps of the smoke stage.", _SMOKE),
+    _r("smoke.global_batch_size", "mcx", (), NA, "Global batch of the smoke stage; unset means the smallest valid for the layout.", _SMOKE),
+    _r("smoke.lr", "mcx", (), NA, "Peak learning rate of the smoke stage; unset means train.lr.", _SMOKE),
+    _r("smoke.data_fraction", "mcx", (), NA, "Fraction of the dataset the smoke stage reads.", _SMOKE),
+    _r("smoke.resume_check_iters", "mcx", (), NA, "Steps trained after a checkpoint reload to check resumption.", _SMOKE),
+    _r("smoke.loss_window", "mcx", (), NA, "Steps per window in the loss-decrease check.", _SMOKE),
+    _r("smoke.min_loss_drop", "mcx", (), NA, "Required drop of the last window's mean loss below the first window's.", _SMOKE),
+    _r("smoke.nodes", "mcx", (), NA, "Nodes of the smoke stage; unset means hardware.nodes, shrunk to fit.", _SMOKE),
+    _r("smoke.gpus_per_node", "mcx", (), NA, "GPUs per node of the smoke stage; unset means hardware.gpus_per_node.", _SMOKE),
+    _r("smoke.tensor", "mcx", (), NA, "Tensor-parallel degree of the smoke stage; unset follows the full stage, shrunk to fit.", _SMOKE),
+    _r("smoke.pipeline", "mcx", (), NA, "Pipeline-parallel degree of the smoke stage; unset follows the full stage, shrunk to fit.", _SMOKE),
+    _r("smoke.context", "mcx", (), NA, "Context-parallel degree of the smoke stage; unset follows the full stage, shrunk to fit.", _SMOKE),
+    _r("smoke.expert", "mcx", (), NA, "Expert-parallel degree of the smoke stage; unset follows the full stage, shrunk to fit.", _SMOKE),
+    # ---- hardware
+    _r("hardware.nodes", "launcher", ("torchrun --nnodes", "#SBATCH --nodes"), 1, "Nodes of the full stage."),
+    _r("hardware.gpus_per_node", "launcher", ("torchrun --nproc_per_node", "#SBATCH --gpus-per-node"), 1,
+       "GPUs (worker processes) per node.", "srun without torchrun: #SBATCH --ntasks-per-node"),
+    _r("hardware.gpu", "mcx", (), NA, "GPU model, for the planner's memory, FLOPs and cost figures.",
+       "Megatron-LM does not need it; the import leaves \"any\""),
+    # ---- launch
+    _r("launch.kind", "launcher", ("torchrun", "srun / #SBATCH"), NA, "How the worker starts: in-process, torchrun, or Slurm.",
+       "a script with #SBATCH lines or srun imports as slurm; torchrun or python -m torch.distributed.run as torchrun; "
+       "plain python as local"),
+    _r("launch.master_port", "launcher", "torchrun --master_port", NA, "Rendezvous port; unset picks a free port.",
+       "also the port of --rdzv_endpoint"),
+    _r("launch.slurm.partition", "launcher", "#SBATCH --partition", NA, "Slurm partition."),
+    _r("launch.slurm.account", "launcher", "#SBATCH --account", NA, "Slurm account."),
+    _r("launch.slurm.time", "launcher", "#SBATCH --time", NA, "Wall-clock limit per job."),
+    _r("launch.slurm.qos", "launcher", "#SBATCH --qos", NA, "Slurm quality of service."),
+    _r("launch.slurm.constraint", "launcher", "#SBATCH --constraint", NA, "Slurm node feature constraint."),
+    _r("launch.slurm.signal_grace_seconds", "launcher", "#SBATCH --signal", NA,
+       "Seconds before the time limit at which Slurm signals the job to checkpoint and requeue.",
+       "--signal=[B:]SIG@SECONDS; the export adds --exit-signal-handler"),
+    _r("launch.slurm.requeue", "launcher", ("#SBATCH --requeue", "#SBATCH --no-requeue"), NA,
+       "Requeue the job after preemption or a timeout."),
+    _r("launch.slurm.extra_sbatch", "launcher", "#SBATCH (others)", NA, "Further #SBATCH options, verbatim.",
+       "every #SBATCH option the other keys do not cover"),
+    # ---- tracking, baseline, budget
+    _r("tracking.uri", "mcx", (), NA, "MLflow tracking URI; unset means $MLFLOW_TRACKING_URI, else the embedded store.", _TRACK),
+    _r("tracking.experiment", "mcx", (), NA, "MLflow experiment; unset means the spec's name.", _TRACK),
+    _r("tracking.dvc_remote", "mcx", (), NA, "DVC remote for checkpoints and data; unset means the embedded local remote.", _TRACK),
+    _r("tracking.log_checkpoints", "mcx", (), NA, "Record checkpoints as DVC-tracked artifacts.", _TRACK),
+    _r("baseline.run", "mcx", (), NA, "Run ID or named baseline this run is compared against.",
+       "regression gates are mcx's"),
+    _r("baseline.tolerances", "mcx", (), NA, "Metric -> allowed relative increase over the baseline.",
+       "regression gates are mcx's"),
+    _r("budget.max_gpu_hours", "mcx", (), NA, "Refuse plans above this many GPU-hours without confirmation.",
+       "budgets are mcx's"),
+    _r("budget.assumed_mfu", "mcx", (), NA, "MFU assumed for time and cost estimates before anything ran.",
+       "budgets are mcx's"),
+    _r("budget.gpu_hour_price", "mcx", (), NA, "Price per GPU-hour for the cost line.", "budgets are mcx's"),
+)
+
+BY_KEY: dict[str, Row] = {row.key: row for row in FLAGS}
+
+# pretrain_gpt.py argument -> the row that owns it (value, switch and negated rows; rules name theirs).
+BY_ARG: dict[str, Row] = {arg: row for row in FLAGS if row.kind in ("value", "switch", "negated", "rule")
+                          for arg in row.args}

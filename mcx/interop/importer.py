@@ -1,0 +1,164 @@
+"""Megatron-LM launch script -> mcx spec: ``import_script`` and ``import_file``.
+
+The imported spec describes the experiment the script runs: arguments the script leaves out take
+Megatron-LM's defaults (``absent`` in mcx/interop/flags.py), which often differ from mcx's. Every
+argument lands in exactly one place: ``mapped`` (with the spec key), ``unsupported`` (with the
+reason), or ``problems`` (what could not be carried over exactly: unknown values, undecidable
+branches, values mcx cannot express). Nothing in the script is ever run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+from attrs import frozen
+
+from mcx.errors import InputError, SpecError
+from mcx.interop import flags as F
+from mcx.interop.keys import nest, spec_keys
+from mcx.interop.launcher import launcher_values
+from mcx.interop.pretrain_args import Ctx, Mapped, RULES, split_args
+from mcx.interop.script import Launch, read_script
+from mcx.spec import convert
+from mcx.spec.load import apply_preset
+from mcx.spec.presets import PRESETS
+from mcx.spec.rules import check_spec
+from mcx.spec.schema import ExperimentSpec
+
+
+@frozen
+class ImportResult:
+    spec_dict: dict[str, Any]  # the spec as TOML tables; loads with mcx.spec
+    spec: ExperimentSpec  # the same, structured and checked
+    mapped: list[Mapped]  # argument -> spec key, value, and where the value came from
+    unsupported: list[tuple[str, str]]  # (argument, reason) for arguments with no spec key
+    problems: list[str]  # what could not be carried over exactly
+
+
+def _entry_check(launch: Launch, name: str, problems: list[str]) -> None:
+    entry = launch.entry
+    if isinstance(entry, str):
+        base = entry.rsplit("/", 1)[-1]
+        if base != "pretrain_gpt.py":
+            raise InputError(f"{name} launches {base} (line {launch.line});",
+                             "mcx imports GPT pretraining scripts, which run pretrain_gpt.py.")
+    else:
+        problems.append(f"line {launch.line}: the training script is unknown ({entry.reason}); "
+                        "read as pretrain_gpt.py")
+
+
+def _infer_preset(flat: dict[str, Any]) -> str | None:
+    keys = spec_keys()
+    resolved = {k.removeprefix("model."): flat.get(k, keys[k].default) for k in keys if k.startswith("model.")}
+    for preset in sorted(PRESETS):
+        values = PRESETS[preset]
+        if all(type(resolved.get(k)) is type(v) and resolved.get(k) == v for k, v in values.items()):
+            return preset
+    return None
+
+
+def import_script(text: str, *, name: str, description: str | None = None, env: Mapping[str, str] | None = None,
+                  args: Sequence[str] = ()) -> ImportResult:
+    """Import a Megatron-LM launch script (bash) as an mcx spec.
+
+    ``name`` becomes the spec's name; ``env`` and ``args`` give what the script would take from its
+    environment and command line. Raises InputError when the script has no pretrain_gpt.py launch or
+    is not valid bash, and SpecError (with every problem) when the result is not a valid spec, e.g.
+    when a required value such as --lr only arrives at run time.
+    """
+    script = read_script(text, env=env, args=args)
+    problems = list(script.problems)
+    launch = script.launch
+    if launch is None:
+        raise InputError(f"no pretrain_gpt.py launch found in {name};",
+                         "mcx import reads the torchrun/srun/python command that starts pretrain_gpt.py; "
+                         "if it sits in another script, import that one.")
+    _entry_check(launch, name, problems)
+    unsupported: list[tuple[str, str]] = []
+    given = split_args(launch, unsupported, problems)
+    ctx = Ctx(given=given, problems=problems, line=launch.line, unsupported=unsupported)
+    launcher_values(ctx, launch, script.sbatch, unsupported)
+    ctx.flat["name"] = name
+    ctx.flat["description"] = description or "Imported from a Megatron-LM launch script by mcx import."
+    for row in F.FLAGS:
+        if row.kind in ("launcher", "mcx"):
+            continue
+        if row.kind == "rule":
+            RULES[row.key](ctx, row)
+        else:
+            ctx.plain(row)
+    preset = _infer_preset(ctx.flat)
+    flat = dict(ctx.flat)
+    if preset is not None:
+        flat = {k: v for k, v in flat.items()
+                if not (k.startswith("model.") and k.removeprefix("model.") in PRESETS[preset]
+                        and PRESETS[preset][k.removeprefix("model.")] == v)}
+        flat["model.preset"] = preset
+        ctx.mapped.append(Mapped("", "model.preset", preset, "derived: every key of the preset matches"))
+    spec_dict = nest(flat)
+    spec = _structure(spec_dict, name, problems)
+    return ImportResult(spec_dict=spec_dict, spec=spec, mapped=ctx.mapped, unsupported=unsupported, problems=problems)
+
+
+def _structure(spec_dict: dict[str, Any], name: str, problems: list[str]) -> ExperimentSpec:
+    try:
+        spec = convert.structure(apply_preset(spec_dict), ExperimentSpec, name)
+    except SpecError as exc:
+        raise SpecError([*exc.problems, *[("", p) for p in problems]], f"the spec imported from {name}") from None
+    found = check_spec(spec)
+    if found:
+        raise SpecError([*found, *[("", p) for p in problems]], f"the spec imported from {name}")
+    return spec
+
+
+def to_toml(result: ImportResult, source: str) -> str:
+    """The spec as TOML, headed by comments listing what the import could not carry over."""
+    lines = [f"# Imported from {source} by `mcx import`.", "# Check the notes below, then `mcx plan` this spec."]
+    if result.unsupported:
+        lines.append("#")
+        lines.append("# Arguments with no spec key:")
+        lines.extend(f"#   {flag}: {reason}" for flag, reason in result.unsupported)
+    if result.problems:
+        lines.append("#")
+        lines.append("# Not carried over exactly:")
+        lines.extend(f"#   {p}" for p in result.problems)
+    return "\n".join(lines) + "\n\n" + tomli_w.dumps(result.spec_dict)
+
+
+def summary(result: ImportResult) -> str:
+    """A short report for the terminal: what was mapped, what has no spec key, what to check."""
+    lines = [f"mapped {len({m.key for m in result.mapped})} spec keys"
+             + (f" (model.preset = \"{result.spec.model.preset}\")" if result.spec.model.preset else "")]
+    if result.unsupported:
+        lines.append(f"{len(result.unsupported)} arguments with no spec key:")
+        lines.extend(f"  {flag}: {reason}" for flag, reason in result.unsupported)
+    if result.problems:
+        lines.append(f"{len(result.problems)} things to check:")
+        lines.extend(f"  {p}" for p in result.problems)
+    return "\n".join(lines)
+
+
+def spec_name(path: Path) -> str:
+    """A valid spec name from a script's file name."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).lstrip("._-")[:100]
+    return name or "imported"
+
+
+def import_file(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
+                args: Sequence[str] = ()) -> tuple[str, ImportResult]:
+    """Read and import a launch script: (TOML text to write, the result). InputError if unreadable."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"launch script not found: {p};", "check the path.") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {p} ({exc.__class__.__name__});", "give a readable UTF-8 bash script.") from None
+    result = import_script(text, name=spec_name(p), description=f"Imported from the Megatron-LM script {p.name}.",
+                           env=env, args=args)
+    return to_toml(result, p.name), result

@@ -1,0 +1,575 @@
+"""Megatron-LM interop against the real components: bash runs the scripts (with recording stand-ins
+for torchrun/srun), Megatron-LM's own argument parser (megatron-core 0.19.2) reads the exported
+arguments and checks the flag table, torch's torchrun parser checks the launcher table."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import stat
+import subprocess
+import textwrap
+import warnings
+from functools import cache
+from pathlib import Path
+
+import attrs
+import pytest
+
+from mcx.errors import InputError, SpecError
+from mcx.interop import export_args, export_script, import_file, import_script, to_toml
+from mcx.interop import flags as F
+from mcx.interop.docgen import DOC, update
+from mcx.interop.importer import ImportResult
+from mcx.interop.keys import flatten, spec_keys
+from mcx.interop.launcher import slurm_time
+from mcx.interop.script import Unknown, read_script
+from mcx.interop.unmapped import DROPPED, HANDLED, TORCHRUN_HANDLED, TORCHRUN_MAPPED, TORCHRUN_SWITCHES
+from mcx.spec import load_spec, loads_spec
+from mcx.spec.schema import ExperimentSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "fixtures" / "megatron_scripts"
+FIXTURES = sorted(p.name for p in SCRIPTS.glob("*.sh"))
+SCRIPT_ARGS = {"train_gpt3_1.3b.sh": ["/data/gpt3/pile_text_document"]}
+# What Slurm would set for the sbatch fixture when bash runs it.
+SLURM_ENV = {"SLURM_NNODES": "4", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[001-004]",
+             "SLURM_JOB_NAME": "llama3-8b-fp8"}
+
+
+@cache
+def imported(name: str) -> ImportResult:
+    return import_file(SCRIPTS / name, args=SCRIPT_ARGS.get(name, ()))[1]
+
+
+# ---- real bash, with torchrun / python / srun replaced by a recorder of their argv
+
+
+@pytest.fixture(scope="module")
+def shims(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("shims")
+    rec = d / "record"
+    rec.write_text('#!/bin/bash\nprintf \'%s\\0\' "$(basename "$0")" "$@" > "$ARGV_OUT"\n')
+    rec.chmod(rec.stat().st_mode | stat.S_IEXEC)
+    for name in ("torchrun", "python", "python3", "srun"):
+        (d / name).symlink_to(rec)
+    scontrol = d / "scontrol"
+    scontrol.write_text("#!/bin/sh\necho node001\n")
+    scontrol.chmod(scontrol.stat().st_mode | stat.S_IEXEC)
+    return d
+
+
+def bash_argv(text: str, shims: Path, tmp: Path, args: list[str] = (), env: dict | None = None) -> list[str]:
+    """The argv of the first torchrun/python/srun the script runs, as bash runs it."""
+    script, out = tmp / "script.sh", tmp / "argv.bin"
+    script.write_text(text)
+    out.unlink(missing_ok=True)
+    run_env = {"PATH": f"{shims}:/usr/bin:/bin", "HOME": str(tmp), "ARGV_OUT": str(out), **(env or {})}
+    proc = subprocess.run(["bash", str(script), *args], env=run_env, capture_output=True, text=True, timeout=30)
+    assert out.exists(), f"bash launched nothing (rc {proc.returncode}): {proc.stderr}"
+    return out.read_bytes().decode().split("\0")[:-1]
+
+
+def same_words(words, argv: list[str]) -> bool:
+    """Reader's words vs bash's argv; an Unknown word stands for whatever bash had there."""
+    if len(words) != len(argv):
+        return False
+    return all(isinstance(w, Unknown) or w == a or (i == 0 and w.rsplit("/", 1)[-1] == a)
+               for i, (w, a) in enumerate(zip(words, argv)))
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_reader_sees_the_command_bash_runs(name: str, shims: Path, tmp_path: Path) -> None:
+    text = (SCRIPTS / name).read_text()
+    argv = bash_argv(text, shims, tmp_path, SCRIPT_ARGS.get(name, []), SLURM_ENV)
+    launch = read_script(text, args=SCRIPT_ARGS.get(name, ())).launch
+    assert launch is not None and same_words(launch.words, argv), (launch.words if launch else None, argv)
+
+
+SNIPPETS = {
+    "quoting": """A="two words"; B='$A'
+        torchrun pretrain_gpt.py $A "$A" '$A' $B "x${A}y" \\$A a\\ b "" $'tab\\tnew'""",
+    "arrays": """ARR=(--a 1 "--b two" --c)   # a comment, not an element
+        ARR+=(--d "4 4")
+        EMPTY=()
+        python pretrain_gpt.py ${ARR[@]} "${ARR[@]}" "${EMPTY[@]}" ${#ARR[@]} ${ARR[2]} "${ARR[*]}" $ARR""",
+    "string of args": """GPT_ARGS="--num-layers 2
+            --hidden-size 64"
+        OTHER='--x 1'
+        torchrun --nproc_per_node 2 pretrain_gpt.py $GPT_ARGS "$OTHER" ${UNSET_BUT_DEFAULT:-}""",
+    "defaults": """X=${NOT_SET:-"d e"}; Y=${X:+set}; Z=${EMPTY-}; EMPTY=""; W=${EMPTY:-w} V=${EMPTY-v}
+        : ${ASSIGNED:=given}
+        torchrun pretrain_gpt.py "$X" $Y "$Z" $W "$V" $ASSIGNED ${1:-first} "${2:-second arg}" """,
+    "arithmetic": """N=8; M=3
+        torchrun pretrain_gpt.py $((N*M)) $(( (N + 1) / 2 )) $((-7 / 2)) $((-7 % 3)) $((N ** 2)) $((N<<2)) $((M))""",
+    "conditions": """DTYPE=fp8; N=4; ARGS=()
+        if [[ "$DTYPE" == fp* && $N -gt 2 ]]; then ARGS+=(--fp8-format hybrid); elif [ -z "$N" ]; then ARGS+=(--no); else ARGS+=(--else); fi
+        if [ "$DTYPE" = bf16 ] || [ $N -eq 4 ]; then ARGS+=(--or); fi
+        [ "$N" -lt 2 ] && ARGS+=(--and) || ARGS+=(--or-else)
+        ! [[ $DTYPE =~ ^bf ]] && ARGS+=(--regex)
+        case "$DTYPE" in bf16) ARGS+=(--bf16) ;; fp8|fp16) ARGS+=(--fp) ;; *) ARGS+=(--other) ;; esac
+        torchrun pretrain_gpt.py ${ARGS[@]}""",
+    "functions and continuations": """launch() {
+            local extra="--seed $1"
+            torchrun --nnodes=1 pretrain_gpt.py \\
+                --lr 1e-4 \\
+                $extra "$@"   # trailing comment \\
+        }
+        cat <<EOF > /dev/null
+        torchrun pretrain_gpt.py --not-this-one
+        EOF
+        launch 42 --last""",
+    "bash -c under srun": """export PORT=6001
+        srun -N 2 --ntasks-per-node=1 bash -c "torchrun --master_port $PORT pretrain_gpt.py --lr 2e-4" | tee log""",
+    "python -m torch.distributed.run": """python -u -m torch.distributed.run --nproc-per-node=4 pretrain_gpt.py --lr=1e-3 2>&1""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SNIPPETS))
+def test_reader_agrees_with_bash_on_shell_features(name: str, shims: Path, tmp_path: Path) -> None:
+    text = "#!/bin/bash\n" + textwrap.dedent("        " + SNIPPETS[name])
+    argv = bash_argv(text, shims, tmp_path)
+    script = read_script(text)
+    assert script.launch is not None
+    words = list(script.launch.words)
+    if name == "bash -c under srun":  # bash records srun's argv; the reader looks inside the bash -c string
+        assert argv[:5] == ["srun", "-N", "2", "--ntasks-per-node=1", "bash"]
+        inner = read_script(argv[-1], env={"PORT": "6001"}).launch
+        assert inner is not None and list(inner.words) == words
+        assert script.launch.srun == (("-N", "2"), ("--ntasks-per-node", "1"))
+        return
+    assert all(isinstance(w, str) for w in words), words
+    assert same_words(words, argv), (words, argv)
+
+
+def test_reader_marks_what_only_running_could_tell() -> None:
+    script = read_script(textwrap.dedent("""\
+        MASTER_ADDR=$(hostname)
+        CKPT=$CHECKPOINT_DIR/run
+        if [ -f /etc/cluster ]; then DATA=/fast/data; fi
+        if command -v nvidia-smi; then torchrun pretrain_gpt.py --lr 1; fi
+        for i in 1 2; do EXTRA=--seed; done
+        torchrun --master_addr $MASTER_ADDR pretrain_gpt.py --save $CKPT --data-path $DATA $EXTRA --lr 2
+        """))
+    launch = script.launch
+    assert launch is not None and launch.line == 6
+    unknown = {w.reason.split(" ")[0] for w in launch.words if isinstance(w, Unknown)}
+    assert unknown == {"$(hostname)", "$CHECKPOINT_DIR", "DATA", "EXTRA"}  # EXTRA: assigned in a loop body
+    assert launch.words[-2:] == ("--lr", "2")
+    text = "\n".join(script.problems)
+    assert "line 4: a launch command inside the `if` at line 4 is not imported" in text
+
+
+def test_reader_runs_nothing(tmp_path: Path) -> None:
+    marks = [tmp_path / f"m{i}" for i in range(4)]
+    read_script(f"touch {marks[0]}\nX=$(touch {marks[1]})\nY=`touch {marks[2]}`\n"
+                f"bash -c 'touch {marks[3]}'\ntorchrun pretrain_gpt.py --lr 1\n")
+    assert not any(m.exists() for m in marks)
+
+
+def test_syntax_errors_name_the_line() -> None:
+    with pytest.raises(InputError, match="line 3: unterminated double quote"):
+        read_script('A=1\nB=2\nC="oops\n')
+    with pytest.raises(InputError, match="'if' is never closed"):
+        import_script("if true; then\n torchrun pretrain_gpt.py\n", name="x")
+
+
+def test_arithmetic_matches_bash(shims: Path, tmp_path: Path) -> None:
+    exprs = ["1+2*3", "(1+2)*3", "17/5", "-17/5", "17%-5", "-17%5", "2**10", "1<<4|1", "7^2&3", "~5", "X*Y-1"]
+    text = "X=6; Y=7\ntorchrun pretrain_gpt.py " + " ".join(f"$(({e}))" for e in exprs)
+    assert list(read_script(text).launch.args) == bash_argv(text, shims, tmp_path)[2:]
+    assert isinstance(read_script("torchrun pretrain_gpt.py $((1/0)) $((x++))").launch.args[0], Unknown)
+
+
+def test_sbatch_header() -> None:
+    script = read_script("#!/bin/bash\n#SBATCH -N 2\n#SBATCH --partition=gpu -t 90\n#SBATCH --exclusive # whole nodes\n"
+                         "echo hi\n#SBATCH --nodes=9\nsrun torchrun --nnodes $SLURM_NNODES pretrain_gpt.py\n")
+    assert script.sbatch == (("--nodes", "2"), ("--partition", "gpu"), ("--time", "90"), ("--exclusive", None))
+    assert script.launch.torchrun == (("--nnodes", "2"),)
+    assert any("ignored by sbatch" in p for p in script.problems)
+    assert [slurm_time(t) for t in ("90", "90:30", "1:02:03", "2-0", "1-12:30", "UNLIMITED")] == [
+        "01:30:00", "01:30:30", "01:02:03", "2-00:00:00", "1-12:30:00", None]
+
+
+# ---- the flag table
+
+
+def test_every_schema_key_has_exactly_one_row() -> None:
+    rows = [row.key for row in F.FLAGS]
+    assert len(rows) == len(set(rows))
+    assert set(rows) == set(spec_keys())
+
+
+def test_rows_are_well_formed() -> None:
+    for row in F.FLAGS:
+        assert row.doc.strip(), row.key
+        if row.kind == "mcx":
+            assert not row.args and row.note.strip(), f"{row.key}: mcx-only rows give the reason"
+        else:
+            assert row.args, row.key
+        if row.kind in ("value", "switch", "negated"):
+            assert len(row.args) == 1 and row.args[0].startswith("--"), row.key
+        if row.kind in ("switch", "negated"):
+            assert spec_keys()[row.key].base is bool, row.key
+        assert row.when is None or row.when in F.WHEN, row.key
+    assert set(F.BY_ARG).isdisjoint(HANDLED) and set(F.BY_ARG).isdisjoint(DROPPED)
+    assert set(HANDLED).isdisjoint(DROPPED)
+
+
+@pytest.fixture(scope="module")
+def megatron() -> argparse.ArgumentParser:
+    """Megatron-LM's own pretrain_gpt.py argument parser (megatron-core 0.19.2)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.training.arguments import add_megatron_arguments
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_megatron_arguments(parser)
+    return parser
+
+
+def test_every_argument_in_the_tables_exists_in_megatron(megatron: argparse.ArgumentParser) -> None:
+    options = megatron._option_string_actions
+    pretrain = [a for row in F.FLAGS if row.kind not in ("launcher", "mcx") for a in row.args]
+    missing = [a for a in [*pretrain, *HANDLED, *DROPPED] if a not in options]
+    assert not missing
+
+
+# Where the table's "absent" differs from the parser's default on purpose:
+_ABSENT_EXCEPTIONS = {
+    "data.split": "Megatron-LM's validate_args sets '969, 30, 1' when --split is absent",
+    "model.max_position_embeddings": "required by validate_args; the parser has no default",
+}
+
+
+def test_absent_values_are_megatrons_defaults(megatron: argparse.ArgumentParser) -> None:
+    options = megatron._option_string_actions
+    for row in F.FLAGS:
+        if row.kind not in ("value", "switch", "negated") or row.key in _ABSENT_EXCEPTIONS:
+            continue
+        default = options[row.args[0]].default
+        if row.absent in (F.REQUIRED, F.DERIVED, F.UNMATCHED):
+            assert default is None, (row.key, default)
+        else:
+            assert default == row.absent and type(default) is type(row.absent), (row.key, default, row.absent)
+    assert not options["--bf16"].default and not options["--fp16"].default  # train.precision: fp32
+    assert options["--position-embedding-type"].default == F.BY_KEY["model.position_embedding_type"].absent
+    assert options["--transformer-impl"].default == "transformer_engine"  # imported as "auto": see the row's note
+    for flag in ("--num-layers-per-virtual-pipeline-stage", "--recompute-granularity", "--save-interval",
+                 "--train-iters", "--lr-decay-iters", "--tokenizer-type", "--data-path", "--save"):
+        assert options[flag].default is None, flag
+    assert options["--lr-warmup-iters"].default == 0 and options["--async-save"].default is False
+
+
+def test_spec_choices_are_megatron_choices(megatron: argparse.ArgumentParser) -> None:
+    options = megatron._option_string_actions
+    passed_through = {"model.position_embedding_type", "model.transformer_impl", "train.recompute_granularity"}
+    for row in F.FLAGS:
+        choices = spec_keys()[row.key].choices
+        if (row.kind == "value" or row.key in passed_through) and choices and options[row.args[0]].choices:
+            extra = set(choices) - set(options[row.args[0]].choices) - {"auto", "none"}
+            assert not extra, (row.key, extra)
+
+
+def test_torchrun_tables_match_torch() -> None:
+    from torch.distributed.run import get_args_parser
+
+    actions = get_args_parser()._actions
+    options = {"--" + o[2:].replace("_", "-") if o.startswith("--") else o for a in actions for o in a.option_strings}
+    assert set(TORCHRUN_MAPPED) | set(TORCHRUN_HANDLED) <= options
+    switches = {o for a in actions if a.nargs == 0 for o in a.option_strings} - {"-h", "--help"}
+    assert {"--" + s[2:].replace("_", "-") if s.startswith("--") else s for s in switches} == set(TORCHRUN_SWITCHES)
+
+
+# ---- importing the fixtures
+
+
+def test_llama3_70b_3d_parallel() -> None:
+    r = imported("train_llama3_70b_3d.sh")
+    s = r.spec
+    assert s.model.preset == "llama3-70b" and r.spec_dict["model"]["preset"] == "llama3-70b"
+    assert (s.model.num_layers, s.model.hidden_size, s.model.num_query_groups, s.model.ffn_hidden_size) == (80, 8192, 8, 28672)
+    p = s.parallel
+    assert (p.tensor, p.pipeline, p.virtual_pipeline, p.context) == (8, 4, 4, 1)
+    assert p.sequence_parallel and p.distributed_optimizer and p.overlap_grad_reduce and p.overlap_param_gather
+    assert (s.train.precision, s.train.recompute_granularity, s.train.global_batch_size) == ("bf16", "selective", 1024)
+    assert s.data.path == "/lustre/data/dclm" and s.data.prefix == "dclm_text_document"
+    assert s.data.tokenizer.kind == "huggingface"
+    assert s.data.tokenizer.path == "/lustre/tokenizers/Meta-Llama-3-70B/tokenizer.json"
+    assert (s.checkpoint.dir, s.checkpoint.interval, s.checkpoint.async_save) == ("/lustre/checkpoints/llama3-70b", 1000, True)
+    assert (s.hardware.nodes, s.hardware.gpus_per_node, s.launch.kind, s.launch.master_port) == (8, 8, "torchrun", 6000)
+    reasons = dict(r.unsupported)
+    assert "SDPA" in reasons["--use-flash-attn"] and reasons["--use-mcore-models"] == "always Megatron-Core models"
+    assert "MLflow" in reasons["--tensorboard-dir"] and "torchrun --master-addr" in reasons
+    assert r.problems == []
+
+
+def test_mixtral_8x7b_moe() -> None:
+    r = imported("train_mixtral_8x7b_ep.sh")
+    m, p = r.spec.model, r.spec.parallel
+    assert (m.num_experts, m.moe_router_topk, m.moe_router_load_balancing_type, m.moe_aux_loss_coeff) == (8, 2, "aux_loss", 0.01)
+    assert (m.moe_token_dispatcher_type, m.moe_grouped_gemm, m.moe_ffn_hidden_size) == ("alltoall", True, None)
+    assert (p.tensor, p.pipeline, p.expert, p.sequence_parallel) == (2, 4, 8, True)
+    assert p.virtual_pipeline == 1  # pipelined without --num-layers-per-virtual-pipeline-stage: no interleaving
+    assert (m.rotary_base, m.max_position_embeddings, m.init_method_std) == (1000000, 32768, 0.01)
+    assert r.spec.data.tokenizer.kind == "sentencepiece"
+    assert r.spec.train.adam_beta2 == 0.999  # the script leaves --adam-beta2 out: Megatron-LM's default, not mcx's 0.95
+    assert r.spec.train.lr_decay_iters == 320000
+    assert dict(r.unsupported)["--no-position-embedding"] == "no effect with rotary embeddings"
+    assert len(r.problems) == 1 and "may add to LOGGING_ARGS" in r.problems[0]
+
+
+def test_gpt3_style_gelu_layernorm_gpt2_tokenizer() -> None:
+    r = imported("train_gpt3_1.3b.sh")
+    m = r.spec.model
+    assert (m.normalization, m.swiglu, m.position_embedding_type) == ("LayerNorm", False, "learned_absolute")
+    assert (m.untie_embeddings_and_output_weights, m.add_bias_linear, m.ffn_hidden_size) == (False, True, None)
+    assert (m.hidden_dropout, m.attention_dropout) == (0.1, 0.1)
+    tok = r.spec.data.tokenizer
+    assert (tok.kind, tok.path, tok.merges) == ("gpt2", "data/gpt2-vocab.json", "data/gpt2-merges.txt")
+    t = r.spec.train
+    assert (t.precision, t.lr_warmup_iters, t.lr_decay_iters, t.micro_batch_size) == ("fp16", 2600, 260000, 4)
+    assert (r.spec.parallel.distributed_optimizer, r.spec.launch.kind) == (False, "torchrun")
+    assert dict(r.unsupported)["--rampup-batch-size"] == "mcx trains with a constant train.global_batch_size"
+    warmup = next(x for x in r.mapped if x.key == "train.lr_warmup_iters")
+    assert (warmup.flag, warmup.origin) == ("--lr-warmup-fraction", "derived: 0.01 x 260000 decay steps")
+
+
+def test_a_missing_required_value_is_one_error_with_every_problem() -> None:
+    with pytest.raises(SpecError) as err:
+        import_file(SCRIPTS / "train_gpt3_1.3b.sh")  # without DATA_PATH, its $1
+    text = str(err.value)
+    assert "data.path: required key is missing" in text
+    assert "--data-path: $1 is the script's argument 1" in text
+    assert "$1 is the script's argument 1, and none was given to mcx import" in text
+
+
+def test_slurm_sbatch_fp8() -> None:
+    r = imported("sbatch_llama3_8b_fp8.sh")
+    s = r.spec
+    sl = s.launch.slurm
+    assert (s.launch.kind, s.hardware.nodes, s.hardware.gpus_per_node) == ("slurm", 4, 8)
+    assert (sl.partition, sl.account, sl.qos, sl.time) == ("gpu", "llm-pretrain", "high", "2-00:00:00")
+    assert (sl.signal_grace_seconds, sl.requeue, sl.extra_sbatch) == (300, True, ("--cpus-per-task=96", "--exclusive"))
+    t = s.train
+    assert (t.precision, t.fp8_recipe, t.fp8_amax_history_len, t.fp8_amax_compute_algo) == ("fp8-hybrid", "delayed", 1024, "max")
+    assert (t.recompute_granularity, t.recompute_method, t.recompute_num_layers) == ("full", "uniform", 1)
+    assert (t.train_iters, t.lr_decay_iters, t.lr_warmup_iters, t.grad_reduce_in_bf16) == (15259, 15228, 30, True)
+    assert (s.parallel.tensor, s.parallel.context, s.parallel.pipeline, s.parallel.virtual_pipeline) == (2, 2, 1, None)
+    assert s.checkpoint.dir == "/shared/checkpoints/llama3-8b-fp8"  # $SLURM_JOB_NAME from #SBATCH --job-name
+    assert s.launch.master_port is None  # the rendezvous endpoint holds $(scontrol ...): unknown without running
+    reasons = dict(r.unsupported)
+    assert "#SBATCH --output" in reasons and "torchrun --rdzv-endpoint" in reasons and "--exit-signal" in reasons
+    assert r.problems == []
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_every_argument_is_mapped_or_reported(name: str) -> None:
+    r = imported(name)
+    launch = read_script((SCRIPTS / name).read_text(), args=SCRIPT_ARGS.get(name, ())).launch
+    flags = {w.split("=")[0] for w in launch.args if isinstance(w, str) and w.startswith("--")}
+    reported = {flag for flag, _ in r.unsupported}
+    assert flags <= set(F.BY_ARG) | reported
+    assert not (flags & reported) - set(HANDLED) - set(DROPPED) - {"--no-position-embedding"}
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_imported_toml_loads_with_mcx_spec(name: str, tmp_path: Path) -> None:
+    text, result = import_file(SCRIPTS / name, args=SCRIPT_ARGS.get(name, ()))
+    path = tmp_path / "spec.toml"
+    path.write_text(text)
+    assert load_spec(path) == result.spec
+    assert text.startswith(f"# Imported from {name} by `mcx import`.")
+
+
+# ---- round trip and export
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_round_trip_import_export_import(name: str) -> None:
+    first = imported(name)
+    script = export_script(first.spec)
+    again = import_script(script, name=first.spec.name, description=first.spec.description)
+    assert again.spec == first.spec
+    assert again.problems == []
+    assert export_args(again.spec) == export_args(first.spec)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_exported_script_runs_the_exported_args(name: str, shims: Path, tmp_path: Path) -> None:
+    spec = imported(name).spec
+    assert subprocess.run(["bash", "-n"], input=export_script(spec), text=True).returncode == 0
+    argv = bash_argv(export_script(spec), shims, tmp_path, env={**SLURM_ENV, "NODE_RANK": "0", "MASTER_ADDR": "n0"})
+    args = export_args(spec)
+    if spec.launch.kind == "slurm":
+        assert argv[:2] == ["srun", "torchrun"] and argv[-1] == "--exit-signal-handler"
+        argv = argv[1:-1]
+    start = argv.index("pretrain_gpt.py") + 1
+    assert argv[start:] == args
+    dist = dict(zip(argv[1:start - 1:2], argv[2:start - 1:2]))
+    assert dist["--nproc_per_node"] == str(spec.hardware.gpus_per_node)
+    assert dist["--nnodes"] == str(spec.hardware.nodes)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_megatron_reads_the_exported_args_as_the_spec(name: str, megatron: argparse.ArgumentParser) -> None:
+    spec = imported(name).spec
+    ns = megatron.parse_args(export_args(spec))
+    values = {f"{a.name}": getattr(spec, a.name) for a in attrs.fields(ExperimentSpec)}
+    options = megatron._option_string_actions
+    args = export_args(spec)
+    for row in F.FLAGS:
+        section, _, field = row.key.partition(".")
+        if row.kind not in ("value", "switch", "negated") or "." in field or not set(row.args) & set(args):
+            continue
+        want = getattr(values[section], field)
+        got = getattr(ns, options[row.args[0]].dest)
+        got = got[0] if isinstance(got, list) and len(got) == 1 else got  # nargs="+" (per layer type)
+        assert got == want, (row.key, got, want)
+    for row in F.FLAGS:  # what the export leaves out, Megatron-LM's default makes equal (or it does not matter)
+        section, _, field = row.key.partition(".")
+        if row.kind in ("switch", "negated") and "." not in field and not set(row.args) & set(args):
+            got = getattr(ns, options[row.args[0]].dest)
+            assert got == getattr(values[section], field) or not F.matters(row, flatten(spec)), row.key
+    m, p, t = spec.model, spec.parallel, spec.train
+    assert ns.bf16 == (t.precision in ("bf16", "fp8-hybrid", "fp8-e4m3")) and ns.fp16 == (t.precision == "fp16")
+    assert ns.fp8 == {"fp8-hybrid": "hybrid", "fp8-e4m3": "e4m3"}.get(t.precision)
+    assert ns.position_embedding_type == m.position_embedding_type
+    assert ns.group_query_attention == (m.num_query_groups is not None)
+    if p.virtual_pipeline and p.virtual_pipeline > 1:
+        assert ns.num_layers_per_virtual_pipeline_stage * p.pipeline * p.virtual_pipeline == m.num_layers
+    assert ns.data_path == [f"{spec.data.path}/{spec.data.prefix}"]
+    assert ns.recompute_granularity == (None if t.recompute_granularity == "none" else t.recompute_granularity)
+    assert (ns.save, ns.load, ns.async_save) == (spec.checkpoint.dir, spec.checkpoint.dir, spec.checkpoint.async_save)
+    assert ns.train_iters == t.train_iters and ns.lr_warmup_iters == t.lr_warmup_iters
+    assert ns.tokenizer_type == {"gpt2": "GPT2BPETokenizer", "huggingface": "HuggingFaceTokenizer",
+                                 "sentencepiece": "GPTSentencePieceTokenizer"}[spec.data.tokenizer.kind]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixtures_are_valid_megatron_commands(name: str, megatron: argparse.ArgumentParser) -> None:
+    launch = read_script((SCRIPTS / name).read_text(), args=SCRIPT_ARGS.get(name, ())).launch
+    megatron.parse_args([str(w) for w in launch.args])
+
+
+def _spec(text: str) -> ExperimentSpec:
+    return loads_spec(textwrap.dedent(text))
+
+
+_BASE = """
+    name = "t"
+    [model]
+    num_layers = 4
+    hidden_size = 256
+    num_attention_heads = 4
+    seq_length = 128
+    [train]
+    global_batch_size = 8
+    train_iters = 10
+    lr = 1e-3
+    [data]
+    path = "data/my data"
+    prefix = "it's $HOME"
+"""
+
+
+def test_export_needs_the_layout_for_open_degrees() -> None:
+    spec = _spec(_BASE)
+    with pytest.raises(InputError, match="parallel.tensor, parallel.pipeline, parallel.context are unset"):
+        export_args(spec)
+    args = export_args(spec, {"tp": 2, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": 4, "world_size": 8,
+                              "sequence_parallel": True})
+    assert args[args.index("--tensor-model-parallel-size") + 1] == "2" and "--sequence-parallel" in args
+    ffn = args.index("--ffn-hidden-size")  # mcx's unset ffn is 4 x hidden; with --swiglu Megatron-LM would pick 8/3
+    assert args[ffn + 1] == "1024" and "--swiglu" in args
+    tok = args.index("--tokenizer-type")  # a BPE from mcx data prepare: its tokenizer.json is in the dataset directory
+    assert args[tok:tok + 4] == ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "data/my data"]
+
+
+def test_export_script_quotes_every_value(shims: Path, tmp_path: Path) -> None:
+    spec = _spec(_BASE + '[parallel]\ntensor = 1\npipeline = 1\ncontext = 1\n')
+    argv = bash_argv(export_script(spec), shims, tmp_path)
+    assert argv[argv.index("--data-path") + 1] == "data/my data/it's $HOME"
+
+
+def test_export_rejects_uneven_virtual_pipeline() -> None:
+    spec = _spec(_BASE + "[parallel]\ntensor = 1\npipeline = 2\nvirtual_pipeline = 3\ncontext = 1\n")
+    with pytest.raises(InputError, match="parallel.virtual_pipeline=3"):
+        export_args(spec)
+
+
+# ---- argument forms the fixtures do not cover
+
+
+def _mini(args: str, launcher: str = "torchrun --nproc_per_node 8", pre: str = "") -> ImportResult:
+    base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
+            "--micro-batch-size 1 --train-iters 10 --lr 1e-3 --data-path data/c_text_document "
+            "--tokenizer-type GPT2BPETokenizer --vocab-file v.json --merge-file m.txt ")
+    return import_script(f"{pre}\n{launcher} pretrain_gpt.py {base}{args}\n", name="mini")
+
+
+def test_argument_forms() -> None:
+    r = _mini("--lr=3e-4 --seed 1 --seed 2 --use-rotary-position-embeddings --recompute-activations "
+              "--pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2")
+    t = r.spec.train
+    assert (t.lr, t.seed, t.recompute_granularity) == (3e-4, 2, "selective")
+    assert r.spec.model.position_embedding_type == "rope" and r.spec.parallel.virtual_pipeline == 2
+    assert r.spec.train.global_batch_size == 4  # micro-batch 1 x data-parallel 8 / pipeline 2, as Megatron-LM
+    assert r.spec.model.rotary_base == 10000 and r.spec.hardware.gpus_per_node == 8
+
+
+def test_what_cannot_be_carried_over_is_reported() -> None:
+    r = _mini("--num-query-groups 2 --lr-warmup-fraction 0.33 --optimizer sgd --frobnicate 3 --fp16 "
+              "--fp8-format hybrid --data-path 0.7 a/x 0.3 b/y --position-embedding-type yarn",
+              launcher="torchrun --nproc_per_node gpu")
+    text = "\n".join(r.problems)
+    assert "--num-query-groups 2 without --group-query-attention is ignored" in text
+    assert "3.3 warmup steps, not whole; train.lr_warmup_iters = 3" in text
+    assert "mcx's fp8 precisions keep bf16 parameters" in text
+    assert "--data-path blends 2 datasets; mcx trains on one: imported 'a/x' only" in text
+    assert "--position-embedding-type yarn: mcx supports" in text
+    assert "torchrun --nproc-per-node gpu is not a fixed positive count" in text
+    reasons = dict(r.unsupported)
+    assert reasons["--optimizer"] == "sgd: mcx trains with Adam (decoupled weight decay) only"
+    assert reasons["--frobnicate"].startswith("not in mcx's flag table")
+    assert (r.spec.model.num_query_groups, r.spec.data.path, r.spec.train.precision) == (None, "a", "fp8-hybrid")
+
+
+def test_not_a_gpt_launch() -> None:
+    with pytest.raises(InputError, match="no pretrain_gpt.py launch found"):
+        import_script("echo training\npython train.py --lr 1\n", name="x")
+    with pytest.raises(InputError, match="launches pretrain_bert.py"):
+        import_script("torchrun pretrain_bert.py --lr 1\n", name="x")
+
+
+def test_import_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not found"):
+        import_file(tmp_path / "nope.sh")
+    with pytest.raises(InputError, match="cannot read"):
+        import_file(tmp_path)
+    (tmp_path / "bin.sh").write_bytes(b"\xff\xfe\x00torchrun")
+    with pytest.raises(InputError, match="UTF-8"):
+        import_file(tmp_path / "bin.sh")
+
+
+def test_toml_header_lists_what_did_not_map() -> None:
+    r = imported("train_gpt3_1.3b.sh")
+    text = to_toml(r, "train_gpt3_1.3b.sh")
+    assert "#   --rampup-batch-size: mcx trains with a constant train.global_batch_size" in text
+    assert loads_spec(text) == r.spec
+
+
+# ---- docs
+
+
+def test_docs_spec_is_generated_from_the_table() -> None:
+    text = DOC.read_text()
+    assert update(text) == text, "docs/spec.md is out of date: run python -m mcx.interop.docgen"
+    for key in spec_keys():
+        assert f"| `{key}` |" in text, key
+
+
+def test_interop_stays_off_torch_and_megatron() -> None:
+    code = ("import sys, mcx.interop, mcx.interop.docgen; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'mlflow', 'dvc')]; "
+            "assert not bad, bad")
+    subprocess.run([os.sys.executable, "-c", code], check=True, cwd=ROOT)
