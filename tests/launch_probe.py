@@ -67,6 +67,7 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 
 def main() -> int:
+    inherited = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, on_term)
     stage = Path(sys.argv[1])
     job = json.loads((stage / "job.json").read_text())
@@ -122,6 +123,7 @@ def main() -> int:
                 "error": "fail_at_step reached" if status == "failed" else None,
                 "world_size": world,
                 "term_signals": term_signals,
+                "term_inherited": getattr(inherited, "name", str(inherited)),
                 "allreduce": reduced,
                 "env": {k: os.environ.get(k) for k in ENV_REPORTED},
                 "argv": sys.argv[1:],

@@ -378,6 +378,7 @@ def test_torchrun_two_cpu_processes_all_reduce_and_rank0_writes_the_result(tmp_p
     assert outcome.state == "finished", (outcome.detail, (tmp_path / "launch.log").read_text())
     assert outcome.result["world_size"] == 2
     assert outcome.result["allreduce"] == 3.0  # 1 + 2: both ranks joined the gloo group
+    assert outcome.result["term_inherited"] == "SIG_DFL"  # the agent's SIGTERM handler is not inherited
     assert outcome.result["env"]["OMP_NUM_THREADS"] == omp_threads(2)
     assert outcome.result["env"]["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert metric_steps(stage_dir) == [1, 2, 3]

@@ -7,6 +7,7 @@ sbatch and follows the job to its end: completion, scancel, time limit, requeue 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -30,13 +31,23 @@ def _cluster_answers() -> bool:
         return False
 
 
+CLUSTER_UP = _cluster_answers()
+# In CI the cluster is part of the test environment: its absence fails these tests, not skips them.
+REQUIRED = bool(os.environ.get("CI"))
+
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.skipif(
-        not _cluster_answers(),
+        not CLUSTER_UP and not REQUIRED,
         reason="no Slurm cluster answers `sinfo`: start the local one with `bash .ci/slurm.sh` (as root)",
     ),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _cluster_required() -> None:
+    if not CLUSTER_UP:
+        pytest.fail("CI is set but no Slurm cluster answers `sinfo`: `bash .ci/slurm.sh start` failed (see its output)")
 
 TESTS = Path(__file__).resolve().parent
 PROBE_ENV = {"PYTHONPATH": str(TESTS)}
@@ -126,6 +137,7 @@ def test_two_processes_complete_through_sbatch_with_hostile_values(tmp_path: Pat
     assert outcome.state == "finished", (outcome.detail, handle.log.read_text())
     assert outcome.job_id == handle.job_id and outcome.exit_code == 0 and outcome.restarts == 0
     assert outcome.result["world_size"] == 2 and outcome.result["allreduce"] == 3.0
+    assert outcome.result["term_inherited"] == "SIG_DFL"
     assert outcome.result["argv"] == [str(stage_dir)]
     assert outcome.result["env"]["MCX_PROBE_VALUE"] == HOSTILE
     assert outcome.result["env"]["PYTHONHASHSEED"] == "0"

@@ -154,5 +154,5 @@ def worker_said(result: Mapping[str, Any] | None) -> str:
         return ""
     parts = [f"the worker reported status {result.get('status')!r} after {result.get('steps')} steps"]
     if result.get("error"):
-        parts.append(f"error: {result['error']}")
+        parts.append(f"error: {str(result['error']).rstrip('.')}")
     return "; ".join(parts) + "."

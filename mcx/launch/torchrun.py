@@ -1,10 +1,11 @@
 """One node, one worker process per GPU (or ``world_size`` CPU processes), through torchrun.
 
-The agent (``python -m torch.distributed.run``) runs with SIGTERM ignored and without its own
-SIGTERM handler: on SIGTERM torchrun would re-signal the workers and SIGKILL them 30 s later,
+The agent (torch.distributed.run) runs with a SIGTERM handler that does nothing, and without
+torchrun's own: on SIGTERM torchrun would re-signal the workers and SIGKILL them 30 s later,
 cutting a large checkpoint short. The signal goes to the workers instead (here from the control
 plane, under Slurm from slurmstepd, which signals every process of the step); the agent exits
-when they do. Workers install their own SIGTERM handler, which replaces the inherited "ignore".
+when they do. A Python handler, unlike SIG_IGN, is not inherited across exec: the workers start
+with the default SIGTERM action until they install their own handler.
 """
 
 from __future__ import annotations
@@ -25,9 +26,13 @@ from mcx.launch.local import WORKER_MODULE
 from mcx.launch.process import ProcessHandle, child_pids
 from mcx.spec.schema import LaunchSpec
 
-# Runs "$@" with SIGTERM ignored; the ignore survives exec (POSIX), the handler of a shell trap
-# would not.
-IGNORE_SIGTERM = ["/bin/sh", "-c", 'trap "" TERM; exec "$@"', "mcx-agent"]
+# ``python -c AGENT -- TORCHRUN ARGS``: torchrun whose SIGTERM does nothing (see the module doc).
+AGENT = (
+    "import runpy, signal, sys; "
+    "signal.signal(signal.SIGTERM, lambda signum, frame: None); "
+    "sys.argv[0] = 'torchrun'; "
+    "runpy.run_module('torch.distributed.run', run_name='__main__', alter_sys=True)"
+)
 # Every signal torchrun handles by default except SIGTERM.
 AGENT_SIGNALS = "SIGINT,SIGHUP,SIGQUIT"
 
@@ -52,10 +57,9 @@ def torchrun_argv(
     """The torchrun command for one node's agent (c10d rendezvous at ``endpoint``), no restarts:
     a failed worker fails the launch, and mcx resumes from the last checkpoint instead."""
     return [
-        *IGNORE_SIGTERM,
         python,
-        "-m",
-        "torch.distributed.run",
+        "-c",
+        AGENT,
         "--nnodes",
         str(nnodes),
         "--nproc-per-node",
