@@ -121,6 +121,21 @@ def test_metrics_file_nulls_nans_and_an_unfinished_last_line(tmp_path: Path) -> 
     assert len(notes) == 1 and "unfinished last line 3" in notes[0]
 
 
+def test_fast_and_standard_parsers_give_the_same_curves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcx.report import metricsfile
+
+    path = write_run(tmp_path, "aaaa1111bbbb", steps=200, mfu=None) / "full" / "metrics.jsonl"
+    fast, notes = read_metrics(path)
+    monkeypatch.setattr(metricsfile, "_fast_loads", json.loads)
+    slow, _ = read_metrics(path)
+    assert notes == [] and "train/mfu" not in fast  # every mfu was null
+    assert {k: (list(c.steps), list(c.values)) for k, c in fast.items()} == \
+           {k: (list(c.steps), list(c.values)) for k, c in slow.items()}
+    assert sorted(fast) == ["test/loss", "test/ppl", "train/grad_norm", "train/loss", "train/lr",
+                            "train/mem_peak_bytes", "train/step_time_s", "train/tflops_per_gpu", "train/time",
+                            "train/tokens_per_s_per_gpu", "valid/loss", "valid/ppl"]
+
+
 def test_metrics_file_damaged_in_the_middle_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"kind": "train", "step": 1, "loss": 2.0}\n{oops\n{"kind": "train", "step": 3, "loss": 1.0}\n')
@@ -191,6 +206,9 @@ def test_summaries_window_the_train_loss_and_skip_warmup() -> None:
     assert s["mfu"] is None and s["valid_loss"] is None
     spiky = RunData(run_id="s", name="s", curves={"train/loss": curve(steps, [3.0] * 100 + [0.1] + [3.0] * 99)})
     assert summarize(spiky)["train_loss_best"] == pytest.approx((9 * 3.0 + 0.1) / 10)  # one lucky batch is not "best"
+    diverged = RunData(run_id="d", name="d", curves={"train/loss": curve(steps, [3.0] * 50 + [2.0] * 100 + [math.nan] * 50)})
+    d = summarize(diverged)
+    assert math.isnan(d["train_loss"]) and d["train_loss_best"] == 2.0  # best of the finite windows
 
 
 # -- rendering ---------------------------------------------------------------------------------------

@@ -54,6 +54,7 @@ table.runs th,table.runs td{text-align:left}
 .grid{display:grid;grid-template-columns:repeat(auto-fit,minmax(540px,1fr));gap:10px 18px}
 figure{margin:0}
 svg.chart{width:100%;height:auto;display:block}
+.diff th{text-align:left}
 .diff td{text-align:left;white-space:normal;word-break:break-word;max-width:420px;
  font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"Liberation Mono",monospace;font-size:12.5px}
 .diff td.chg{background:#fffaeb}
@@ -77,6 +78,7 @@ def _matrix(corner: str, row_heads: Sequence[str], col_heads: Sequence[str], cel
     if not runs_are_columns:
         row_heads, col_heads = col_heads, row_heads
         cells = [list(col) for col in zip(*cells)]
+        corner = "run"
     head = "".join(f"<th>{h}</th>" for h in col_heads)
     body = "".join(f"<tr><th>{rh}</th>{''.join(row)}</tr>" for rh, row in zip(row_heads, cells))
     cls_attr = f' class="{cls}"' if cls else ""

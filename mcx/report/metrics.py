@@ -74,8 +74,8 @@ def _tail(values: Sequence[float]) -> float:
     return math.fsum(values[-w:]) / w
 
 
-def _best(values: Sequence[float]) -> float | None:
-    w = window_size(len(values))
+def _best(values: Sequence[float], w: int | None = None) -> float | None:
+    w = w or window_size(len(values))
     if not math.isfinite(sum(values)):  # NaN/Inf poison every window holding them: use finite stretches
         best = None
         stretch: list[float] = []
@@ -84,7 +84,7 @@ def _best(values: Sequence[float]) -> float | None:
                 stretch.append(v)
                 continue
             if len(stretch) >= w:
-                cand = _best(stretch)
+                cand = _best(stretch, w)
                 best = cand if best is None or (cand is not None and cand < best) else best
             stretch = []
         return best

@@ -37,9 +37,6 @@ class Curve(NamedTuple):
     steps: array
     values: array
 
-    def last(self) -> float | None:
-        return self.values[-1] if self.values else None
-
 
 def curve(steps: list[int] | array, values: list[float] | array) -> Curve:
     """A Curve from plain sequences (for loaders other than run directories, and for tests)."""
@@ -59,7 +56,7 @@ def parse_records(data: bytes, source: str) -> tuple[list[dict[str, Any]], list[
         return [], []
     try:
         records = _fast_loads(b"[" + body.replace(b"\n", b",") + b"]")
-        if all(type(r) is dict for r in records):
+        if set(map(type, records)) == {dict}:
             return records, []
     except ValueError:  # JSONDecodeError, orjson.JSONDecodeError: both subclass ValueError
         pass

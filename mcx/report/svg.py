@@ -19,11 +19,12 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
            "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 ENVELOPE_MAX = 3  # min/max bands only while they stay readable (bands of more runs blur together)
 LEGEND_MAX = 12  # beyond this the page's run list is the legend
-MARKERS_MAX = 60  # points per curve up to which each point gets a dot
+MARKERS_MAX = 40  # points per curve up to which each point gets a dot
 ROBUST_MIN_POINTS = 50  # pooled points needed before outliers may be left off the y range
 
 MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 66, 18, 34, 48
 LEGEND_ROW = 18
+CHAR_W = 6.7  # average advance of an 11.5px sans-serif character, generous
 
 
 def colors(n: int) -> list[str]:
@@ -114,110 +115,146 @@ def _path(xs: Sequence[float], ys: Sequence[float], x0: float, kx: float, y0: fl
     return "M" + " L".join(pts) if pts else ""
 
 
+@frozen
+class _Frame:
+    """Where the plot area lies (pixels) and which data span it shows."""
+
+    left: float
+    top: float
+    width: float
+    height: float
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+
+    @property
+    def right(self) -> float:
+        return self.left + self.width
+
+    @property
+    def bottom(self) -> float:
+        return self.top + self.height
+
+    def mapping(self) -> tuple[float, float, float, float]:
+        """(px0, kx, py0, ky): pixel x = px0 + x * kx, pixel y = py0 - y * ky."""
+        kx, ky = self.width / (self.x1 - self.x0), self.height / (self.y1 - self.y0)
+        return self.left - self.x0 * kx, kx, self.bottom + self.y0 * ky, ky
+
+
+def _y_span(pooled: list[float], zero_based: bool) -> tuple[float, float, bool]:
+    y0, y1, clipped = y_range(pooled) if pooled else (0.0, 1.0, False)
+    if zero_based and pooled and min(pooled) >= 0:
+        top = max(pooled)
+        robust_top = _percentile(sorted(pooled), 0.98) if len(pooled) >= ROBUST_MIN_POINTS else top
+        clipped = top > 3 * robust_top  # only a spike far above the rest is left off the scale
+        y0, y1 = 0.0, ((robust_top if clipped else top) * 1.08) or 1.0
+    return y0, y1, clipped
+
+
+def _axes(f: _Frame, x_label: str, y_label: str) -> list[str]:
+    px0, kx, py0, ky = f.mapping()
+    out = []
+    y_ticks = ticks(f.y0, f.y1, 5)
+    for t, text in zip(y_ticks, tick_labels(y_ticks)):
+        y = py0 - t * ky
+        out.append(f'<line x1="{f.left}" x2="{f.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>')
+        out.append(f'<text x="{f.left - 7}" y="{y + 4:.1f}" font-size="11" fill="#555" text-anchor="end">{text}</text>')
+    x_ticks = ticks(f.x0, f.x1, 6, integer=True)
+    for t, text in zip(x_ticks, tick_labels(x_ticks)):
+        x = px0 + t * kx
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{f.top}" y2="{f.bottom}" stroke="#f0f0f0"/>')
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{f.bottom}" y2="{f.bottom + 5}" stroke="#888"/>')
+        out.append(f'<text x="{x:.1f}" y="{f.bottom + 18}" font-size="11" fill="#555" text-anchor="middle">{text}</text>')
+    out.append(f'<rect x="{f.left}" y="{f.top}" width="{f.width}" height="{f.height}" fill="none" stroke="#999"/>')
+    out.append(f'<text x="{f.left + f.width / 2:.1f}" y="{f.bottom + 36}" font-size="12" fill="#333" '
+               f'text-anchor="middle">{escape(x_label)}</text>')
+    out.append(f'<text transform="translate(16 {f.top + f.height / 2:.1f}) rotate(-90)" font-size="12" '
+               f'fill="#333" text-anchor="middle">{escape(y_label)}</text>')
+    return out
+
+
+def _series(f: _Frame, lines: Sequence[Line], reduced: Sequence[Reduced], clip: str) -> list[str]:
+    px0, kx, py0, ky = f.mapping()
+    out = [f'<g clip-path="url(#{escape(clip)})">']
+    for ln, r in zip(lines, reduced):  # bands first, so that no band covers a line
+        if r.lo is not None and r.hi is not None and r.xs:
+            band = _path(r.xs, r.hi, px0, kx, py0, ky) + " L" + _path(r.xs[::-1], r.lo[::-1], px0, kx, py0, ky)[1:]
+            out.append(f'<path class="band" d="{band} Z" fill="{ln.color}" fill-opacity="0.13" stroke="none"/>')
+    for ln, r in zip(lines, reduced):
+        if not r.xs:
+            continue
+        out.append(f'<path class="series" data-run="{escape(ln.key)}" d="{_path(r.xs, r.ys, px0, kx, py0, ky)}" '
+                   f'fill="none" stroke="{ln.color}" stroke-width="1.7" stroke-linejoin="round" '
+                   f'stroke-linecap="round"><title>{escape(ln.label)}</title></path>')
+        if r.raw and len(r.xs) <= MARKERS_MAX:
+            dots = "".join(f'<circle cx="{px0 + x * kx:.1f}" cy="{py0 - y * ky:.1f}" r="2.6"/>' for x, y in zip(r.xs, r.ys))
+            out.append(f'<g fill="{ln.color}">{dots}</g>')
+    out.append("</g>")
+    return out
+
+
+def _legend_layout(lines: Sequence[Line], plot_w: float) -> tuple[int, int, int]:
+    """(columns, rows, characters per label); no legend (0 rows of entries) beyond LEGEND_MAX lines."""
+    if not 0 < len(lines) <= LEGEND_MAX:
+        return 1, 1, 0
+    longest = max(len(ln.label) for ln in lines)
+    cols = max(1, min(3, int(plot_w // (min(longest, 32) * CHAR_W + 30))))
+    return cols, math.ceil(len(lines) / cols), int((plot_w / cols - 30) / CHAR_W)
+
+
+def _legend(f: _Frame, lines: Sequence[Line], cols: int, fit: int) -> list[str]:
+    ly = f.bottom + MARGIN_B + 4
+    if not fit:
+        return [f'<text x="{f.left}" y="{ly + 4}" font-size="11.5" fill="#555">{len(lines)} runs: colours as in '
+                "the run list at the top</text>"] if lines else []
+    out = []
+    col_w = f.width / cols
+    for i, ln in enumerate(lines):
+        cx, cy = f.left + (i % cols) * col_w, ly + (i // cols) * LEGEND_ROW
+        text = ln.label if len(ln.label) <= fit else ln.label[:fit - 1] + "…"
+        out.append(f'<line x1="{cx:.1f}" x2="{cx + 18:.1f}" y1="{cy:.1f}" y2="{cy:.1f}" stroke="{ln.color}" '
+                   'stroke-width="3"/>')
+        out.append(f'<text x="{cx + 24:.1f}" y="{cy + 4:.1f}" font-size="11.5" fill="#222">{escape(text)}'
+                   f"<title>{escape(ln.label)}</title></text>")
+    return out
+
+
 def line_chart(lines: Sequence[Line], *, chart_id: str, title: str, x_label: str, y_label: str,
                width: int = 640, plot_height: int = 250, zero_based: bool = False) -> str:
     """One chart of ``lines`` over steps, as an ``<svg>`` element (text).
 
-    ``zero_based``: the y axis starts at 0 (rates: a 1% wobble must not look like a collapse).
+    ``chart_id`` must be unique in the page (it names the clip path). ``zero_based``: the y axis
+    starts at 0 (rates: a 1% wobble must not look like a collapse).
     """
     plot_w = width - MARGIN_L - MARGIN_R
-    buckets = plot_w // 2
-    envelope = len(lines) <= ENVELOPE_MAX
-    all_steps = [ln.steps for ln in lines if len(ln.steps)]
-    x0 = float(min(s[0] for s in all_steps)) if all_steps else 0.0
-    x1 = float(max(s[-1] for s in all_steps)) if all_steps else 1.0
+    starts = [ln.steps[0] for ln in lines if len(ln.steps)]
+    ends = [ln.steps[-1] for ln in lines if len(ln.steps)]
+    x0, x1 = (float(min(starts)), float(max(ends))) if starts else (0.0, 1.0)
     if x1 <= x0:
         x0, x1 = x0 - 1, x1 + 1
-    reduced: list[Reduced] = [reduce_points(ln.steps, ln.values, x0, x1, buckets, envelope=envelope) for ln in lines]
-    pooled = [y for r in reduced for y in r.ys]
-    y0, y1, clipped = y_range(pooled) if pooled else (0.0, 1.0, False)
-    if zero_based and pooled and min(pooled) >= 0:
-        top = max(pooled) if not clipped else y1
-        y0, y1 = 0.0, (top * 1.08) or 1.0
-
-    top, left = MARGIN_T, MARGIN_L
-    bottom = top + plot_height
-    right = left + plot_w
-
-    kx, ky = plot_w / (x1 - x0), plot_height / (y1 - y0)
-    px0, py0 = left - x0 * kx, bottom + y0 * ky  # pixel = px0 + x * kx, py0 - y * ky
-
-    def sx(x: float) -> float:
-        return px0 + x * kx
-
-    def sy(y: float) -> float:
-        return py0 - y * ky
-
-    show_legend = 0 < len(lines) <= LEGEND_MAX
-    if show_legend:
-        longest = max(len(ln.label) for ln in lines)
-        cols = max(1, min(3, int(plot_w // (min(longest, 40) * 6.0 + 34))))
-        legend_rows = math.ceil(len(lines) / cols)
-    else:
-        cols, legend_rows = 1, 1
-    height = bottom + MARGIN_B + legend_rows * LEGEND_ROW + 6
+    envelope = len(lines) <= ENVELOPE_MAX
+    reduced = [reduce_points(ln.steps, ln.values, x0, x1, plot_w // 2, envelope=envelope) for ln in lines]
+    y0, y1, clipped = _y_span([y for r in reduced for y in r.ys], zero_based)
+    frame = _Frame(MARGIN_L, MARGIN_T, plot_w, plot_height, x0, x1, y0, y1)
+    cols, rows, fit = _legend_layout(lines, plot_w)
+    height = frame.bottom + MARGIN_B + rows * LEGEND_ROW + 6
     clip = f"{chart_id}-clip"
     out = [
         f'<svg class="chart" id="{escape(chart_id)}" viewBox="0 0 {width} {height}" width="{width}" '
         f'height="{height}" role="img" aria-label="{escape(title)}" '
         'font-family="system-ui, -apple-system, \'Segoe UI\', Roboto, Helvetica, Arial, sans-serif">',
-        f'<clipPath id="{escape(clip)}"><rect x="{left}" y="{top}" width="{plot_w}" height="{plot_height}"/></clipPath>',
-        f'<text x="{left}" y="{top - 14}" class="title" font-size="14" font-weight="600" fill="#1a1a1a">{escape(title)}</text>',
+        f'<clipPath id="{escape(clip)}"><rect x="{frame.left}" y="{frame.top}" width="{plot_w}" '
+        f'height="{plot_height}"/></clipPath>',
+        f'<text x="{frame.left}" y="{frame.top - 14}" font-size="14" font-weight="600" fill="#1a1a1a">'
+        f"{escape(title)}</text>",
     ]
     if clipped:
-        out.append(f'<text x="{right}" y="{top - 14}" font-size="11" fill="#777" text-anchor="end">'
-                   'y range: 2nd–98th percentile (outliers off scale)</text>')
-    # grid and ticks
-    y_ticks = ticks(y0, y1, 5)
-    for t, text in zip(y_ticks, tick_labels(y_ticks)):
-        y = sy(t)
-        out.append(f'<line x1="{left}" x2="{right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>')
-        out.append(f'<text x="{left - 7}" y="{y + 4:.1f}" font-size="11" fill="#555" text-anchor="end">'
-                   f"{text}</text>")
-    x_ticks = ticks(x0, x1, 6, integer=True)
-    for t, text in zip(x_ticks, tick_labels(x_ticks)):
-        x = sx(t)
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{bottom}" stroke="#f0f0f0"/>')
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{bottom}" y2="{bottom + 5}" stroke="#888"/>')
-        out.append(f'<text x="{x:.1f}" y="{bottom + 18}" font-size="11" fill="#555" text-anchor="middle">'
-                   f"{text}</text>")
-    out.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_height}" fill="none" stroke="#999"/>')
-    out.append(f'<text x="{left + plot_w / 2:.1f}" y="{bottom + 36}" font-size="12" fill="#333" '
-               f'text-anchor="middle">{escape(x_label)}</text>')
-    out.append(f'<text transform="translate(16 {top + plot_height / 2:.1f}) rotate(-90)" font-size="12" '
-               f'fill="#333" text-anchor="middle">{escape(y_label)}</text>')
-    # data
-    out.append(f'<g clip-path="url(#{escape(clip)})">')
-    for ln, r in zip(lines, reduced):
-        if r.lo is not None and r.hi is not None and r.xs:
-            band = (_path(r.xs, r.hi, px0, kx, py0, ky) + " L"
-                    + _path(r.xs[::-1], r.lo[::-1], px0, kx, py0, ky)[1:] + " Z")
-            out.append(f'<path class="band" d="{band}" fill="{ln.color}" fill-opacity="0.13" stroke="none"/>')
-    for ln, r in zip(lines, reduced):
-        if not r.xs:
-            continue
-        label = escape(ln.label)
-        out.append(f'<path class="series" data-run="{escape(ln.key)}" d="{_path(r.xs, r.ys, px0, kx, py0, ky)}" fill="none" '
-                   f'stroke="{ln.color}" stroke-width="1.7" stroke-linejoin="round" stroke-linecap="round">'
-                   f"<title>{label}</title></path>")
-        if r.raw and len(r.xs) <= MARKERS_MAX:
-            dots = "".join(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.6"/>' for x, y in zip(r.xs, r.ys))
-            out.append(f'<g fill="{ln.color}">{dots}</g>')
-    out.append("</g>")
-    # legend
-    ly = bottom + MARGIN_B + 4
-    if show_legend:
-        col_w = plot_w / cols
-        for i, ln in enumerate(lines):
-            cx = left + (i % cols) * col_w
-            cy = ly + (i // cols) * LEGEND_ROW
-            out.append(f'<line x1="{cx:.1f}" x2="{cx + 18:.1f}" y1="{cy:.1f}" y2="{cy:.1f}" stroke="{ln.color}" '
-                       'stroke-width="3"/>')
-            text = ln.label if len(ln.label) <= 40 else ln.label[:39] + "…"
-            out.append(f'<text x="{cx + 24:.1f}" y="{cy + 4:.1f}" font-size="11.5" fill="#222">{escape(text)}'
-                       f"<title>{escape(ln.label)}</title></text>")
-    elif lines:
-        out.append(f'<text x="{left}" y="{ly + 4}" font-size="11.5" fill="#555">{len(lines)} runs: colours as in '
-                   "the run list at the top</text>")
+        out.append(f'<text x="{frame.right}" y="{frame.top - 14}" font-size="11" fill="#777" text-anchor="end">'
+                   "some values off scale<title>the y axis leaves out the top and bottom 2% of the points; "
+                   "lines leaving it are cut at the edge</title></text>")
+    out += _axes(frame, x_label, y_label)
+    out += _series(frame, lines, reduced, clip)
+    out += _legend(frame, lines, cols, fit)
     out.append("</svg>")
     return "\n".join(out)
