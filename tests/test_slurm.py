@@ -203,3 +203,46 @@ def test_time_limit_warning_checkpoints_and_requeues_itself(tmp_path: Path, hand
     log = handle.log.read_text()
     assert "to the time limit: the workers save a checkpoint" in log
     assert "requeueing job " + handle.job_id in log
+
+
+def test_quickstart_worker_trains_through_sbatch_with_two_cpu_processes(tmp_path: Path, handles):
+    """The real worker (python -m mcx.train) on the bundled quickstart data, data-parallel over 2
+    CPU processes, submitted with sbatch: the job contract end to end under Slurm."""
+    from mcx.spec.convert import unstructure
+    from mcx.spec.load import load_spec
+
+    repo = TESTS.parent
+    spec = load_spec(
+        repo / "experiments" / "tiny.toml",
+        ["model.num_layers=2", "train.train_iters=8", "train.lr_warmup_iters=2", "train.eval_interval=4",
+         "train.eval_iters=1"],
+    )  # fmt: skip
+    stage_dir = tmp_path / "runs" / "qs0123456789" / "smoke"
+    stage_dir.mkdir(parents=True)
+    job = {
+        "run_id": "qs0123456789",
+        "stage": "smoke",
+        "spec": unstructure(spec),
+        "layout": {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": 2, "world_size": 2,
+                   "sequence_parallel": False},
+        "data_dir": str(repo / "data" / "quickstart"),
+        "checkpoint_dir": str(stage_dir / "checkpoints"),
+        "train_samples_limit": None,
+        "checks": {"resume_check_iters": 3, "loss_window": 3, "min_loss_drop": 0.0},
+        "device": "cpu",
+        "output": "quiet",
+    }  # fmt: skip
+    (stage_dir / "job.json").write_text(json.dumps(job))
+    launcher = SlurmLauncher(python=sys.executable, poll_interval=1.0)
+    handle = launcher.start(
+        stage_dir, {"world_size": 2}, LaunchSpec(kind="slurm", slurm=SlurmSpec(time="00:15:00")), worker_env(spec)
+    )
+    handles.append(handle)
+    outcome = handle.wait(600)
+    assert outcome.state == "finished", (outcome.detail, handle.log.read_text()[-3000:])
+    result = outcome.result
+    assert result["status"] == "finished" and result["passed"], result["checks"]
+    assert result["steps"] == 8 and result["details"]["world_size"] == 2
+    train = [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in train if m["kind"] == "train"] == list(range(1, 9))
+    assert (stage_dir / "checkpoints" / "latest").exists()
