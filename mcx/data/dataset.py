@@ -122,7 +122,9 @@ def read_manifest(data_dir: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         if not data_dir.is_dir():
-            raise DataError(f"dataset directory {data_dir} does not exist.", "prepare it with `mcx data prepare`, or restore it with `dvc pull`.") from None
+            raise DataError(
+                f"dataset directory {data_dir} does not exist.", "prepare it with `mcx data prepare`, or restore it with `dvc pull`."
+            ) from None
         raise DataError(f"{data_dir} is not a prepared dataset (no {MANIFEST}).", "prepare it with `mcx data prepare`.") from None
     try:
         manifest = json.loads(text)
@@ -130,6 +132,19 @@ def read_manifest(data_dir: Path) -> dict[str, Any]:
         raise DataError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg}).", _RESTORE) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise DataError(f"{path} is not an mcx dataset manifest of format {FORMAT}.", "prepare the dataset again with this mcx.")
+    try:
+        dataset, tokenizer = manifest["dataset"], manifest["tokenizer"]
+        well_formed = (
+            isinstance(manifest["prefix"], str)
+            and all(isinstance(dataset[k], int) for k in ("documents", "tokens"))
+            and isinstance(dataset["dtype"], str)
+            and isinstance(tokenizer["kind"], str)
+            and all(isinstance(f, dict) for f in (dataset["files"], tokenizer["files"]))
+        )
+    except (KeyError, TypeError):
+        well_formed = False
+    if not well_formed:
+        raise DataError(f"{path} lacks fields of an mcx dataset manifest.", _RESTORE)
     return manifest
 
 
@@ -203,5 +218,7 @@ def smoke_samples_limit(data_dir: Path, split: str, seq_length: int, data_fracti
     ``train_samples_limit`` for the smoke stage."""
     train, _, _ = split_samples(data_dir, split, seq_length, prefix)
     if train < 1:
-        raise DataError(f"the train split of {data_dir} holds no sample of {seq_length} tokens.", "use more data or a shorter seq_length.")
+        raise DataError(
+            f"the train split of {data_dir} holds no sample of {seq_length} tokens.", "use more data or a shorter seq_length."
+        )
     return max(1, math.ceil(data_fraction * train))

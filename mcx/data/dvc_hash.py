@@ -92,5 +92,7 @@ def verify_against_dvc(project_root: Path, dvc_file: str = "data.dvc") -> DvcChe
     root = Path(project_root)
     tracked, expected = read_dvc_file(root / dvc_file)
     if not tracked.is_dir():
-        raise DataError(f"{tracked} does not exist.", "rebuild it with `mcx data prepare` (no source: the quickstart) or fetch it with `dvc pull`.")
+        raise DataError(
+            f"{tracked} does not exist.", "rebuild it with `mcx data prepare` (no source: the quickstart) or fetch it with `dvc pull`."
+        )
     return DvcCheck(path=tracked, dvc_file=root / dvc_file, expected=expected, actual=directory_md5(tracked))

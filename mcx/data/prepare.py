@@ -51,7 +51,8 @@ def prepare_quickstart(project_root: Path, *, force: bool = False) -> Path:
     """Build (or find already built) the bundled dataset under ``project_root``; returns its path."""
     recipe = quickstart_recipe()
     out_dir = Path(project_root) / recipe.path
-    prepare(megatron_core_corpus(recipe.version), recipe.tokenizer, out_dir, prefix=recipe.prefix, base_dir=Path(project_root), force=force)
+    corpus = megatron_core_corpus(recipe.version)
+    prepare(corpus, recipe.tokenizer, out_dir, prefix=recipe.prefix, base_dir=Path(project_root), force=force)
     return out_dir
 
 
@@ -153,7 +154,9 @@ def _existing(out_dir: Path, recipe: str) -> dict[str, Any]:
     try:
         return check_dataset(out_dir, contents=True)
     except DataError as exc:
-        raise DataError(f"{out_dir} was prepared from the same inputs but is damaged: {exc.message}", "rebuild it with --force (force=True).") from None
+        raise DataError(
+            f"{out_dir} was prepared from the same inputs but is damaged: {exc.message}", "rebuild it with --force (force=True)."
+        ) from None
 
 
 def _write_indexed(corpus: Corpus, tokenizer: Tokenizer, directory: Path, prefix: str) -> dict[str, Any]:

@@ -149,7 +149,9 @@ def _read(path: Path, key: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
-        raise DataError(f"{key} = {str(path)!r} does not exist.", f"fix {key}; relative paths start at the spec's project.") from None
+        raise DataError(
+            f"{key} = {str(path)!r} does not exist.", f"fix {key}; relative paths start at the spec's project."
+        ) from None
     except OSError as exc:
         raise DataError(f"{key} = {str(path)!r} cannot be read ({exc.strerror}).", f"fix {key}.") from None
 
@@ -191,7 +193,9 @@ def huggingface_tokenizer(path: Path, key: str = "data.tokenizer.path", kind: To
     try:
         backend = Backend.from_buffer(data)
     except Exception as exc:  # tokenizers raises a bare Exception for any parse error
-        raise DataError(f"{key} = {str(path)!r} is not a tokenizer.json ({exc}).", "give the tokenizer.json file of a Hugging Face tokenizer.") from None
+        raise DataError(
+            f"{key} = {str(path)!r} is not a tokenizer.json ({exc}).", "give the tokenizer.json file of a Hugging Face tokenizer."
+        ) from None
     return HFTokenizer(kind, backend, {"tokenizer.json": data}, str(path))
 
 
@@ -239,6 +243,9 @@ def load_saved(directory: Path, kind: TokenizerKind) -> Tokenizer:
     """The tokenizer a prepared dataset directory holds (see :data:`SAVED_FILES`)."""
     if kind not in SAVED_FILES:
         raise DataError(f"unknown tokenizer kind {kind!r} in {directory}/manifest.json.", "prepare the dataset again.")
+    for name in SAVED_FILES[kind]:
+        if not (directory / name).is_file():
+            raise DataError(f"{directory / name} is missing.", "restore it with `dvc checkout`, or prepare the dataset again.")
     if kind in ("bpe", "huggingface"):
         return huggingface_tokenizer(directory / "tokenizer.json", f"{directory}/tokenizer.json", kind)
     if kind == "sentencepiece":
