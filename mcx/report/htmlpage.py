@@ -109,7 +109,7 @@ def _metric_head(row: MetricRow) -> str:
     return f'{escape(row.metric.label)}<span class="dir" title="{tip}">{arrow}</span>{tol}'
 
 
-def _diff_table(cmp: Comparison, rows: Sequence[DiffRow], heads: Sequence[str], wide: bool) -> str:
+def _diff_table(rows: Sequence[DiffRow], heads: Sequence[str], wide: bool) -> str:
     cells = []
     for r in rows:
         ref = r.values[0]
@@ -185,14 +185,14 @@ def to_html(cmp: Comparison) -> str:
         parts.append(f'<section id="curves"><h2>Curves</h2><div class="grid">{"".join(figs)}</div></section>')
     parts.append('<section id="config"><h2>Config differences</h2>')
     if cmp.config_diff:
-        parts.append(_diff_table(cmp, cmp.config_diff, heads, wide))
+        parts.append(_diff_table(cmp.config_diff, heads, wide))
     else:
         parts.append('<p class="same">The resolved specs are identical.</p>')
     parts.append("</section>")
     parts.append('<section id="fingerprint"><h2>Fingerprint differences</h2>')
     for component, rows in cmp.fingerprint_diff.items():
         parts.append(f"<h3>{escape(component)}</h3>")
-        parts.append(_diff_table(cmp, rows, heads, wide))
+        parts.append(_diff_table(rows, heads, wide))
     if cmp.fingerprint_same:
         parts.append(f'<p class="same">Identical in every run: {escape(", ".join(cmp.fingerprint_same))}.</p>')
     elif not cmp.fingerprint_diff:
