@@ -1,0 +1,88 @@
+"""`mcx data prepare`, and making sure a spec's dataset is on disk before a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import DataError
+from mcx.spec.schema import DataSpec, TokenizerSpec
+
+
+def _summary(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    return {"out_dir": str(out_dir), "documents": manifest["dataset"]["documents"],
+            "tokens": manifest["dataset"]["tokens"], "vocab_size": manifest["tokenizer"]["vocab_size"],
+            "manifest": manifest}
+
+
+def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: str | None,
+            tokenizer_kind: str | None, merges: str | None, vocab_size: int | None, json_key: str,
+            force: bool) -> dict[str, Any]:
+    from mcx.data.corpus import jsonl_corpus, text_corpus
+    from mcx.data.dataset import read_manifest
+    from mcx.data.prepare import prepare as build
+    from mcx.data.prepare import prepare_quickstart, quickstart_recipe
+
+    if source is None:
+        if tokenizer or tokenizer_kind or merges or vocab_size or (out and Path(out).resolve() != (project / quickstart_recipe().path).resolve()):
+            raise DataError("tokenizer and output options need a SOURCE;",
+                            "give a text file, a directory of .txt files or a .jsonl file, or no options for the quickstart.")
+        out_dir = prepare_quickstart(project, force=force)
+        return _summary(read_manifest(out_dir), out_dir)
+    src = Path(source)
+    if not src.exists():
+        raise DataError(f"source {source!r} does not exist;", "give a text file, a directory of .txt files or a .jsonl file.")
+    if out is None:
+        raise DataError("--out is required with a SOURCE;", "name the dataset directory, e.g. --out data/mycorpus.")
+    if tokenizer_kind in ("huggingface", "sentencepiece", "gpt2") and not tokenizer:
+        raise DataError(f"--tokenizer-kind {tokenizer_kind} needs --tokenizer FILE;", "or leave the kind out to train a BPE on the corpus.")
+    kind = tokenizer_kind or ("huggingface" if tokenizer else "bpe")
+    corpus = jsonl_corpus([src], text_key=json_key) if src.suffix == ".jsonl" else text_corpus([src])
+    tok = TokenizerSpec(kind=kind, path=tokenizer, merges=merges, vocab_size=vocab_size or 8192)
+    out_dir = Path(out) if Path(out).is_absolute() else project / out
+    manifest = build(corpus, tok, out_dir, base_dir=project, force=force)
+    return _summary(manifest, out_dir)
+
+
+def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None) -> Path:
+    """The spec's dataset on disk: present, else pulled from the DVC remote, else rebuilt (quickstart)."""
+    from mcx.data.dataset import check_dataset
+
+    path = project / data.path
+    if (path / "manifest.json").exists():
+        check_dataset(path, data.prefix)
+        return path
+    pulled_error: str | None = None
+    try:
+        from mcx.track.dvc_store import pull_data
+
+        pull_data(project, path, remote=remote)
+    except Exception as exc:  # an empty remote is normal on a fresh machine; rebuild below if we can
+        pulled_error = str(exc)
+    if (path / "manifest.json").exists():
+        check_dataset(path, data.prefix)
+        return path
+    from mcx.data.prepare import prepare_quickstart, quickstart_recipe
+
+    if path.resolve() == (project / quickstart_recipe().path).resolve():
+        prepare_quickstart(project)
+        _verify_quickstart(project)
+        return path
+    raise DataError(f"dataset data.path = {data.path!r} is not on disk and could not be pulled ({pulled_error});",
+                    "run `dvc pull` with its remote configured, or build it with `mcx data prepare SOURCE --out "
+                    f"{data.path}`.")
+
+
+def _verify_quickstart(project: Path) -> None:
+    from mcx.data.dvc_hash import verify_against_dvc
+
+    if not (project / "data.dvc").exists():
+        return
+    others = {p.name for p in (project / "data").iterdir()} - {"quickstart"}
+    if others:  # data.dvc hashes all of data/; other datasets there change it legitimately
+        return
+    check = verify_against_dvc(project)
+    if not check.matches:
+        raise DataError(f"the rebuilt quickstart dataset hashes to {check.actual.md5}, but data.dvc records "
+                        f"{check.expected.md5};", "install the environment from the lockfile (./dev env) so megatron-core "
+                        "and tokenizers match, then run `mcx data prepare --force`.")
