@@ -75,7 +75,7 @@ def same_words(words, argv: list[str]) -> bool:
     if len(words) != len(argv):
         return False
     return all(isinstance(w, Unknown) or w == a or (i == 0 and w.rsplit("/", 1)[-1] == a)
-               for i, (w, a) in enumerate(zip(words, argv)))
+               for i, (w, a) in enumerate(zip(words, argv, strict=True)))
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -405,7 +405,7 @@ def test_exported_script_runs_the_exported_args(name: str, shims: Path, tmp_path
         argv = argv[1:-1]
     start = argv.index("pretrain_gpt.py") + 1
     assert argv[start:] == args
-    dist = dict(zip(argv[1:start - 1:2], argv[2:start - 1:2]))
+    dist = dict(zip(argv[1:start - 1:2], argv[2:start - 1:2], strict=True))
     assert dist["--nproc_per_node"] == str(spec.hardware.gpus_per_node)
     assert dist["--nnodes"] == str(spec.hardware.nodes)
 
@@ -483,6 +483,21 @@ def test_export_needs_the_layout_for_open_degrees() -> None:
     assert args[ffn + 1] == "1024" and "--swiglu" in args
     tok = args.index("--tokenizer-type")  # a BPE from mcx data prepare: its tokenizer.json is in the dataset directory
     assert args[tok:tok + 4] == ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "data/my data"]
+
+
+def test_export_takes_the_planners_layout() -> None:
+    from mcx.plan.planner import make_plan
+
+    spec = load_spec(ROOT / "experiments" / "tiny.toml")
+    layout = make_plan(spec, te_available=False).layout
+    args = export_args(spec, layout)
+    assert args[args.index("--tensor-model-parallel-size") + 1] == str(layout.tp)
+    assert args[args.index("--pipeline-model-parallel-size") + 1] == str(layout.pp)
+    assert ("--use-distributed-optimizer" in args) == layout.distributed_optimizer
+    again = import_script(export_script(spec, layout), name=spec.name).spec
+    assert (again.parallel.tensor, again.parallel.pipeline, again.parallel.context) == (layout.tp, layout.pp, layout.cp)
+    assert (again.model, again.train, again.checkpoint) == (spec.model, spec.train, spec.checkpoint)
+    assert again.data.tokenizer.kind == "huggingface"  # the BPE mcx trained, as a tokenizer.json in the dataset
 
 
 def test_export_script_quotes_every_value(shims: Path, tmp_path: Path) -> None:
@@ -566,6 +581,16 @@ def test_docs_spec_is_generated_from_the_table() -> None:
     assert update(text) == text, "docs/spec.md is out of date: run python -m mcx.interop.docgen"
     for key in spec_keys():
         assert f"| `{key}` |" in text, key
+
+
+def test_migration_guide_shows_what_the_commands_print() -> None:
+    from mcx.interop import args_text, summary
+
+    text = (ROOT / "docs" / "migration.md").read_text()
+    for name in ("train_llama3_70b_3d.sh", "train_mixtral_8x7b_ep.sh"):
+        toml_text, result = import_file(SCRIPTS / name)
+        for shown in ((SCRIPTS / name).read_text(), toml_text, summary(result), args_text(result.spec)):
+            assert shown.rstrip() in text, f"docs/migration.md is out of date for {name}"
 
 
 def test_interop_stays_off_torch_and_megatron() -> None:

@@ -12,7 +12,6 @@ import ast
 import operator
 import re
 from collections.abc import Mapping, Sequence
-from typing import Union
 
 from attrs import frozen
 
@@ -30,15 +29,15 @@ class Unknown:
 class Partial:
     """A string with unknown parts: known text and Unknowns, in order (at least one Unknown)."""
 
-    pieces: tuple[Union[str, Unknown], ...]
+    pieces: tuple[str | Unknown, ...]
 
     def first_unknown(self) -> Unknown:
         return next(p for p in self.pieces if isinstance(p, Unknown))
 
 
-Field = Union[str, Unknown]  # a word as the launched program would see it
-Text = Union[str, Unknown, Partial]  # a scalar value
-Value = Union[Text, list]  # list: a bash array of Text
+Field = str | Unknown  # a word as the launched program would see it
+Text = str | Unknown | Partial  # a scalar value
+Value = Text | list  # list: a bash array of Text
 
 
 def settle(value: Text) -> Field:
@@ -46,8 +45,8 @@ def settle(value: Text) -> Field:
     return value.first_unknown() if isinstance(value, Partial) else value
 
 
-def _text(pieces: list[Union[str, Unknown]]) -> Text:
-    merged: list[Union[str, Unknown]] = []
+def _text(pieces: list[str | Unknown]) -> Text:
+    merged: list[str | Unknown] = []
     for p in pieces:
         if isinstance(p, str) and merged and isinstance(merged[-1], str):
             merged[-1] += p
@@ -59,7 +58,7 @@ def _text(pieces: list[Union[str, Unknown]]) -> Text:
 
 
 def join(values: Sequence[Text], sep: str = " ") -> Text:
-    pieces: list[Union[str, Unknown]] = []
+    pieces: list[str | Unknown] = []
     for k, v in enumerate(values):
         if k:
             pieces.append(sep)
@@ -222,7 +221,7 @@ class Expander:
                 assert isinstance(part, CmdSub)
                 chunks.append(("u", f"$({part.text.strip()}) is a command substitution; mcx import runs nothing"))
         fields: list[Text] = []
-        cur: list[Union[str, Unknown]] | None = None
+        cur: list[str | Unknown] | None = None
 
         def push() -> None:
             nonlocal cur

@@ -22,7 +22,8 @@ from mcx.errors import InputError, SpecError
 from mcx.interop import flags as F
 from mcx.interop.keys import nest, spec_keys
 from mcx.interop.launcher import launcher_values
-from mcx.interop.pretrain_args import Ctx, Mapped, RULES, split_args
+from mcx.interop.pretrain_args import Ctx, Mapped, split_args
+from mcx.interop.rules import RULES, plain
 from mcx.interop.script import Launch, read_script
 from mcx.spec import convert
 from mcx.spec.load import apply_preset
@@ -91,7 +92,7 @@ def import_script(text: str, *, name: str, description: str | None = None, env: 
         if row.kind == "rule":
             RULES[row.key](ctx, row)
         else:
-            ctx.plain(row)
+            plain(ctx, row)
     preset = _infer_preset(ctx.flat)
     flat = dict(ctx.flat)
     if preset is not None:

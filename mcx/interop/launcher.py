@@ -137,6 +137,11 @@ def launcher_values(ctx: Ctx, launch: Launch, sbatch: Sequence[tuple[str, str | 
                              ("srun --nodes", from_srun.get("hardware.nodes"))):
             if count is not None and count != nodes:
                 ctx.problem(f"torchrun --nnodes {nodes} but {where}={count}; hardware.nodes = {nodes}")
+        for where, count in (("#SBATCH --gpus-per-node", from_sbatch.get("#--gpus-per-node")),
+                             ("#SBATCH --gres", from_sbatch.get("#--gres"))):
+            if count is not None and count != gpus:
+                ctx.problem(f"torchrun --nproc_per_node {gpus} but {where} asks for {count} GPUs; "
+                            f"hardware.gpus_per_node = {gpus}")
     elif slurm:  # srun starts one pretrain_gpt.py process per GPU
         nodes = from_srun.get("hardware.nodes") or from_sbatch.get("hardware.nodes") or 1
         gpus = (from_srun.get("#--ntasks-per-node") or from_sbatch.get("#--ntasks-per-node")

@@ -11,7 +11,6 @@ without running anything.
 from __future__ import annotations
 
 import re
-from typing import Union
 
 from attrs import frozen
 
@@ -42,7 +41,7 @@ class CmdSub:
     quoted: bool
 
 
-Part = Union[Lit, Param, Arith, CmdSub]
+Part = Lit | Param | Arith | CmdSub
 
 
 @frozen
@@ -87,7 +86,7 @@ class Op:
     line: int
 
 
-Token = Union[Word, ArrayWord, Op]
+Token = Word | ArrayWord | Op
 
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=$")

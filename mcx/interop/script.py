@@ -12,6 +12,7 @@ it needs. Loop bodies are not followed: what they assign becomes unknown.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import re
 import shlex
@@ -456,10 +457,8 @@ def read_script(text: str, *, env: Mapping[str, str] | None = None, args: Sequen
     sbatch, problems = _split_sbatch(text)
     reader = _Reader({**_slurm_env(sbatch), **(env or {})}, args)
     reader.problems.extend(problems)
-    try:
+    with contextlib.suppress(_Exit, _Return):
         reader.run(shell.parse(text))
-    except (_Exit, _Return):
-        pass
     launch = reader.launches[0] if reader.launches else None
     for extra in reader.launches[1:]:
         reader.problems.append(f"line {extra.line}: a further launch of {_show([extra.entry])} is not imported "

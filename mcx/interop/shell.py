@@ -7,13 +7,11 @@ it without running anything.
 from __future__ import annotations
 
 import re
-from typing import Union
 
 from attrs import field, frozen
 
 from mcx.errors import InputError
 from mcx.interop.lexer import NAME_RE, ArrayWord, Lit, Op, Token, Word, lex
-
 
 # ---- commands
 
@@ -35,42 +33,42 @@ class Test:
 
 @frozen
 class Pipeline:
-    commands: tuple["Node", ...]
+    commands: tuple[Node, ...]
     negated: bool
     line: int
 
 
 @frozen
 class AndOr:
-    first: "Node"
-    rest: tuple[tuple[str, "Node"], ...]
+    first: Node
+    rest: tuple[tuple[str, Node], ...]
     line: int
 
 
 @frozen
 class If:
-    branches: tuple[tuple[tuple["Node", ...], tuple["Node", ...]], ...]
-    orelse: tuple["Node", ...] | None
+    branches: tuple[tuple[tuple[Node, ...], tuple[Node, ...]], ...]
+    orelse: tuple[Node, ...] | None
     line: int
 
 
 @frozen
 class Loop:
     keyword: str
-    body: tuple["Node", ...]
+    body: tuple[Node, ...]
     line: int
 
 
 @frozen
 class Case:
     subject: Word
-    arms: tuple[tuple[tuple[Word, ...], tuple["Node", ...]], ...]
+    arms: tuple[tuple[tuple[Word, ...], tuple[Node, ...]], ...]
     line: int
 
 
 @frozen
 class Group:
-    body: tuple["Node", ...]
+    body: tuple[Node, ...]
     subshell: bool
     line: int
 
@@ -78,11 +76,11 @@ class Group:
 @frozen
 class Function:
     name: str
-    body: tuple["Node", ...]
+    body: tuple[Node, ...]
     line: int
 
 
-Node = Union[Simple, Test, Pipeline, AndOr, If, Loop, Case, Group, Function]
+Node = Simple | Test | Pipeline | AndOr | If | Loop | Case | Group | Function
 
 _RESERVED_END = {"then", "elif", "else", "fi", "do", "done", "esac", "}", "in"}
 
