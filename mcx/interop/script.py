@@ -66,6 +66,7 @@ class _Return(Exception):
 
 
 def _split_sbatch(text: str) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """The #SBATCH options of the script's header (sbatch reads none after the first command)."""
     opts: list[tuple[str, str | None]] = []
     problems: list[str] = []
     in_header = True
@@ -103,6 +104,7 @@ def _split_sbatch(text: str) -> tuple[list[tuple[str, str | None]], list[str]]:
 
 
 def _slurm_env(sbatch: Sequence[tuple[str, str | None]]) -> dict[str, str]:
+    """The variables Slurm would set from the header, so ${SLURM_NNODES} and friends resolve."""
     env: dict[str, str] = {}
     for name, val in sbatch:
         if val is None:
@@ -243,7 +245,7 @@ class _Reader(Expander):
                     self.srun_context.append(srun)
                 self.depth += 1
                 try:
-                    self.run(shell.parse(body))
+                    self.run(shell.parse(body, line))
                 except InputError as exc:
                     self.problems.append(f"line {line}: the `{f} -c` string is not valid bash ({exc.message})")
                 except (_Exit, _Return):
@@ -320,7 +322,7 @@ class _Reader(Expander):
                     return
 
     def test_dbl(self, node: shell.Test) -> bool | None:
-        items: list[Field] = []
+        items: list[Text] = []
         for tok in node.tokens:
             if isinstance(tok, Op):
                 items.append(tok.text.removeprefix("redir:"))

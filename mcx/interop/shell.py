@@ -13,8 +13,6 @@ from attrs import field, frozen
 from mcx.errors import InputError
 from mcx.interop.lexer import NAME_RE, ArrayWord, Lit, Op, Token, Word, lex
 
-# ---- commands
-
 
 @frozen
 class Simple:
@@ -341,9 +339,9 @@ def is_assignment(tok: Token) -> bool:
     return isinstance(tok, ArrayWord) or _is_assignment(tok)
 
 
-def parse(text: str) -> tuple[Node, ...]:
-    """Parse a script into commands; raise InputError naming the line of a syntax error."""
-    parser = _Parser(lex(text))
+def parse(text: str, line: int = 1) -> tuple[Node, ...]:
+    """Parse a script (starting at ``line``) into commands; InputError names the line of a syntax error."""
+    parser = _Parser(lex(text, line))
     nodes = parser.parse_list()
     if parser.peek() is not None:
         raise parser.error("unexpected text")
