@@ -1,0 +1,32 @@
+"""`mcx import` and `mcx export`: Megatron-LM launch scripts <-> specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mcx.errors import InputError
+
+
+def import_script(path: str, out: str | None = None) -> tuple[str, str]:
+    """The spec TOML for a launch script, and the report of what was mapped and what was not."""
+    from mcx.interop import import_file, summary
+
+    text, result = import_file(path)
+    if out:
+        dest = Path(out)
+        if dest.exists():
+            raise InputError(f"{out} already exists;", "choose another -o path or remove it first.")
+        dest.write_text(text, encoding="utf-8")
+    return text, summary(result)
+
+
+def export_spec(path: str, overrides: list[str], script: bool = True) -> str:
+    """pretrain_gpt.py arguments (or a whole launch script) for the planned layout of a spec."""
+    from mcx.interop import export
+    from mcx.ops.plan import te_available
+    from mcx.plan.planner import make_plan
+    from mcx.spec import load_spec
+
+    spec = load_spec(path, overrides)
+    layout = make_plan(spec, te_available=te_available(spec)).layout
+    return export(spec, layout, script=script)

@@ -1,0 +1,385 @@
+"""`mcx run`: plan -> fingerprint -> run cache -> smoke stage -> full stage -> records.
+
+One direction of data: this module writes the run directory and each stage's job.json, starts the
+worker through the spec's launcher, and turns what the worker wrote into MLflow and DVC records.
+It never imports torch or megatron.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from attrs import frozen
+
+from mcx.errors import McxError, TrainingFailed
+from mcx.ops.plan import PlanResult, plan_loaded, te_available
+from mcx.spec import ExperimentSpec, dump_spec, load_spec, spec_to_dict
+
+STAGES = ("smoke", "full")
+
+
+@frozen(kw_only=True)
+class RunOptions:
+    stage: str = "all"  # smoke | full | all
+    force: bool = False
+    yes: bool = False
+    dry_run: bool = False
+    skip_smoke: bool = False
+    output: str = "bar"  # bar | quiet | json (the worker's progress display)
+    wait: bool = False
+
+
+class RunBusy(McxError):
+    """The run ID is training in another process."""
+
+    exit_code = 1
+
+
+def run(spec_path: str, overrides: list[str], *, project: Path, options: RunOptions, console: Any) -> dict[str, Any]:
+    spec = load_spec(spec_path, overrides)
+    return run_spec(spec, project=project, options=options, console=console)
+
+
+def stages_for(options: RunOptions, spec: ExperimentSpec) -> list[str]:
+    if options.stage == "smoke":
+        return ["smoke"]
+    if options.stage == "full" or options.skip_smoke or not spec.smoke.enabled:
+        return ["full"]
+    return ["smoke", "full"]
+
+
+def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, console: Any,
+             run_dir: Path | None = None, reproduces: str | None = None, reproduction: str | None = None) -> dict[str, Any]:
+    """Train ``spec`` (or find it already trained). ``run_dir``/``reproduces`` are for reproductions."""
+    from mcx.plan.cost import check_budget
+    from mcx.track import paths
+
+    pr = plan_loaded(spec, project, require_data=False)
+    stages = stages_for(options, spec)
+    rdir = run_dir or paths.run_dir(project, pr.run_id)
+    if options.dry_run:
+        return _dry_run(pr, rdir, stages, console)
+    if "full" in stages:
+        check_budget(pr.plan, confirmed=options.yes)
+    if reproduces is None:
+        cached = _cached(project, pr, options, console)
+        if cached is not None:
+            return cached
+    from mcx.ops.data import ensure_dataset
+    from mcx.track.errors import RunLocked
+    from mcx.track.runcache import acquire
+
+    data_dir = ensure_dataset(project, spec.data, remote=spec.tracking.dvc_remote)
+    try:
+        lock = acquire(rdir, wait=options.wait)
+    except RunLocked as exc:
+        raise RunBusy(f"run {pr.run_id} is training in another process ({exc});",
+                      "wait for it (mcx run --wait), or look at it with `mcx show " + pr.run_id + "`.") from None
+    with lock:
+        if reproduces is None:
+            cached = _cached(project, pr, options, console, locked=True)  # it may have finished while we waited
+            if cached is not None:
+                return cached
+            if options.force:
+                _archive(project, rdir)
+        return _train(pr, project=project, rdir=rdir, data_dir=data_dir, stages=stages, options=options,
+                      console=console, reproduces=reproduces, reproduction=reproduction)
+
+
+def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *, locked: bool = False
+            ) -> dict[str, Any] | None:
+    from mcx.track.runcache import lookup
+
+    state = lookup(project, pr.run_id, tracking_uri=pr.spec.tracking.uri)
+    if locked and state.state == "running":  # the holder is this process
+        status = (_read_json(state.run_dir / "run.json") or {}).get("status")
+        state = type(state)(pr.run_id, "finished" if status == "finished" else "interrupted", state.run_dir, status)
+    if state.state == "running" and not options.wait:
+        holder = state.holder.describe() if state.holder else "another process"
+        raise RunBusy(f"run {pr.run_id} is training in {holder};",
+                      f"wait for it (mcx run --wait) or look at it with `mcx show {pr.run_id}`.")
+    if state.state != "finished" or options.force:
+        return None
+    run_json = _read_json(state.run_dir / "run.json") or {}
+    summary = {**run_json.get("summary", {}), "run_id": pr.run_id, "cached": True, "exit_code": 0}
+    summary.setdefault("status", state.status or "finished")
+    console.print(f"[bold]run {pr.run_id}[/] already finished ({summary['status']}); not training again. "
+                  f"Use --force to retrain, `mcx show {pr.run_id}` for its record.")
+    return summary
+
+
+def _archive(project: Path, rdir: Path) -> None:
+    """--force: keep the previous attempt under .mcx/archive/ instead of deleting it."""
+    if not rdir.exists():
+        return
+    dest = project / ".mcx" / "archive" / f"{rdir.name}-{time.strftime('%Y%m%dT%H%M%S')}"
+    dest.mkdir(parents=True)
+    for child in rdir.iterdir():
+        if child.name != "lock":
+            shutil.move(str(child), dest / child.name)
+
+
+def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dict[str, Any]:
+    from mcx.launch import render_sbatch, worker_env
+    from mcx.plan.stages import stage_spec
+    from mcx.report.plan_view import render_plan
+
+    console.print(render_plan(pr.plan_dict, pr.run_id))
+    scripts: dict[str, str] = {}
+    te = te_available(pr.spec)
+    for stage in stages:
+        sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te, vocab_size=pr.plan.vocab_size)
+        if sspec.launch.kind == "slurm":
+            scripts[stage] = render_sbatch(rdir / stage, slayout.job_dict(), sspec.launch, worker_env(sspec))
+            console.print(f"\n[bold]{stage} stage: sbatch script[/]")
+            console.print(scripts[stage], markup=False, highlight=False)
+        else:
+            console.print(f"\n[bold]{stage} stage[/]: {sspec.launch.kind} launcher, layout {slayout.job_dict()}")
+    return {"run_id": pr.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},
+            "scripts": scripts, "exit_code": 0}
+
+
+def _write_run_files(pr: PlanResult, rdir: Path, stages: list[str], options: RunOptions) -> None:
+    from mcx.fingerprint.record import record_to_dict
+    from mcx.track.paths import write_json_atomic
+
+    rdir.mkdir(parents=True, exist_ok=True)
+    (rdir / "spec.toml").write_text(dump_spec(pr.spec), encoding="utf-8")
+    write_json_atomic(rdir / "fingerprint.json", record_to_dict(pr.record))
+    write_json_atomic(rdir / "plan.json", pr.plan_dict)
+    run_json = _read_json(rdir / "run.json") or {}
+    run_json.update({"run_id": pr.run_id, "name": pr.spec.name, "status": "running",
+                     "started": run_json.get("started", time.time()), "stages_planned": stages,
+                     "skip_smoke": "smoke" not in stages, "launcher": pr.spec.launch.kind})
+    write_json_atomic(rdir / "run.json", run_json)
+
+
+def _device(spec: ExperimentSpec, pr: PlanResult) -> str:
+    if spec.hardware.gpu == "cpu":
+        return "cpu"
+    if spec.launch.kind == "slurm":
+        return "cuda"
+    probed = (pr.record.hardware.get("info") or {}).get("gpus") or []
+    return "cuda" if probed else "cpu"
+
+
+def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages: list[str], options: RunOptions,
+           console: Any, reproduces: str | None, reproduction: str | None) -> dict[str, Any]:
+    from mcx.track.paths import write_json_atomic
+    from mcx.track.recorder import RunRecorder
+
+    _write_run_files(pr, rdir, stages, options)
+    rec = RunRecorder.for_run(project, rdir, reproduces=reproduces, reproduction=reproduction)
+    tags = {"mcx.skip_smoke": "true"} if "smoke" not in stages else {}
+    rec.start(launcher=pr.spec.launch.kind, tags=tags)
+    results: dict[str, dict[str, Any]] = {}
+    status, error, exit_code = "finished", None, 0
+    started = time.time()
+    try:
+        if stages == ["full"] and options.stage == "full" and not options.skip_smoke and pr.spec.smoke.enabled:
+            prior = _read_json(rdir / "smoke" / "result.json")
+            if not (prior and prior.get("passed")):
+                raise TrainingFailed("the smoke stage of this run has not passed;",
+                                     "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
+        for stage in stages:
+            result = _run_stage(stage, pr, project=project, rdir=rdir, data_dir=data_dir, rec=rec,
+                                options=options, console=console)
+            results[stage] = result
+            if result.get("status") != "finished" or not result.get("passed", True):
+                status = result.get("status", "failed")
+                status = status if status in ("diverged", "preempted") else "failed"
+                error = _explain_failure(stage, result)
+                exit_code = 0 if status == "preempted" else 1
+                break
+    except KeyboardInterrupt:
+        status, error, exit_code = "interrupted", "interrupted by the user; run again to resume", 130
+    summary = _summary(pr, results, status, error, exit_code, time.time() - started)
+    if status == "finished" and "full" in results:
+        summary["baseline"] = _baseline(project, pr, results["full"])
+        if summary["baseline"] and summary["baseline"].get("verdict") == "regress":
+            summary["exit_code"] = 1
+            summary["error"] = "held-out metrics regressed against the baseline: " + summary["baseline"]["detail"]
+    run_json = _read_json(rdir / "run.json") or {}
+    done = status == "finished" and results.get("full", {}).get("status") == "finished"
+    run_json.update({"status": status if (done or status != "finished") else "smoke-passed",
+                     "ended": time.time(), "summary": summary})
+    write_json_atomic(rdir / "run.json", run_json)
+    rec.finish(status if status in ("finished", "failed", "diverged", "preempted", "interrupted") else "failed",
+               tags={"mcx.baseline.verdict": str((summary.get("baseline") or {}).get("verdict", "none"))})
+    entry = rec.close()
+    summary["tracking"] = {"target": entry.target, "state": entry.state, "error": entry.error}
+    if entry.state == "pending":
+        console.print(f"[yellow]tracking store unreachable ({entry.error}); records are spooled: run `mcx sync`[/]")
+    _print_summary(console, summary)
+    if summary["exit_code"] and summary.get("error"):
+        console.print(f"[red]mcx: {summary['error']}[/]")
+    return summary
+
+
+def _job(stage: str, sspec: ExperimentSpec, slayout: Any, pr: PlanResult, sdir: Path, data_dir: Path,
+         options: RunOptions) -> dict[str, Any]:
+    from mcx.data.dataset import smoke_samples_limit
+
+    limit = None
+    if stage == "smoke":
+        limit = smoke_samples_limit(data_dir, sspec.data.split, sspec.model.seq_length, pr.spec.smoke.data_fraction,
+                                    sspec.data.prefix)
+    ckpt = Path(pr.spec.checkpoint.dir) / pr.run_id / stage if pr.spec.checkpoint.dir else sdir / "checkpoints"
+    return {"run_id": pr.run_id, "stage": stage, "spec": spec_to_dict(sspec), "layout": slayout.job_dict(),
+            "data_dir": str(data_dir.resolve()), "checkpoint_dir": str(ckpt.resolve()), "train_samples_limit": limit,
+            "checks": {"resume_check_iters": pr.spec.smoke.resume_check_iters, "loss_window": pr.spec.smoke.loss_window,
+                       "min_loss_drop": pr.spec.smoke.min_loss_drop},
+            "device": _device(sspec, pr), "output": options.output}
+
+
+def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, rec: Any,
+               options: RunOptions, console: Any) -> dict[str, Any]:
+    from mcx.launch import launcher_for, read_result, worker_env
+    from mcx.launch.base import clear_result, latest_checkpoint
+    from mcx.plan.stages import stage_spec
+    from mcx.track.paths import write_json_atomic
+
+    sdir = rdir / stage
+    prior = read_result(sdir)
+    if prior and prior.get("status") == "finished" and prior.get("passed", True):
+        console.print(f"[bold]{stage} stage[/] already finished in {sdir}; reusing it")
+        return prior
+    sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te_available(pr.spec),
+                                vocab_size=pr.plan.vocab_size)
+    sdir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(sdir / "job.json", _job(stage, sspec, slayout, pr, sdir, data_dir, options))
+    resume = latest_checkpoint(sdir)
+    clear_result(sdir)
+    console.print(f"[bold]{stage} stage[/]: {sspec.model.num_layers} layers, hidden {sspec.model.hidden_size}, "
+                  f"seq {sspec.model.seq_length}, {sspec.train.train_iters} steps, layout "
+                  f"TP{slayout.tp} PP{slayout.pp} CP{slayout.cp} EP{slayout.ep} DP{slayout.dp} "
+                  f"({sspec.launch.kind})" + (f"; resuming from {resume}" if resume else ""))
+    rec.start_stage(stage)
+    launcher = launcher_for(sspec.launch)
+    with rec.forwarder(stage):
+        handle = launcher.start(sdir, slayout.job_dict(), sspec.launch, worker_env(sspec))
+        forwarding = getattr(handle, "forwarding_signals", None)
+        if forwarding is not None:
+            with forwarding():
+                outcome = handle.wait()
+        else:
+            outcome = handle.wait()
+    result = read_result(sdir) or {"status": "failed", "passed": False, "checks": {},
+                                   "error": f"the worker wrote no result ({outcome.state}: {outcome.detail})"}
+    if outcome.state not in ("finished", "failed") and result.get("status") == "finished":
+        result = {**result, "status": "failed", "error": f"launch ended {outcome.state}: {outcome.detail}"}
+    if outcome.state == "preempted" and result.get("status") != "preempted":
+        result = {**result, "status": "preempted", "error": outcome.detail}
+    checkpoint = None
+    if result.get("status") == "finished" and pr.spec.tracking.log_checkpoints:
+        checkpoint = _track_checkpoint(project, sdir, pr, console)
+    if stage == "smoke" and result.get("status") == "finished":
+        result.setdefault("control_checks", {})["memory_prediction"] = _memory_prediction(pr, result)
+    rec.finish_stage(stage, checkpoint=checkpoint)
+    return result
+
+
+def _track_checkpoint(project: Path, sdir: Path, pr: PlanResult, console: Any) -> dict[str, Any] | None:
+    from mcx.launch.base import latest_checkpoint
+    from mcx.track.dvc_store import track_checkpoint
+
+    latest = latest_checkpoint(sdir)
+    if latest is None:
+        return None
+    ckpt_dir = Path(_read_json(sdir / "job.json")["checkpoint_dir"]) / latest
+    try:
+        return track_checkpoint(project, ckpt_dir, remote=pr.spec.tracking.dvc_remote).to_dict()
+    except McxError as exc:
+        console.print(f"[yellow]checkpoint not added to DVC: {exc}[/]")
+        return None
+
+
+def _memory_prediction(pr: PlanResult, smoke_result: dict[str, Any]) -> dict[str, Any]:
+    """Full-model peak memory predicted from the smoke stage's measurement and the planner's model."""
+    measured = (smoke_result.get("final") or {}).get("mem_peak_bytes")
+    smoke_plan = (pr.plan_dict.get("smoke") or {}).get("memory_per_gpu_bytes")
+    full_plan = pr.plan_dict.get("memory_per_gpu_bytes")
+    if not measured or not smoke_plan or not full_plan or smoke_result.get("device", "cuda") == "cpu":
+        return {"passed": True, "detail": "not comparable on this device (CPU memory is not GPU memory)"}
+    predicted = full_plan * (measured / smoke_plan)
+    capacity = pr.plan_dict.get("memory", {}).get("capacity_bytes")
+    fits = capacity is None or predicted <= capacity
+    return {"passed": bool(fits), "measured_smoke_bytes": measured, "planned_smoke_bytes": smoke_plan,
+            "planned_full_bytes": full_plan, "predicted_full_bytes": predicted, "capacity_bytes": capacity,
+            "detail": f"full stage predicted at {predicted / 2**30:.1f} GiB per GPU (planner: {full_plan / 2**30:.1f} GiB)"}
+
+
+def _explain_failure(stage: str, result: dict[str, Any]) -> str:
+    failed = [f"{name}: {c.get('detail', '')}" for name, c in (result.get("checks") or {}).items()
+              if isinstance(c, dict) and c.get("passed") is False]
+    base = f"the {stage} stage {result.get('status', 'failed')}"
+    if result.get("error"):
+        base += f": {result['error']}"
+    if failed:
+        base += "; failing checks: " + "; ".join(failed)
+    if result.get("advice"):
+        base += "\n" + "\n".join(f"  - {a}" for a in result["advice"])
+    return base
+
+
+def _baseline(project: Path, pr: PlanResult, full: dict[str, Any]) -> dict[str, Any] | None:
+    ref = pr.spec.baseline.run
+    if not ref:
+        return None
+    from mcx.track.baseline import baseline_metrics, compare_to_baseline, resolve
+
+    try:
+        base_id = resolve(project, ref, tracking_uri=pr.spec.tracking.uri)
+        base = baseline_metrics(project, base_id, tracking_uri=pr.spec.tracking.uri)
+    except McxError as exc:
+        return {"verdict": "unknown", "detail": str(exc), "baseline": ref}
+    finals = {k: v for k, v in (full.get("final") or {}).items() if isinstance(v, (int, float))}
+    out = compare_to_baseline(finals, base, pr.spec.baseline.tolerances)
+    detail = ", ".join(str(r) for r in out.get("regressed", [])) or "within tolerance"
+    return {"baseline": ref, "baseline_run_id": base_id, "detail": detail, **out}
+
+
+def _stage_summary(result: dict[str, Any]) -> dict[str, Any]:
+    return {"status": result.get("status"), "passed": bool(result.get("passed")), "checks": result.get("checks", {}),
+            "control_checks": result.get("control_checks", {}), "metrics": result.get("final", {}),
+            "steps": result.get("steps"), "layer_spec": result.get("layer_spec"), "error": result.get("error")}
+
+
+def _summary(pr: PlanResult, results: dict[str, dict[str, Any]], status: str, error: str | None, exit_code: int,
+             seconds: float) -> dict[str, Any]:
+    final = (results.get("full") or results.get("smoke") or {}).get("final", {})
+    return {"run_id": pr.run_id, "name": pr.spec.name, "status": status, "cached": False,
+            "stages": {k: _stage_summary(v) for k, v in results.items()}, "final": final,
+            "error": error, "exit_code": exit_code, "wall_time_s": seconds}
+
+
+def _print_summary(console: Any, summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"run {summary['run_id']} ({summary['name']}): {summary['status']}", title_justify="left")
+    for col in ("stage", "status", "checks", "final train loss", "valid loss", "tokens/s/GPU", "MFU"):
+        t.add_column(col)
+    for name, st in summary["stages"].items():
+        checks = st.get("checks") or {}
+        passed = sum(1 for c in checks.values() if isinstance(c, dict) and c.get("passed"))
+        m = st.get("metrics") or {}
+        mfu = m.get("mfu")
+        t.add_row(name, str(st.get("status")), f"{passed}/{len(checks)}" if checks else "-",
+                  _fmt(m.get("train_loss")), _fmt(m.get("valid_loss")), _fmt(m.get("tokens_per_s_per_gpu"), ".0f"),
+                  f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "unknown")
+    console.print(t)
+
+
+def _fmt(v: Any, f: str = ".4f") -> str:
+    return format(v, f) if isinstance(v, (int, float)) else "-"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
