@@ -1,9 +1,10 @@
 """A bare, tuned Megatron-Core training loop: the speed that mcx's runner must match.
 
 This is the independent reference for ``benchmarks/throughput.py``. It never imports ``mcx.train``:
-it reads the same mcx spec (``mcx.spec``, ``mcx.plan``: pure Python) and builds the same model
-with Megatron-Core 0.19.2 directly, wired the way Megatron-LM's ``pretrain_gpt.py`` /
-``training.py`` wire it:
+it reads the same mcx spec with the same overrides (``throughput.spec_overrides`` /
+``load_benchmark_spec``: pure ``mcx.spec`` and ``mcx.plan``), builds the same model with
+Megatron-Core 0.19.2 directly, wired the way Megatron-LM's ``pretrain_gpt.py`` / ``training.py``
+wire it, and is scored by the same function as mcx's run (``throughput.score``):
 
 * GPTModel, LLaMA style from the spec: RMSNorm, SwiGLU (gated linear unit + SiLU), RoPE with the
   spec's ``rotary_base``, grouped-query attention, untied embeddings, no biases, bf16 parameters;
@@ -28,7 +29,8 @@ around each). Reported, as one JSON line on stdout (rank 0) and in ``--out``:
     tflops_per_gpu, mfu    Megatron's FLOPs (mcx.plan.flops) over the same time; MFU against the
                            bf16 dense peak of the GPU (mcx.plan.hardware), null if unknown
     *_median               the same from the median step time
-    mem_peak_bytes         torch.cuda.max_memory_allocated() over the whole run
+    mem_peak_bytes         torch.cuda.max_memory_allocated() over the whole run (rank 0, as mcx's
+                           metrics; *_max_rank: the largest over ranks)
 
     python benchmarks/bare_mcore.py --spec experiments/h200_1gpu.toml --impl local --mbs 2
     torchrun --standalone --nproc-per-node 2 benchmarks/bare_mcore.py --spec experiments/h200_2gpu.toml
@@ -46,7 +48,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import types
@@ -83,88 +84,16 @@ with warnings.catch_warnings():  # Megatron-Core warns at import about optional 
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.utils import divide
 
-from mcx.data.dataset import read_manifest
-from mcx.plan.flops import flops_per_iteration
 from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
-from mcx.plan.layout import Layout, resolve_layout
+from mcx.plan.layout import Layout
 from mcx.plan.params import count_params, padded_vocab_size
-from mcx.spec import ExperimentSpec, load_spec
-
-IMPLS = {"local": "local", "te": "transformer_engine"}
-FP8 = {"hybrid": "fp8-hybrid", "e4m3": "fp8-e4m3"}
+from mcx.spec import ExperimentSpec
+from throughput import FP8, IMPLS, load_benchmark_spec, score, spec_overrides  # the benchmark's definition
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp8-hybrid": torch.bfloat16, "fp8-e4m3": torch.bfloat16}
 # What Megatron-LM sets for --deterministic-mode runs; read when CUDA, cuBLAS and NCCL start.
 DETERMINISTIC_ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}
 DATA_SEED = 1234
-
-
-# -- the benchmark's spec (pure: mcx.spec, mcx.plan) ----------------------------------------------
-
-def spec_overrides(*, impl: str, fp8: str | None = None, mbs: int | None = None, seq: int | None = None,
-                   layers: int | None = None, gpus: int | None = None, deterministic: bool = False,
-                   extra: list[str] | tuple[str, ...] = ()) -> list[str]:
-    """The ``--set`` overrides that turn a shipped spec into the benchmarked one (both runners use
-    them). ``fp8``: None leaves ``train.precision`` as the spec says; "none" is resolved by
-    :func:`load_benchmark_spec` (bf16 when the spec asks for FP8)."""
-    out = [f'model.transformer_impl="{IMPLS[impl]}"']
-    if fp8 in FP8:
-        out.append(f'train.precision="{FP8[fp8]}"')
-    if mbs is not None:
-        out.append(f"train.micro_batch_size={mbs}")
-    if seq is not None:
-        out.append(f"model.seq_length={seq}")
-    if layers is not None:
-        out.append(f"model.num_layers={layers}")
-    if gpus is not None:
-        out += ["hardware.nodes=1", f"hardware.gpus_per_node={gpus}"]
-    if deterministic:
-        out.append("train.deterministic=true")
-    return out + list(extra)
-
-
-def vocab_size(spec: ExperimentSpec, project: Path) -> int:
-    """What mcx's worker uses: ``model.vocab_size``, else the dataset tokenizer's vocabulary."""
-    if spec.model.vocab_size is not None:
-        return spec.model.vocab_size
-    return int(read_manifest(project / spec.data.path)["tokenizer"]["vocab_size"])
-
-
-def load_benchmark_spec(path: str, overrides: list[str], *, impl: str, fp8: str | None,
-                        project: Path) -> tuple[ExperimentSpec, list[str], Layout, int]:
-    """(spec, the overrides applied, layout as mcx plans it, vocabulary size)."""
-    spec = load_spec(path, overrides)
-    if fp8 == "none" and spec.train.precision.startswith("fp8"):
-        overrides = [*overrides, 'train.precision="bf16"']
-        spec = load_spec(path, overrides)
-    vocab = vocab_size(spec, project)
-    layout, _, _ = resolve_layout(spec, te_available=impl == "te", vocab_size=vocab)
-    return spec, overrides, layout, vocab
-
-
-def throughput(spec: ExperimentSpec, world_size: int, padded_vocab: int, step_times: list[float],
-               peak_flops: float | None) -> dict[str, Any]:
-    """Tokens/s and FLOP/s per GPU over timed optimizer steps of ``spec``'s global batch.
-
-    Primary figures: total tokens / total time (the time-weighted mean, what a long run sustains);
-    ``*_median``: from the median step time. Both runners are scored with this one function.
-    """
-    t, seq = spec.train, spec.model.seq_length
-    tokens = t.global_batch_size * seq / world_size  # per step and GPU
-    flops = flops_per_iteration(spec.model, padded_vocab=padded_vocab, global_batch_size=t.global_batch_size,
-                                seq_length=seq) / world_size
-    total, median = sum(step_times), statistics.median(step_times)
-
-    def rates(step_time: float) -> dict[str, float | None]:
-        tflops = flops / step_time / 1e12
-        return {"tokens_per_s_per_gpu": tokens / step_time, "tflops_per_gpu": tflops,
-                "mfu": tflops * 1e12 / peak_flops if peak_flops else None}
-
-    mean = rates(total / len(step_times))
-    return {**mean, **{f"{k}_median": v for k, v in rates(median).items()},
-            "step_time_s_mean": total / len(step_times), "step_time_s_median": median,
-            "step_time_s_min": min(step_times), "step_time_s_max": max(step_times),
-            "steps_timed": len(step_times), "tokens_per_step_per_gpu": tokens, "flops_per_step_per_gpu": flops}
 
 
 # -- the model (Megatron-Core) ----------------------------------------------------------------------
@@ -288,7 +217,8 @@ def _init_distributed(layout: Layout, cuda: bool) -> tuple[int, int]:
         raise SystemExit(f"bare_mcore: started {world} process(es) but the spec's layout needs {layout.world_size} "
                          f"(tp={layout.tp} pp={layout.pp} cp={layout.cp} dp={layout.dp}); "
                          f"run it with torchrun --nproc-per-node {layout.world_size}")
-    backend, kwargs = ("nccl", {"device_id": torch.device("cuda", torch.cuda.current_device())}) if cuda else ("gloo", {})
+    backend = "nccl" if cuda else "gloo"
+    kwargs = {"device_id": torch.device("cuda", torch.cuda.current_device())} if cuda else {}
     timeout = datetime.timedelta(minutes=30)
     if world == 1 and "MASTER_ADDR" not in os.environ:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs)
@@ -413,9 +343,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     name = torch.cuda.get_device_name()
     gpu = gpu_from_name(name)
     peak = mfu_peak_flops(gpu) if gpu else None
-    mem_peak = torch.tensor([torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()], device="cuda")
+    mem = [torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()]
+    mem_max = torch.tensor(mem, device="cuda")
     if world > 1:
-        dist.all_reduce(mem_peak, op=dist.ReduceOp.MAX)
+        dist.all_reduce(mem_max, op=dist.ReduceOp.MAX)
     result = {
         "runner": "bare_mcore", "spec": args.spec, "overrides": overrides,
         "layer_spec": IMPLS[args.impl], "core_attention": "TEDotProductAttention" if te else "torch_sdpa",
@@ -423,9 +354,11 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "layout": layout.job_dict(), "world_size": world, "micro_batch_size": t.micro_batch_size,
         "global_batch_size": t.global_batch_size, "num_microbatches": micro, "seq_length": seq,
         "vocab_size": vocab, "padded_vocab_size": padded, "warmup_steps": args.warmup,
-        **throughput(spec, world, padded, step_times, peak),
+        **score(spec, world, padded, step_times, peak),
         "step_times_s": step_times, "loss_first": losses[0], "loss_last": losses[-1],
-        "mem_peak_bytes": int(mem_peak[0].item()), "mem_reserved_peak_bytes": int(mem_peak[1].item()),
+        # Rank 0's, as mcx's metrics record it; and the largest over ranks.
+        "mem_peak_bytes": mem[0], "mem_reserved_peak_bytes": mem[1],
+        "mem_peak_bytes_max_rank": int(mem_max[0].item()), "mem_reserved_peak_bytes_max_rank": int(mem_max[1].item()),
         "gpu_name": name, "gpu": gpu, "peak_flops": peak,
         "gradient_accumulation_fusion": config.gradient_accumulation_fusion, "versions": _versions(),
     }
@@ -523,8 +456,8 @@ def cpu_check(args: argparse.Namespace) -> dict[str, Any]:
         per_token = model(x[:, :-1], position_ids, None, labels=x[:, 1:])
         loss, tokens, _ = loss_func(torch.ones(t.micro_batch_size, seq), per_token)
         (loss / tokens).backward()
-        out.update(loss=float(loss.detach() / tokens), log_padded_vocab=math.log(padded), loss_shape=list(per_token.shape),
-                   forward_backward_s=time.perf_counter() - start)
+        out.update(loss=float(loss.detach() / tokens), log_padded_vocab=math.log(padded),
+                   loss_shape=list(per_token.shape), forward_backward_s=time.perf_counter() - start)
         no_grad = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()
                    or not p.grad.abs().sum() > 0]
         out["params_without_finite_nonzero_grad"] = no_grad

@@ -1,0 +1,326 @@
+"""mcx's runner against a bare Megatron-Core loop: same spec, GPU, data shapes and micro-batch.
+
+One process runs, one after the other (in ``--runners`` order):
+
+    bare   benchmarks/bare_mcore.py: Megatron-Core 0.19.2 wired by hand (no mcx.train), synthetic tokens
+    mcx    mcx's worker, ``python -m mcx.train STAGE_DIR``, started by mcx's own launcher for the spec
+           (local, or torchrun for several GPUs) on a job.json built here as the control plane builds
+           it (spec with the same overrides, ``mcx.plan.layout.resolve_layout``, ``stage_spec(..,
+           "full")``), reading the spec's real dataset
+
+Both train ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps of the spec's global
+batch. The bare loop times each step itself; mcx's times come from its metrics.jsonl
+(``step_time_s`` of steps warmup+1 .. warmup+steps). mcx's worker is stopped (SIGKILL) as soon as
+those lines are written: the final checkpoint of a multi-billion-parameter model (tens of GB) and
+the evaluation passes are not part of the measurement. Both are scored by one function,
+:func:`score`: tokens per second per GPU = global-batch tokens x steps / the summed step times /
+GPUs (the time-weighted mean; the median-step figures are reported beside it).
+
+Printed (and written to ``--out``) as one JSON object: both runs, ``ratio`` = mcx tokens/s over
+bare tokens/s (target >= 0.99), the ratio of the medians, both MFUs and peak memories.
+
+    PYTHONPATH=/tmp/site:$PWD python benchmarks/throughput.py --spec experiments/h200_1gpu.toml --impl local --mbs 2
+    PYTHONPATH=/tmp/site:$PWD python benchmarks/throughput.py --spec experiments/h200_2gpu.toml --gpus 2 --impl te
+
+This module is also where the benchmark is defined for both runners (:func:`spec_overrides`,
+:func:`load_benchmark_spec`, :func:`score`): pure Python on ``mcx.spec`` and ``mcx.plan``, no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from attrs import evolve
+
+from mcx.data.dataset import read_manifest
+from mcx.hashing import digest, short_id
+from mcx.launch import launcher_for, worker_env
+from mcx.launch.env import omp_threads
+from mcx.plan.flops import flops_per_iteration
+from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
+from mcx.plan.layout import Layout, resolve_layout
+from mcx.plan.params import padded_vocab_size
+from mcx.plan.stages import stage_spec
+from mcx.spec import ExperimentSpec, load_spec, spec_to_dict
+
+HERE = Path(__file__).resolve().parent
+TARGET_RATIO = 0.99
+IMPLS = {"local": "local", "te": "transformer_engine"}
+FP8 = {"hybrid": "fp8-hybrid", "e4m3": "fp8-e4m3"}
+
+
+# -- the benchmark, for both runners ----------------------------------------------------------------
+
+def spec_overrides(*, impl: str, fp8: str | None = None, mbs: int | None = None, seq: int | None = None,
+                   layers: int | None = None, gpus: int | None = None, deterministic: bool = False,
+                   extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The ``--set`` overrides that turn a shipped spec into the benchmarked one. ``fp8``: None
+    keeps the spec's ``train.precision``; "none" is resolved by :func:`load_benchmark_spec`."""
+    out = [f'model.transformer_impl="{IMPLS[impl]}"']
+    if fp8 in FP8:
+        out.append(f'train.precision="{FP8[fp8]}"')
+    if mbs is not None:
+        out.append(f"train.micro_batch_size={mbs}")
+    if seq is not None:
+        out.append(f"model.seq_length={seq}")
+    if layers is not None:
+        out.append(f"model.num_layers={layers}")
+    if gpus is not None:
+        out += ["hardware.nodes=1", f"hardware.gpus_per_node={gpus}"]
+    if deterministic:
+        out.append("train.deterministic=true")
+    return out + list(extra)
+
+
+def vocab_size(spec: ExperimentSpec, project: Path) -> int:
+    """What mcx's worker uses: ``model.vocab_size``, else the dataset tokenizer's vocabulary."""
+    if spec.model.vocab_size is not None:
+        return spec.model.vocab_size
+    return int(read_manifest(project / spec.data.path)["tokenizer"]["vocab_size"])
+
+
+def load_benchmark_spec(path: str, overrides: list[str], *, impl: str, fp8: str | None,
+                        project: Path) -> tuple[ExperimentSpec, list[str], Layout, int]:
+    """(spec, the overrides applied, the layout mcx plans for it, vocabulary size)."""
+    spec = load_spec(path, overrides)
+    if fp8 == "none" and spec.train.precision.startswith("fp8"):
+        overrides = [*overrides, 'train.precision="bf16"']
+        spec = load_spec(path, overrides)
+    vocab = vocab_size(spec, project)
+    layout, _, _ = resolve_layout(spec, te_available=impl == "te", vocab_size=vocab)
+    return spec, overrides, layout, vocab
+
+
+def score(spec: ExperimentSpec, world_size: int, padded_vocab: int, step_times: list[float],
+          peak_flops: float | None) -> dict[str, Any]:
+    """Tokens/s and TFLOP/s per GPU over timed optimizer steps of ``spec``'s global batch.
+
+    Primary: total tokens / total time (the time-weighted mean: what a long run sustains);
+    ``*_median``: the same from the median step time. MFU against ``peak_flops`` (None: unknown).
+    """
+    t, seq = spec.train, spec.model.seq_length
+    tokens = t.global_batch_size * seq / world_size  # per step and GPU
+    flops = flops_per_iteration(spec.model, padded_vocab=padded_vocab, global_batch_size=t.global_batch_size,
+                                seq_length=seq) / world_size
+    mean, median = sum(step_times) / len(step_times), statistics.median(step_times)
+
+    def rates(step_time: float) -> dict[str, float | None]:
+        tflops = flops / step_time / 1e12
+        return {"tokens_per_s_per_gpu": tokens / step_time, "tflops_per_gpu": tflops,
+                "mfu": tflops * 1e12 / peak_flops if peak_flops else None}
+
+    return {**rates(mean), **{f"{k}_median": v for k, v in rates(median).items()},
+            "step_time_s_mean": mean, "step_time_s_median": median, "step_time_s_min": min(step_times),
+            "step_time_s_max": max(step_times), "steps_timed": len(step_times),
+            "tokens_per_step_per_gpu": tokens, "flops_per_step_per_gpu": flops}
+
+
+# -- the mcx run ------------------------------------------------------------------------------------
+
+def run_length_overrides(spec: ExperimentSpec, warmup: int, steps: int) -> list[str]:
+    """Enough iterations for the measurement plus one (the worker is stopped during the last), no
+    evaluation before the end, a launcher that can start the layout's processes."""
+    iters = warmup + steps + 1
+    out = [f"train.train_iters={iters}", f"train.eval_interval={iters}",
+           f"train.lr_warmup_iters={min(spec.train.lr_warmup_iters, iters - 1)}"]
+    world = spec.hardware.nodes * spec.hardware.gpus_per_node
+    if spec.launch.kind == "slurm" or (world > 1 and spec.launch.kind == "local"):
+        out.append(f'launch.kind="{"local" if world == 1 else "torchrun"}"')
+    return out
+
+
+def job_dict(spec: ExperimentSpec, layout: Layout, stage_dir: Path, data_dir: Path) -> dict[str, Any]:
+    """job.json of the full stage, per the job contract in docs/architecture.md."""
+    stage, stage_layout = stage_spec(spec, layout, "full")
+    job = {"stage": "full", "spec": spec_to_dict(stage), "layout": stage_layout.job_dict(),
+           "data_dir": str(data_dir), "checkpoint_dir": str(stage_dir / "checkpoints"), "train_samples_limit": None,
+           "checks": {"resume_check_iters": spec.smoke.resume_check_iters, "loss_window": spec.smoke.loss_window,
+                      "min_loss_drop": spec.smoke.min_loss_drop},
+           "device": "cpu" if spec.hardware.gpu == "cpu" else "cuda", "output": "quiet"}
+    return {"run_id": "bench-" + short_id(digest(job), 8), **job}
+
+
+def train_records(path: Path) -> list[dict[str, Any]]:
+    """The complete ``train`` lines of metrics.jsonl (a line being written is skipped)."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("kind") == "train":
+            out.append(rec)
+    return out
+
+
+def run_mcx(spec: ExperimentSpec, layout: Layout, project: Path, stage_dir: Path, *, warmup: int, steps: int,
+            timeout: float) -> dict[str, Any]:
+    if stage_dir.exists():
+        shutil.rmtree(stage_dir)
+    stage_dir.mkdir(parents=True)
+    job = job_dict(spec, layout, stage_dir, (project / spec.data.path).resolve())
+    (stage_dir / "job.json").write_text(json.dumps(job, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    log = stage_dir / "launch.log"
+    launcher = evolve(launcher_for(spec.launch), log=log)
+    handle = launcher.start(stage_dir, job["layout"], spec.launch, worker_env(spec))
+    metrics, wanted, start = stage_dir / "metrics.jsonl", warmup + steps, time.monotonic()
+    seen = 0
+    try:
+        while True:
+            records = train_records(metrics)
+            if len(records) > seen:
+                seen = len(records)
+                _say(f"mcx step {seen}/{wanted}: {records[-1]['step_time_s']:.3f} s, loss {records[-1]['loss']}")
+            if seen >= wanted or handle.poll() != "running" or time.monotonic() - start > timeout:
+                break
+            time.sleep(0.25)
+    finally:
+        handle.kill()  # no final checkpoint or evaluation: they are not measured
+        outcome = handle.wait()
+    records = {r["step"]: r for r in train_records(metrics)}
+    timed = [records[s] for s in range(warmup + 1, wanted + 1) if s in records]
+    if len(timed) < steps:
+        tail = log.read_text(encoding="utf-8", errors="replace")[-3000:] if log.is_file() else ""
+        worker = stage_dir / "worker.log"
+        tail += worker.read_text(encoding="utf-8", errors="replace")[-3000:] if worker.is_file() else ""
+        raise SystemExit(f"throughput: mcx's worker wrote {len(records)} of {wanted} steps "
+                         f"({outcome.state}: {outcome.detail}); stage directory {stage_dir}\n{tail}")
+    return {"runner": "mcx", "stage_dir": str(stage_dir), "job": {k: job[k] for k in ("run_id", "layout", "data_dir")},
+            "step_times_s": [r["step_time_s"] for r in timed], "loss_first": records[1]["loss"],
+            "loss_last": timed[-1]["loss"], "mem_peak_bytes": max(r["mem_peak_bytes"] for r in timed),
+            "self_reported_median": {k: statistics.median(r[k] for r in timed)
+                                     for k in ("tokens_per_s_per_gpu", "tflops_per_gpu")}}
+
+
+# -- the bare run -----------------------------------------------------------------------------------
+
+def run_bare(spec: ExperimentSpec, overrides: list[str], impl: str, spec_path: str, project: Path, out: Path, *,
+             warmup: int, steps: int, timeout: float) -> dict[str, Any]:
+    world = spec.hardware.nodes * spec.hardware.gpus_per_node
+    script = [str(HERE / "bare_mcore.py"), "--spec", spec_path, "--impl", impl, "--project", str(project),
+              "--warmup", str(warmup), "--steps", str(steps), "--out", str(out),
+              *[arg for o in overrides for arg in ("--set", o)]]
+    env = {**os.environ, **worker_env(spec)}  # what mcx's launcher gives its worker
+    if world == 1:
+        argv = [sys.executable, *script]
+    else:
+        env.setdefault("OMP_NUM_THREADS", omp_threads(world))  # as mcx's torchrun launcher
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(world), *script]
+    out.unlink(missing_ok=True)
+    done = subprocess.run(argv, cwd=project, env=env, stdout=subprocess.DEVNULL, timeout=timeout, check=False)
+    if done.returncode != 0 or not out.is_file():
+        raise SystemExit(f"throughput: the bare loop failed (exit {done.returncode}): {' '.join(argv)}")
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+# -- driver -----------------------------------------------------------------------------------------
+
+def gpu_peak_flops() -> tuple[str | None, float | None]:
+    """(device name, bf16 dense peak FLOP/s) of GPU 0 from nvidia-smi; None where unknown."""
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                               text=True, timeout=30, check=True).stdout.splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None, None
+    name = names[0].strip() if names else None
+    gpu = gpu_from_name(name) if name else None
+    return name, (mfu_peak_flops(gpu) if gpu else None)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(f"throughput: {text}\n")
+    sys.stderr.flush()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="mcx's runner vs a bare Megatron-Core loop on one spec: tokens/s ratio "
+                                f"(target >= {TARGET_RATIO}), MFU, peak memory.")
+    p.add_argument("--spec", default="experiments/h200_1gpu.toml")
+    p.add_argument("--impl", choices=sorted(IMPLS), default="local")
+    p.add_argument("--fp8", choices=["none", *FP8], default=None, help="default: the spec's precision")
+    p.add_argument("--mbs", type=int, help="micro batch size (default: the spec's)")
+    p.add_argument("--seq", type=int)
+    p.add_argument("--layers", type=int)
+    p.add_argument("--gpus", type=int, help="GPUs on the node (default: the spec's); 2 starts torchrun")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any other spec override")
+    p.add_argument("--deterministic", action="store_true")
+    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps, both runners")
+    p.add_argument("--warmup", type=int, default=5, help="untimed optimizer steps first, both runners")
+    p.add_argument("--runners", default="bare,mcx", help="which runs, in this order (bare,mcx | mcx,bare | one)")
+    p.add_argument("--project", default=".", help="project root (the spec's data path is relative to it)")
+    p.add_argument("--work-dir", help="where mcx's stage directory goes (default: a new temporary directory)")
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
+    p.add_argument("--out", help="also write the JSON result here")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    runners = [r.strip() for r in args.runners.split(",") if r.strip()]
+    if not runners or set(runners) - {"bare", "mcx"} or len(set(runners)) != len(runners):
+        raise SystemExit("throughput: --runners takes bare and/or mcx, comma-separated")
+    if args.steps < 1 or args.warmup < 0:
+        raise SystemExit("throughput: --steps must be >= 1 and --warmup >= 0")
+    project = Path(args.project).resolve()
+    base = spec_overrides(impl=args.impl, fp8=args.fp8, mbs=args.mbs, seq=args.seq, layers=args.layers,
+                          gpus=args.gpus, deterministic=args.deterministic, extra=args.set)
+    spec, overrides, _, _ = load_benchmark_spec(args.spec, base, impl=args.impl, fp8=args.fp8, project=project)
+    overrides = [*overrides, *run_length_overrides(spec, args.warmup, args.steps)]
+    spec, overrides, layout, vocab = load_benchmark_spec(args.spec, overrides, impl=args.impl, fp8=None,
+                                                         project=project)
+    world = layout.world_size
+    padded = padded_vocab_size(vocab, spec.model.make_vocab_size_divisible_by, layout.tp)
+    gpu_name, peak = gpu_peak_flops()
+    work = Path(args.work_dir).resolve() if args.work_dir else Path(tempfile.mkdtemp(prefix="mcx-throughput-"))
+    work.mkdir(parents=True, exist_ok=True)
+    _say(f"{args.spec} {' '.join(overrides)}; layout {layout.job_dict()}; work dir {work}")
+
+    runs: dict[str, dict[str, Any]] = {}
+    for runner in runners:
+        _say(f"running {runner}")
+        if runner == "bare":
+            run = run_bare(spec, overrides, args.impl, args.spec, project, work / "bare.json", warmup=args.warmup,
+                           steps=args.steps, timeout=args.timeout)
+        else:
+            run = run_mcx(spec, layout, project, work / "mcx" / "full", warmup=args.warmup, steps=args.steps,
+                          timeout=args.timeout)
+        runs[runner] = {**run, **score(spec, world, padded, run["step_times_s"], peak)}
+
+    result: dict[str, Any] = {
+        "spec": args.spec, "overrides": overrides, "impl": IMPLS[args.impl], "precision": spec.train.precision,
+        "layout": layout.job_dict(), "micro_batch_size": spec.train.micro_batch_size,
+        "global_batch_size": spec.train.global_batch_size, "seq_length": spec.model.seq_length,
+        "padded_vocab_size": padded, "gpu_name": gpu_name, "peak_flops": peak, "warmup": args.warmup,
+        "steps": args.steps, "order": runners,
+        "statistic": "tokens/s per GPU = global-batch tokens x timed steps / summed step times / GPUs "
+                     "(time-weighted mean); *_median from the median step time",
+        "runs": runs, "target": TARGET_RATIO,
+    }
+    if {"bare", "mcx"} <= runs.keys():
+        bare, mcx = runs["bare"], runs["mcx"]
+        ratio = mcx["tokens_per_s_per_gpu"] / bare["tokens_per_s_per_gpu"]
+        median = mcx["tokens_per_s_per_gpu_median"] / bare["tokens_per_s_per_gpu_median"]
+        result.update(ratio=ratio, ratio_median=median, meets_target=ratio >= TARGET_RATIO,
+                      mfu={"bare": bare["mfu"], "mcx": mcx["mfu"]},
+                      mem_peak_gib={"bare": bare["mem_peak_bytes"] / 2**30, "mcx": mcx["mem_peak_bytes"] / 2**30})
+    line = json.dumps(result, sort_keys=True)
+    print(line, flush=True)
+    if args.out:
+        Path(args.out).write_text(line + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
