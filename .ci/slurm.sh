@@ -136,8 +136,9 @@ start_daemons() {
   if alive "$CTLD_PID"; then
     say "slurmctld already running (pid $(cat "$CTLD_PID"))"
   else
-    slurmctld  # daemonises; -c would clear saved jobs, the state is kept across restarts
-    say "started slurmctld"
+    # -c: start with no jobs; a test cluster must not replay jobs left by an earlier session.
+    slurmctld -c
+    say "started slurmctld (empty queue)"
   fi
   if alive "$SLURMD_PID"; then
     say "slurmd already running (pid $(cat "$SLURMD_PID"))"

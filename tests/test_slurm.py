@@ -150,6 +150,23 @@ def test_two_processes_complete_through_sbatch_with_hostile_values(tmp_path: Pat
     assert not list(tmp_path.rglob("INJECTED"))
 
 
+def test_a_failing_worker_fails_the_job_with_its_error(tmp_path: Path, handles):
+    stage_dir = make_stage(tmp_path, steps=5, step_seconds=0.0, fail_at_step=2)
+    outcome = submit(handles, stage_dir, 1, {}).wait(120)
+    assert outcome.state == "failed", outcome.detail
+    assert outcome.exit_code == 1  # torchrun's code for a failed worker, the batch script's too
+    assert "fail_at_step reached" in outcome.detail and str(outcome.log) in outcome.detail
+
+
+def test_a_job_slurm_forgot_is_judged_by_its_result(tmp_path: Path):
+    stage_dir = make_stage(tmp_path)
+    handle = SlurmHandle("999999", stage_dir)  # no such job: the controller answers "Invalid job id"
+    assert handle.poll() == "failed"
+    assert "no longer known to Slurm" in handle.wait(5).detail
+    (stage_dir / "result.json").write_text('{"status": "finished", "steps": 3}')
+    assert handle.wait(5).state == "finished"
+
+
 def test_scancel_reports_cancelled_after_the_worker_checkpointed(tmp_path: Path, handles):
     stage_dir = make_stage(tmp_path, steps=1000, step_seconds=0.1)
     handle = submit(handles, stage_dir, 1, {})
@@ -174,10 +191,10 @@ def test_time_limit_reports_timeout(tmp_path: Path, handles):
 
 
 def test_requeue_sends_sigterm_and_the_job_resumes_with_every_step_once(tmp_path: Path, handles):
-    steps = 40
-    stage_dir = make_stage(tmp_path, steps=steps, step_seconds=0.25)
+    steps = 24
+    stage_dir = make_stage(tmp_path, steps=steps, step_seconds=0.2)
     handle = submit(handles, stage_dir, 2, {})
-    wait_for_step(handle, 4)
+    wait_for_step(handle, 3)
     subprocess.run(["scontrol", "requeue", handle.job_id], check=True)  # what preemption does
     outcome = handle.wait(300)
     assert outcome.state == "finished", (outcome.detail, handle.log.read_text())
@@ -190,10 +207,10 @@ def test_requeue_sends_sigterm_and_the_job_resumes_with_every_step_once(tmp_path
 
 
 def test_time_limit_warning_checkpoints_and_requeues_itself(tmp_path: Path, handles):
-    steps = 40
-    stage_dir = make_stage(tmp_path, steps=steps, step_seconds=0.25)
+    steps = 24
+    stage_dir = make_stage(tmp_path, steps=steps, step_seconds=0.2)
     handle = submit(handles, stage_dir, 1, {}, signal_grace_seconds=60)
-    wait_for_step(handle, 4)
+    wait_for_step(handle, 3)
     # The warning --signal=B:USR1@60 delivers 60 s before the limit, sent now.
     subprocess.run(["scancel", "--batch", "--signal=USR1", handle.job_id], check=True)
     outcome = handle.wait(300)

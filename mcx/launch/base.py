@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -72,6 +73,11 @@ class Handle(Protocol):
     def wait(self, timeout: float | None = None) -> LaunchOutcome: ...
 
     def cancel(self) -> None: ...
+
+    def forwarding_signals(self) -> AbstractContextManager[None]:
+        """While inside, a Ctrl-C (SIGINT) or SIGTERM to the control plane stops the workers
+        gracefully (they checkpoint) where mcx owns them; a Slurm job is left to Slurm."""
+        ...
 
 
 class Launcher(Protocol):

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +205,10 @@ class SlurmHandle:
             if deadline is not None:
                 pause = max(0.0, min(pause, deadline - time.monotonic()))
             time.sleep(pause)
+
+    def forwarding_signals(self) -> AbstractContextManager[None]:
+        """Nothing to forward: a Ctrl-C stops following, the job runs on (``cancel`` ends it)."""
+        return nullcontext()
 
     def cancel(self) -> None:
         """scancel: Slurm sends SIGTERM to every process (the workers checkpoint), SIGKILL after
