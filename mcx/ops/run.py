@@ -53,12 +53,17 @@ def stages_for(options: RunOptions, spec: ExperimentSpec) -> list[str]:
 
 
 def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, console: Any,
-             run_dir: Path | None = None, reproduces: str | None = None, reproduction: str | None = None) -> dict[str, Any]:
-    """Train ``spec`` (or find it already trained). ``run_dir``/``reproduces`` are for reproductions."""
+             run_dir: Path | None = None, reproduces: str | None = None, reproduction: str | None = None,
+             code_path: Path | None = None) -> dict[str, Any]:
+    """Train ``spec`` (or find it already trained).
+
+    ``run_dir``, ``reproduces``, ``reproduction`` and ``code_path`` are for reproductions: the
+    fingerprint is taken over ``code_path`` (the recorded code state) and the worker runs from there.
+    """
     from mcx.plan.cost import check_budget
     from mcx.track import paths
 
-    pr = plan_loaded(spec, project, require_data=False)
+    pr = plan_loaded(spec, code_path or project, require_data=False)
     stages = stages_for(options, spec)
     rdir = run_dir or paths.run_dir(project, pr.run_id)
     if options.dry_run:
@@ -87,7 +92,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
             if options.force:
                 _archive(project, rdir)
         return _train(pr, project=project, rdir=rdir, data_dir=data_dir, stages=stages, options=options,
-                      console=console, reproduces=reproduces, reproduction=reproduction)
+                      console=console, reproduces=reproduces, reproduction=reproduction, code_path=code_path)
 
 
 def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *, locked: bool = False
@@ -168,7 +173,8 @@ def _device(spec: ExperimentSpec, pr: PlanResult) -> str:
 
 
 def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages: list[str], options: RunOptions,
-           console: Any, reproduces: str | None, reproduction: str | None) -> dict[str, Any]:
+           console: Any, reproduces: str | None, reproduction: str | None, code_path: Path | None = None
+           ) -> dict[str, Any]:
     from mcx.track.paths import write_json_atomic
     from mcx.track.recorder import RunRecorder
 
@@ -187,7 +193,7 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
                                      "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
         for stage in stages:
             result = _run_stage(stage, pr, project=project, rdir=rdir, data_dir=data_dir, rec=rec,
-                                options=options, console=console)
+                                options=options, console=console, code_path=code_path)
             results[stage] = result
             if result.get("status") != "finished" or not result.get("passed", True):
                 status = result.get("status", "failed")
@@ -211,7 +217,8 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
     rec.finish(status if status in ("finished", "failed", "diverged", "preempted", "interrupted") else "failed",
                tags={"mcx.baseline.verdict": str((summary.get("baseline") or {}).get("verdict", "none"))})
     entry = rec.close()
-    summary["tracking"] = {"target": entry.target, "state": entry.state, "error": entry.error}
+    summary["tracking"] = {"target": entry.target, "state": entry.state, "error": entry.error,
+                           "mlflow_run": rec.record_uuid("run")}
     if entry.state == "pending":
         console.print(f"[yellow]tracking store unreachable ({entry.error}); records are spooled: run `mcx sync`[/]")
     _print_summary(console, summary)
@@ -237,7 +244,7 @@ def _job(stage: str, sspec: ExperimentSpec, slayout: Any, pr: PlanResult, sdir: 
 
 
 def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, rec: Any,
-               options: RunOptions, console: Any) -> dict[str, Any]:
+               options: RunOptions, console: Any, code_path: Path | None = None) -> dict[str, Any]:
     from mcx.launch import launcher_for, read_result, worker_env
     from mcx.launch.base import clear_result, latest_checkpoint
     from mcx.plan.stages import stage_spec
@@ -261,7 +268,10 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
     rec.start_stage(stage)
     launcher = launcher_for(sspec.launch)
     with rec.forwarder(stage):
-        handle = launcher.start(sdir, slayout.job_dict(), sspec.launch, worker_env(sspec))
+        env = worker_env(sspec)
+        if code_path is not None:  # a reproduction: the worker imports the recorded mcx
+            env = {**env, "PYTHONPATH": str(code_path)}
+        handle = launcher.start(sdir, slayout.job_dict(), sspec.launch, env)
         forwarding = getattr(handle, "forwarding_signals", None)
         if forwarding is not None:
             with forwarding():

@@ -1,0 +1,60 @@
+"""`mcx compare`: config and fingerprint diffs, metric table with baseline deltas, loss curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import InputError
+
+
+def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseline: str | None, fmt: str,
+            out: str | None) -> Any:
+    """The report in ``fmt``; written to ``out`` (and None returned) when given."""
+    import json
+
+    from mcx.ops.records import run_dirs
+    from mcx.report.compare import compare as build
+    from mcx.report.rundata import load_run_dir
+
+    dirs = run_dirs(project, run_ids, experiment)
+    base = None
+    if baseline:
+        base_id = baseline
+        if not _looks_like_run_id(baseline):
+            from mcx.track.baseline import resolve
+
+            base_id = resolve(project, baseline)
+        base = load_run_dir(run_dirs(project, [base_id], None)[0])
+    runs = [load_run_dir(d) for d in dirs if base is None or d.name != base.run_id]
+    if not runs:
+        raise InputError("only the baseline was given;", "name at least one other run to compare with it.")
+    cmp = build(runs, base)
+    if fmt == "table":
+        from mcx.report.table import to_table
+
+        rendered: Any = to_table(cmp)
+    elif fmt == "md":
+        from mcx.report.markdown import to_markdown
+
+        rendered = to_markdown(cmp)
+    elif fmt == "json":
+        from mcx.report.jsondoc import to_json
+
+        rendered = json.dumps(to_json(cmp, curves=True), sort_keys=True, indent=1)
+    else:
+        from mcx.report.htmlpage import to_html
+
+        rendered = to_html(cmp)
+    if out:
+        if fmt == "table":
+            raise InputError("-o needs --format md, json or html;", "the table format prints to the terminal.")
+        Path(out).write_text(rendered, encoding="utf-8")
+        return None
+    return rendered
+
+
+def _looks_like_run_id(text: str) -> bool:
+    import re
+
+    return re.fullmatch(r"[0-9a-f]{12}", text) is not None

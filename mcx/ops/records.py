@@ -1,0 +1,75 @@
+"""`mcx ls`, `mcx show`, `mcx sync`, `mcx baseline`: reading and maintaining the records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import InputError
+
+
+def _uri(project: Path) -> str | None:
+    import os
+
+    return os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
+def list_runs(*, project: Path, experiment: str | None = None) -> list[dict[str, Any]]:
+    from mcx.track.query import list_runs as query
+
+    rows = query(project, _uri(project), include_tracking=True)
+    return [r for r in rows if experiment is None or r.get("name") == experiment]
+
+
+def show_run(run_id: str, *, project: Path) -> dict[str, Any]:
+    from mcx.track.paths import check_run_id
+    from mcx.track.query import show_run as query
+
+    return query(project, check_run_id(run_id), _uri(project), include_tracking=False)
+
+
+def sync(*, project: Path) -> dict[str, Any]:
+    from mcx.track.sync import sync as replay
+
+    report = replay(project, tracking_uri=_uri(project))
+    pending = report.pending()
+    summary = (f"sent {report.ops_sent} records and {report.metrics_sent} metrics for {len(report.runs)} runs"
+               + (f"; {len(pending)} still pending: {pending[0].error}" if pending else "; nothing pending"))
+    return {"ok": report.ok, "ops_sent": report.ops_sent, "metrics_sent": report.metrics_sent,
+            "runs": [{"run_id": e.run_id, "state": e.state, "error": e.error} for e in report.runs],
+            "summary": summary, "seconds": report.seconds}
+
+
+def baseline_set(name: str, run_id: str, *, project: Path) -> dict[str, Any]:
+    from mcx.track.baseline import set_baseline
+
+    b = set_baseline(project, name, run_id, tracking_uri=_uri(project))
+    return {"name": b.name, "run_id": b.run_id, "set_at": b.set_at}
+
+
+def baseline_list(*, project: Path) -> list[dict[str, Any]]:
+    from mcx.track.baseline import list_baselines
+
+    return [{"name": b.name, "run_id": b.run_id, "set_at": b.set_at} for b in list_baselines(project, tracking_uri=_uri(project))]
+
+
+def run_dirs(project: Path, run_ids: list[str], experiment: str | None) -> list[Path]:
+    """Run directories for explicit IDs, or every finished run of an experiment."""
+    from mcx.errors import RunIdError
+    from mcx.track.paths import check_run_id, run_dir
+    from mcx.track.query import list_runs as query
+
+    if experiment:
+        rows = [r for r in query(project, None) if r.get("name") == experiment and r.get("status") == "finished"]
+        if not rows:
+            raise InputError(f"no finished run of experiment {experiment!r} in this project;", "list runs with `mcx ls`.")
+        run_ids = [*run_ids, *[r["run_id"] for r in reversed(rows)]]
+    if not run_ids:
+        raise InputError("no runs to compare;", "give run IDs (see `mcx ls`) or --experiment NAME.")
+    out = []
+    for rid in dict.fromkeys(run_ids):
+        rdir = run_dir(project, check_run_id(rid))
+        if not (rdir / "spec.toml").exists():
+            raise RunIdError(f"unknown run ID {rid}: no run directory {rdir};", "list runs with `mcx ls`.")
+        out.append(rdir)
+    return out

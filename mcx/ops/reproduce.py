@@ -1,0 +1,139 @@
+"""`mcx reproduce RUN_ID`: restore code, environment check, data and config; rerun; give a verdict.
+
+The recorded code state is re-created as a git worktree at the recorded commit with the recorded
+patch applied, and the worker runs from there (PYTHONPATH), so the training code is the recorded
+one even when the project has moved on. The reproduction is its own run directory
+(.mcx/runs/<id>/reproductions/<n>/) and its own MLflow run, tagged with the ID it reproduces.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import DataError, InputError, RunIdError
+
+
+def _record_dir(project: Path, run_id: str) -> Path:
+    from mcx.track.paths import check_run_id, run_dir
+
+    rdir = run_dir(project, check_run_id(run_id))
+    if not (rdir / "spec.toml").is_file() or not (rdir / "fingerprint.json").is_file():
+        raise RunIdError(f"unknown run ID {run_id}: no recorded run in {rdir};",
+                         "list runs with `mcx ls`; a run recorded elsewhere needs its run directory here.")
+    if not (rdir / "full" / "metrics.jsonl").is_file() and not (rdir / "smoke" / "metrics.jsonl").is_file():
+        raise RunIdError(f"run {run_id} has no recorded metrics;", "only runs that trained can be reproduced.")
+    return rdir
+
+
+def _git(project: Path, *args: str, ok: bool = False) -> subprocess.CompletedProcess[bytes]:
+    proc = subprocess.run(["git", "-C", str(project), *args], capture_output=True)
+    if proc.returncode and not ok:
+        raise InputError(f"git {' '.join(args[:2])} failed: {proc.stderr.decode(errors='replace').strip()};",
+                         "check that the project is the git repository the run was recorded in.")
+    return proc
+
+
+def code_worktree(project: Path, record: Any, dest: Path) -> dict[str, Any]:
+    """A worktree at the recorded commit with the recorded patch applied."""
+    from mcx.fingerprint.record import patch_bytes
+
+    commit = (record.code.get("id") or {}).get("commit")
+    if not commit:
+        raise InputError("the run was recorded outside git (no commit);", "it cannot be re-created from its code record.")
+    if _git(project, "cat-file", "-e", f"{commit}^{{commit}}", ok=True).returncode:
+        raise InputError(f"commit {commit} of this run is not in this repository;",
+                         "fetch it (git fetch --all) or run reproduce in the repository where the run was made.")
+    _git(project, "worktree", "add", "--detach", "--force", str(dest), commit)
+    patch = patch_bytes(record)
+    if patch:
+        proc = subprocess.run(["git", "-C", str(dest), "apply", "--binary", "--whitespace=nowarn", "-"],
+                              input=patch, capture_output=True)
+        if proc.returncode:
+            raise InputError(f"the recorded uncommitted diff does not apply to {commit}: "
+                             f"{proc.stderr.decode(errors='replace').strip()};", "the record is damaged.")
+    return {"commit": commit, "patched": bool(patch), "worktree": str(dest)}
+
+
+def _drift(recorded: dict[str, Any], now: dict[str, Any]) -> list[dict[str, Any]]:
+    from mcx.fingerprint.explain import flatten
+
+    a, b = flatten(recorded.get("id") or {}), flatten(now.get("id") or {})
+    return [{"key": k, "recorded": a.get(k), "now": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[str, Any]:
+    from mcx.fingerprint.environment import collect_environment
+    from mcx.fingerprint.hardware import collect_hardware
+    from mcx.fingerprint.record import collect, load_record
+    from mcx.ops.run import RunOptions, run_spec
+    from mcx.report.rundata import load_run_dir
+    from mcx.report.verdict import verdict, verdict_to_dict
+    from mcx.spec import loads_spec
+
+    rdir = _record_dir(project, run_id)
+    record = load_record(project, run_id)
+    spec = loads_spec((rdir / "spec.toml").read_text(encoding="utf-8"), str(rdir / "spec.toml"))
+    env_drift = _drift(record.environment, collect_environment(project, (record.environment.get("info") or {}).get("lockfile")))
+    hw_drift = _drift(record.hardware, collect_hardware(spec))
+    now = collect(spec, project, require_data=False)
+    data_same = now.data.get("id") == record.data.get("id")
+    if not data_same:
+        _restore_data(project, record, spec)
+        now = collect(spec, project)
+        data_same = now.data.get("id") == record.data.get("id")
+        if not data_same:
+            raise DataError(f"the dataset at {spec.data.path} does not match the recorded one;",
+                            "restore it (dvc checkout / dvc pull at the recorded commit) and run reproduce again.")
+    for drift in env_drift:
+        console.print(f"[yellow]environment drift: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}[/]")
+    for drift in hw_drift:
+        console.print(f"[yellow]hardware differs: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}[/]")
+    reps = rdir / "reproductions"
+    reps.mkdir(exist_ok=True)
+    label = f"r{len([p for p in reps.iterdir() if p.is_dir()]) + 1}"
+    rep_dir = reps / label
+    original = load_run_dir(rdir)
+    stages = list(original.stages) or ["full"]
+    options = RunOptions(stage="all" if stages == ["smoke", "full"] else stages[0], skip_smoke="smoke" not in stages,
+                         yes=True, output=output if output in ("bar", "quiet", "json") else "quiet")
+    with tempfile.TemporaryDirectory(prefix=f"mcx-repro-{run_id}-") as tmp:
+        code = code_worktree(project, record, Path(tmp) / "code")
+        try:
+            console.print(f"[bold]reproducing {run_id}[/] at commit {code['commit'][:12]}"
+                          f"{' + recorded diff' if code['patched'] else ''} -> {rep_dir}")
+            summary = run_spec(spec, project=project, options=options, console=console, run_dir=rep_dir,
+                               reproduces=run_id, reproduction=label, code_path=Path(code["worktree"]))
+        finally:
+            _git(project, "worktree", "remove", "--force", code["worktree"], ok=True)
+    rerun = load_run_dir(rep_dir)
+    band_source, tolerances = "default", None
+    if hw_drift and spec.baseline.tolerances:
+        band_source, tolerances = "spec tolerances", dict(spec.baseline.tolerances)
+    v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source)
+    out = {"run_id": run_id, "reproduction": label, "reproduction_dir": str(rep_dir),
+           "mlflow_run": summary.get("tracking", {}).get("mlflow_run"), **verdict_to_dict(v),
+           "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code, "data_identical": data_same,
+           "status": summary.get("status")}
+    if v.divergence is not None:
+        d = v.divergence
+        out["diverged_at"] = {"step": d.step, "metric": d.metric, "original": d.original, "reproduction": d.rerun}
+    (rep_dir / "verdict.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    console.print(f"[bold]verdict: {v.kind}[/] ({v.describe()})")
+    return out
+
+
+def _restore_data(project: Path, record: Any, spec: Any) -> None:
+    ident = record.data.get("id") or {}
+    md5 = ident.get("value") if ident.get("source") == "dvc" and not ident.get("relpath") else None
+    if not md5:
+        return
+    from mcx.track.dvc_store import restore
+
+    try:
+        restore(project, md5=md5, path=project / spec.data.path, force=False)
+    except Exception:  # reported by the caller as a data mismatch with the fix
+        return
