@@ -23,8 +23,10 @@ def _git(cwd: Path, *args: str) -> None:
 def make_git_dvc_project(root: Path) -> Path:
     """A real project: git repo + `dvc init`, .mcx/ ignored, one commit."""
     root.mkdir(parents=True, exist_ok=True)
+    from dvc.repo import Repo
+
     _git(root, "init", "-q", "-b", "main")
-    subprocess.run([sys.executable, "-m", "dvc", "init", "-q"], cwd=root, check=True, capture_output=True)
+    Repo.init(str(root)).close()  # `dvc init`, in-process (the CLI would pay DVC's import again)
     (root / ".gitignore").write_text("/.mcx/\n")
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", "init")
@@ -32,8 +34,33 @@ def make_git_dvc_project(root: Path) -> Path:
 
 
 @pytest.fixture
-def git_dvc_project(tmp_path: Path) -> Path:
-    return make_git_dvc_project(tmp_path / "project")
+def git_dvc_project(tmp_path: Path, embedded_mlflow_db: Path) -> Path:
+    return seed_embedded_store(make_git_dvc_project(tmp_path / "project"), embedded_mlflow_db)
+
+
+@pytest.fixture(scope="session")
+def embedded_mlflow_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty MLflow SQLite store, created (schema migrations: seconds) once per session."""
+    from mlflow.tracking import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return path
+
+
+def seed_embedded_store(project: Path, template: Path) -> Path:
+    """Give ``project`` a copy of the empty store, as if mcx had created it there."""
+    import shutil
+
+    (project / ".mcx").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(template, project / ".mcx" / "mlflow.db")
+    return project
+
+
+@pytest.fixture
+def mlflow_project(tmp_path: Path, embedded_mlflow_db: Path) -> Path:
+    """A project directory (no git) whose embedded MLflow store exists and is empty."""
+    return seed_embedded_store(tmp_path / "p", embedded_mlflow_db)
 
 
 def _free_port() -> int:

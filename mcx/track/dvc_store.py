@@ -195,7 +195,8 @@ def restore(
             _locked(repo.pull, targets=[str(pointer)], remote=name, force=force)
         except (CheckoutError, ConfirmRemoveError) as exc:
             raise DataError(f"cannot restore {target or pointer}: {exc}",
-                            "it holds another version or local changes; move it away, or restore with force=True.") from None
+                            "it holds another version or local changes; move it away, or restore with force=True.",
+                            ) from None
         except DvcException as exc:
             raise DataError(f"cannot restore {target or pointer} from remote {name!r}: {exc}",
                             "check that the remote holds it (dvc push from where it was made).") from None

@@ -17,6 +17,7 @@ writers keep the oldest and the other is deleted.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from mcx.track.target import Target, open_client
@@ -162,3 +163,43 @@ class MlflowStore:
             self.client.update_run(run_uuid, status="RUNNING")
         else:
             self.client.set_terminated(run_uuid, status=status, end_time=end_ms)
+
+    # journal operations ------------------------------------------------------------------------
+    def apply(self, op: dict[str, Any], ids: dict[str, Any], *, run_dir: Path, experiment: str) -> bool:
+        """Carry out one journal operation (mcx.track.journal). ``ids`` maps the journal's record
+        names ("run", "stage:<name>") to MLflow run IDs; returns True when it learnt a new one."""
+        kind = op["op"]
+        records = ids.setdefault("records", {})
+        if kind == "experiment":
+            ids["experiment_id"] = self.experiment_id(op["name"])
+            return True
+        learnt = "experiment_id" not in ids
+        if learnt:
+            ids["experiment_id"] = self.experiment_id(experiment)
+        exp_id = ids["experiment_id"]
+        if kind == "open":
+            parent_uuid = None
+            if op.get("parent"):
+                parent_uuid = records[op["parent"]]
+            elif op.get("parent_identity"):
+                found = self.find_runs([exp_id], op["parent_identity"], max_results=1)
+                parent_uuid = found[0].info.run_id if found else None
+            uuid = self.find_or_create_run(exp_id, op["identity"], tags=op["tags"], name=op["name"],
+                                           start_ms=op["start_ms"], parent_uuid=parent_uuid, reopen=True)
+            self.set_tags(uuid, op["tags"])
+            records[op["record"]] = uuid
+            return True
+        uuid = records[op["record"]]
+        if kind == "params":
+            self.log_params(uuid, op["params"])
+        elif kind == "tags":
+            self.set_tags(uuid, op["tags"])
+        elif kind == "artifact":
+            self.log_artifact(uuid, str(Path(run_dir) / op["file"]), op.get("dest"))
+        elif kind == "metrics":
+            self.log_metrics(uuid, [(k, v, op["time_ms"], op["step"]) for k, v in sorted(op["metrics"].items())])
+        elif kind == "status":
+            self.set_status(uuid, op["status"], op.get("end_ms"))
+        else:
+            raise ValueError(f"unknown journal operation {kind!r}")
+        return learnt

@@ -59,8 +59,10 @@ def _asking(target_name: str) -> Iterator[None]:
         raise
     except Exception as exc:
         if is_transient(exc):
-            raise TrackingUnavailable(f"cannot reach the tracking store {target_name}: {describe_error(exc)}",
-                                      "start it, point MLFLOW_TRACKING_URI elsewhere, or query local runs only.") from None
+            raise TrackingUnavailable(
+                f"cannot reach the tracking store {target_name}: {describe_error(exc)}",
+                "start it, point MLFLOW_TRACKING_URI elsewhere, or query local runs only.",
+            ) from None
         raise
 
 
@@ -120,7 +122,9 @@ def _tracking_summary(run: Run) -> dict[str, Any]:
     }
 
 
-def list_runs(project_root: Path, tracking_uri: str | None = None, *, include_tracking: bool = False) -> list[dict[str, Any]]:
+def list_runs(
+    project_root: Path, tracking_uri: str | None = None, *, include_tracking: bool = False,
+) -> list[dict[str, Any]]:
     """Every run of the project (newest first); with ``include_tracking`` also those only in the store.
 
     Each entry: run_id, name, status (run.json's, or the record's mcx.status), state ("finished",

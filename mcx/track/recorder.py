@@ -19,13 +19,10 @@ because the tracking store is down; ``close()`` says what waits for ``mcx sync``
 
 from __future__ import annotations
 
-import base64
 import fcntl
-import json
 import logging
 import os
 import re
-import shutil
 import socket
 import threading
 import time
@@ -38,9 +35,10 @@ from attrs import frozen
 
 from mcx.errors import InputError
 from mcx.track import paths
+from mcx.track.artifacts import Stager, end_artifacts, run_artifacts
 from mcx.track.journal import Journal
-from mcx.track.records import environment_report, fingerprint_tags, scalar_text, spec_params, clip, TAG_VALUE_LIMIT
-from mcx.track.redact import redact, redact_text
+from mcx.track.records import TAG_VALUE_LIMIT, clip, fingerprint_tags, scalar_text, spec_params
+from mcx.track.redact import redact_text
 from mcx.track.target import Target, describe_error, is_transient, resolve_target, target_from_name
 
 if TYPE_CHECKING:
@@ -52,7 +50,6 @@ log = logging.getLogger(__name__)
 TARGET_FILE = "target.json"
 IDS_FILE = "ids.json"
 LOCK_FILE = "lock"
-ARTIFACTS = "artifacts"
 RUN = "run"
 # result.json / run status -> MLflow run status
 MLFLOW_STATUS = {"running": "RUNNING", "finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED",
@@ -100,6 +97,7 @@ class RunRecorder:
         self.reproduces = paths.check_run_id(reproduces) if reproduces is not None else None
         self.reproduction = reproduction
         self.journal = Journal(self.track_dir)
+        self.stager = Stager(self.run_dir)
         self._send_lock = threading.RLock()
         self._store: MlflowStore | None = None
         self._bind_target()
@@ -116,7 +114,8 @@ class RunRecorder:
         tracking = spec.get("tracking") or {}
         experiment = tracking.get("experiment") or spec.get("name")
         if not experiment:
-            raise InputError(f"{run_dir / 'spec.toml'} has no name", "the run directory is damaged; run the spec again.")
+            raise InputError(f"{run_dir / 'spec.toml'} has no name",
+                             "the run directory is damaged; run the spec again.")
         target = resolve_target(project_root, tracking_uri if tracking_uri is not None else tracking.get("uri"))
         fp = paths.read_json(run_dir / "fingerprint.json", {}) or {}
         run_id = fp.get("run_id") or run_dir.name
@@ -143,7 +142,8 @@ class RunRecorder:
         old = paths.read_json(self.track_dir / TARGET_FILE)
         if old == state:
             return
-        if isinstance(old, dict) and (old.get("target"), old.get("experiment")) != (state["target"], state["experiment"]):
+        where = ("target", "experiment")
+        if isinstance(old, dict) and [old.get(k) for k in where] != [state[k] for k in where]:
             # A different store or experiment: everything journaled is sent there again from the start.
             self.journal.reset()
             paths.write_json_atomic(self.track_dir / IDS_FILE, {})
@@ -168,19 +168,6 @@ class RunRecorder:
         paths.write_json_atomic(self.track_dir / IDS_FILE, ids)
 
     # journaling --------------------------------------------------------------------------------
-    def _artifact_copy(self, rel_dest: str, *, data: Any = None, text: str | None = None, src: Path | None = None) -> str:
-        """A redacted copy under track/artifacts/ (what is uploaded); returns its path from run_dir."""
-        out = self.track_dir / ARTIFACTS / rel_dest
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if data is not None:
-            out.write_text(json.dumps(redact(data), indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
-        elif text is not None:
-            out.write_text(redact_text(text), encoding="utf-8", errors="surrogateescape")
-        elif src is not None:
-            raw = Path(src).read_bytes()
-            out.write_bytes(redact_text(raw.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
-        return str(out.relative_to(self.run_dir))
-
     def _op(self, op: str, **fields: Any) -> None:
         self.journal.append({"op": op, "time_ms": now_ms(), **fields})
 
@@ -206,41 +193,16 @@ class RunRecorder:
         if isinstance(fp, dict):
             anchor_tags.update(fingerprint_tags(fp))
         anchor_tags.update(tags or {})
-        name = self.run_id if self.reproduces is None else f"{self.run_id} reproduces {self.reproduces} ({self.reproduction})"
+        name = (self.run_id if self.reproduces is None
+                else f"{self.run_id} reproduces {self.reproduces} ({self.reproduction})")
         parent_identity = {"mcx.run_id": self.reproduces, "mcx.record": RUN} if self.reproduces else None
         self._op("experiment", name=self.experiment)
         self._op("open", record=RUN, identity=self._anchor_identity(), parent=None, parent_identity=parent_identity,
                  tags={k: clip(redact_text(v), TAG_VALUE_LIMIT) for k, v in anchor_tags.items()},
                  name=name, start_ms=now_ms())
         self._op("params", record=RUN, params=spec_params(spec))
-        for rel_file, dest in self._run_artifacts(fp):
+        for rel_file, dest in run_artifacts(self.stager, self.project_root):
             self._artifact(RUN, rel_file, dest)
-
-    def _run_artifacts(self, fp: Any) -> list[tuple[str, str | None]]:
-        out: list[tuple[str, str | None]] = []
-        spec_file = self.run_dir / "spec.toml"
-        if spec_file.is_file():
-            out.append((self._artifact_copy("run/spec.toml", src=spec_file), None))
-        if isinstance(fp, dict):
-            side = dict(fp.get("side") or {})
-            patch = side.pop("patch", None)
-            encoding = side.pop("patch_encoding", "utf-8")
-            out.append((self._artifact_copy("run/fingerprint.json", data={**fp, "side": side}), None))
-            if patch:
-                raw = base64.b64decode(patch) if encoding == "base64" else patch.encode("utf-8")
-                tmp = self.track_dir / ARTIFACTS / "run" / "code.patch.raw"
-                tmp.parent.mkdir(parents=True, exist_ok=True)
-                tmp.write_bytes(raw)
-                out.append((self._artifact_copy("run/code.patch", src=tmp), None))
-                tmp.unlink()
-            lockfile = _lockfile_path(self.project_root, fp)
-            if lockfile is not None:
-                out.append((self._artifact_copy(f"run/lockfile/{lockfile.name}", src=lockfile), "lockfile"))
-        out.append((self._artifact_copy("run/environment.json", data=environment_report(fp if isinstance(fp, dict) else None)), None))
-        plan = paths.read_json(self.run_dir / "plan.json")
-        if plan is not None:
-            out.append((self._artifact_copy("run/plan.json", data=plan), None))
-        return out
 
     def start_stage(self, stage: str, *, tags: dict[str, str] | None = None) -> None:
         """Journal the stage's child run (params: the stage's own spec from job.json, if written)."""
@@ -257,13 +219,13 @@ class RunRecorder:
             layout = {f"mcx.layout.{k}": scalar_text(v) for k, v in (job.get("layout") or {}).items()}
             if layout:
                 self._op("tags", record=record, tags=layout)
-            self._artifact(record, self._artifact_copy(f"{stage}/job.json", data=job), None)
+            self._artifact(record, self.stager.json(f"{stage}/job.json", job), None)
 
-    def forwarder(self, stage: str, *, poll_s: float = 1.0) -> MetricsForwarder:
+    def forwarder(self, stage: str, *, poll_s: float | None = None) -> MetricsForwarder:
         """A MetricsForwarder for the stage (use as a context manager around the worker)."""
-        from mcx.track.forward import MetricsForwarder
+        from mcx.track.forward import POLL_S, MetricsForwarder
 
-        return MetricsForwarder(self, stage, poll_s=poll_s)
+        return MetricsForwarder(self, stage, poll_s=POLL_S if poll_s is None else poll_s)
 
     def finish_stage(self, stage: str, *, checkpoint: dict[str, Any] | None = None) -> dict[str, Any] | None:
         """Journal the stage's outcome from its result.json; returns the result (None if absent).
@@ -283,7 +245,7 @@ class RunRecorder:
                 if isinstance(check, dict) and "passed" in check:
                     tags[f"mcx.check.{name}"] = "pass" if check["passed"] else "fail"
             self._op("tags", record=record, tags=tags)
-            copy = self._artifact_copy(f"{stage}/result.json", data=result)
+            copy = self.stager.json(f"{stage}/result.json", result)
             self._artifact(record, copy, None)
             if stage == "smoke":
                 self._artifact(RUN, copy, "smoke")  # the smoke report, on the parent run too
@@ -304,7 +266,7 @@ class RunRecorder:
             self._op("tags", record=RUN, tags=ck)
             dvc_file = checkpoint.get("dvc_file")
             if dvc_file and Path(dvc_file).is_file():
-                self._artifact(RUN, self._artifact_copy(f"run/checkpoints/{stage}.dvc", src=Path(dvc_file)), "checkpoints")
+                self._artifact(RUN, self.stager.file(f"run/checkpoints/{stage}.dvc", Path(dvc_file)), "checkpoints")
         self._op("status", record=record, status=end_status, end_ms=now_ms())
         return result
 
@@ -313,21 +275,8 @@ class RunRecorder:
         if status not in MLFLOW_STATUS:
             raise ValueError(f"unknown run status {status!r}; one of {sorted(MLFLOW_STATUS)}")
         self._op("tags", record=RUN, tags={"mcx.status": status, **(tags or {})})
-        run_json = paths.read_json(self.run_dir / "run.json")
-        if run_json is not None:
-            self._artifact(RUN, self._artifact_copy("run/run.json", data=run_json), None)
-        plots = self.run_dir / "plots"
-        if plots.is_dir():
-            for f in sorted(p for p in plots.rglob("*") if p.is_file()):
-                rel = f.relative_to(plots).as_posix()
-                dest = f"plots/{os.path.dirname(rel)}".rstrip("/")
-                copy = self.track_dir / ARTIFACTS / "run" / "plots" / rel
-                copy.parent.mkdir(parents=True, exist_ok=True)
-                if f.suffix in (".svg", ".html", ".md", ".json", ".txt", ".csv"):
-                    self._artifact_copy(f"run/plots/{rel}", src=f)
-                else:
-                    shutil.copyfile(f, copy)
-                self._artifact(RUN, str(copy.relative_to(self.run_dir)), dest)
+        for rel_file, dest in end_artifacts(self.stager):
+            self._artifact(RUN, rel_file, dest)
         self._op("status", record=RUN, status=MLFLOW_STATUS[status], end_ms=now_ms())
 
     # sending -----------------------------------------------------------------------------------
@@ -366,54 +315,18 @@ class RunRecorder:
         sent = 0
         for op in pending:
             try:
-                self._apply(op)
+                ids = self._ids()
+                if self.store().apply(op, ids, run_dir=self.run_dir, experiment=self.experiment):
+                    self._save_ids(ids)
             except Exception as exc:  # noqa: BLE001 - every failure leaves the op spooled
                 transient = is_transient(exc)
                 msg = describe_error(exc)
-                log.log(logging.DEBUG if transient else logging.WARNING, "tracking op %s spooled: %s", op["seq"], msg)
+                level = logging.DEBUG if transient else logging.WARNING
+                log.log(level, "tracking operation %s of run %s stays spooled: %s", op["seq"], self.run_id, msg)
                 return FlushResult(sent, len(pending) - sent, msg, transient)
             self.journal.ack(op["seq"])
             sent += 1
         return FlushResult(sent, 0)
-
-    def _apply(self, op: dict[str, Any]) -> None:
-        store = self.store()
-        ids = self._ids()
-        kind = op["op"]
-        if kind == "experiment":
-            ids["experiment_id"] = store.experiment_id(op["name"])
-            self._save_ids(ids)
-            return
-        exp_id = ids.get("experiment_id")
-        if exp_id is None:
-            exp_id = ids["experiment_id"] = store.experiment_id(self.experiment)
-            self._save_ids(ids)
-        if kind == "open":
-            parent_uuid = None
-            if op.get("parent"):
-                parent_uuid = ids["records"][op["parent"]]
-            elif op.get("parent_identity"):
-                found = store.find_runs([exp_id], op["parent_identity"], max_results=1)
-                parent_uuid = found[0].info.run_id if found else None
-            uuid = store.find_or_create_run(exp_id, op["identity"], tags=op["tags"], name=op["name"],
-                                            start_ms=op["start_ms"], parent_uuid=parent_uuid, reopen=True)
-            store.set_tags(uuid, op["tags"])
-            ids["records"][op["record"]] = uuid
-            self._save_ids(ids)
-            return
-        uuid = ids["records"][op["record"]]
-        if kind == "params":
-            store.log_params(uuid, op["params"])
-        elif kind == "tags":
-            store.set_tags(uuid, op["tags"])
-        elif kind == "artifact":
-            store.log_artifact(uuid, str(self.run_dir / op["file"]), op.get("dest"))
-        elif kind == "metrics":
-            store.log_metrics(uuid, [(k, v, op["time_ms"], op["step"]) for k, v in sorted(op["metrics"].items())])
-        elif kind == "status":
-            store.set_status(uuid, op["status"], op.get("end_ms"))
-        else:
-            raise ValueError(f"unknown journal operation {kind!r}")
 
     def stages(self) -> list[str]:
         """Stages this run opened, in order."""
@@ -436,9 +349,11 @@ def _read_spec_table(run_dir: Path) -> dict[str, Any]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise InputError(f"no spec.toml in {run_dir}", "write the run directory (mcx run does) before recording it.") from None
+        raise InputError(f"no spec.toml in {run_dir}",
+                         "write the run directory (mcx run does) before recording it.") from None
     except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path} is not valid TOML ({exc})", "the run directory is damaged; run the spec again.") from None
+        raise InputError(f"{path} is not valid TOML ({exc})",
+                         "the run directory is damaged; run the spec again.") from None
 
 
 def _resolved_spec(run_dir: Path) -> dict[str, Any]:
@@ -451,14 +366,6 @@ def _resolved_spec(run_dir: Path) -> dict[str, Any]:
         return spec_to_dict(loads_spec(path.read_text(encoding="utf-8"), str(path)))
     except (SpecError, FileNotFoundError):
         return _read_spec_table(run_dir)
-
-
-def _lockfile_path(project_root: Path, fp: dict[str, Any]) -> Path | None:
-    name = ((fp.get("environment") or {}).get("info") or {}).get("lockfile")
-    if not isinstance(name, str) or "/" in name or name.startswith("."):
-        return None
-    path = Path(project_root) / "lockfiles" / f"{name}.txt"
-    return path if path.is_file() else None
 
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import socket
 import sys
 from typing import Any
 
-from mcx.hashing import digest, digest_bytes
+from mcx.hashing import digest_bytes
 from mcx.track.redact import redact
 
 PARAM_VALUE_LIMIT = 500
@@ -131,8 +131,3 @@ def environment_report(fingerprint: dict[str, Any] | None = None) -> dict[str, A
         report["fingerprint_warnings"] = list(fingerprint.get("warnings") or [])
         report["component_hashes"] = dict(fingerprint.get("component_hashes") or {})
     return redact(report)
-
-
-def record_digest(obj: Any) -> str:
-    """Short content digest used to name uploaded copies."""
-    return digest(obj)[:12]

@@ -91,9 +91,3 @@ def redact(value: Any, *, name: str | None = None, _env: list[str] | None = None
     if isinstance(value, str):
         return redact_text(value, env)
     return value
-
-
-def redact_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment (``os.environ`` by default) with every secret value redacted."""
-    env = dict(os.environ if environ is None else environ)
-    return redact(env)

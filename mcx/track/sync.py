@@ -9,6 +9,7 @@ right now (an ``mcx run`` still training it) is reported busy and left to that p
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from attrs import frozen
 from mcx.track import paths
 from mcx.track.forward import MetricsForwarder
 from mcx.track.recorder import RUN, TARGET_FILE, RunRecorder
+
+_NOT_RUN_DIRS = frozenset({"checkpoints", paths.TRACK_DIR, "plots"})
 
 
 @frozen
@@ -64,12 +67,19 @@ class SyncReport:
         return [e for e in self.runs if e.state == "pending"]
 
 
-def tracked_run_dirs(project_root: Path) -> list[Path]:
-    """Every directory under .mcx/runs holding tracking state, parents before their reproductions."""
+def tracked_run_dirs(project_root: Path, max_depth: int = 4) -> list[Path]:
+    """Every directory under .mcx/runs holding tracking state, parents before their reproductions.
+
+    Checkpoint directories (which can hold many thousand files) are not walked into.
+    """
     root = paths.runs_dir(project_root)
-    if not root.is_dir():
-        return []
-    found = [p.parent.parent for p in root.glob(f"**/{paths.TRACK_DIR}/{TARGET_FILE}")]
+    found: list[Path] = []
+    for dirpath, dirnames, _ in os.walk(root):
+        here = Path(dirpath)
+        if (here / paths.TRACK_DIR / TARGET_FILE).is_file():
+            found.append(here)
+        depth = len(here.relative_to(root).parts)
+        dirnames[:] = [] if depth >= max_depth else [d for d in dirnames if d not in _NOT_RUN_DIRS]
     return sorted(found, key=lambda p: (len(p.parts), str(p)))
 
 

@@ -17,7 +17,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from attrs import frozen
@@ -95,7 +95,9 @@ def target_from_name(project_root: Path, name: str) -> Target:
 
 
 def _named(root: Path, uri: str) -> Target:
-    return Target(embedded_uri(root), True, root) if uri == EMBEDDED or uri == embedded_uri(root) else Target(uri, False, root)
+    if uri in (EMBEDDED, embedded_uri(root)):
+        return Target(embedded_uri(root), True, root)
+    return Target(uri, False, root)
 
 
 def open_client(target: Target) -> MlflowClient:

@@ -1,0 +1,790 @@
+"""mcx.track against real components: MLflow (embedded SQLite and a real `mlflow server` that is
+stopped and restarted), DVC in real git+DVC repositories, real processes racing for a run lock."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from conftest import make_git_dvc_project
+
+from mcx.errors import DataError, InputError, RunIdError
+from mcx.track import (
+    RunLocked,
+    RunRecorder,
+    acquire,
+    baseline_metrics,
+    compare_to_baseline,
+    holder_of,
+    list_baselines,
+    list_runs,
+    lookup,
+    metric_history,
+    pull_data,
+    remove_baseline,
+    resolve,
+    restore,
+    set_baseline,
+    show_run,
+    sync,
+    track_checkpoint,
+)
+from mcx.track.dvc_store import ensure_remote
+from mcx.track.forward import line_metrics
+from mcx.track.redact import REDACTED, is_secret_name, redact, redact_text
+from mcx.track.target import embedded_uri, resolve_target
+
+REPO = Path(__file__).resolve().parents[1]
+RID = "3f9c0a12b4de"
+TRAIN_KEYS = ("train/loss", "train/grad_norm", "train/lr", "train/tokens_per_s_per_gpu", "train/tflops_per_gpu",
+              "train/mem_peak_bytes", "train/step_time_s")
+
+
+# --- run directories as the control plane and the worker leave them (docs/architecture.md) ------------
+
+def train_line(step: int, *, loss: float | None = None) -> dict:
+    return {"kind": "train", "step": step, "loss": 10.0 / step if loss is None else loss, "grad_norm": 1.0 + step / 100,
+            "lr": 3e-3 * min(1.0, step / 20), "tokens_per_s_per_gpu": 1000.0 + step, "tflops_per_gpu": 1.5,
+            "mfu": None, "mem_peak_bytes": 123_456_789, "step_time_s": 0.25, "time": 1_764_470_000.0 + step}
+
+
+def eval_line(kind: str, step: int) -> dict:
+    return {"kind": kind, "step": step, "loss": 5.0 / step, "ppl": 2.0 + 1.0 / step}
+
+
+def stage_lines(first: int, last: int, *, eval_interval: int = 10, test_at: int | None = None) -> list[str]:
+    out = []
+    for s in range(first, last + 1):
+        out.append(json.dumps(train_line(s), sort_keys=True))
+        if s % eval_interval == 0:
+            out.append(json.dumps(eval_line("valid", s), sort_keys=True))
+    if test_at is not None:
+        out.append(json.dumps(eval_line("test", test_at), sort_keys=True))
+    return out
+
+
+def append_lines(stage_dir: Path, lines: list[str]) -> None:
+    with open(stage_dir / "metrics.jsonl", "a", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def write_result(stage_dir: Path, steps: int, status: str = "finished", error: str | None = None) -> dict:
+    result = {"status": status, "passed": status == "finished",
+              "checks": {"loss_decreases": {"passed": True, "detail": "9.1 -> 0.4"}},
+              "final": {"train/loss": 10.0 / steps, "valid/loss": 5.0 / steps, "test/ppl": 2.0 + 1.0 / steps},
+              "error": error, "steps": steps, "layer_spec": "local", "versions": {"torch": "2.11.0"}}
+    (stage_dir / "result.json").write_text(json.dumps(result))
+    return result
+
+
+def fingerprint_record(run_id: str, patch: str = "diff --git a/train.py b/train.py\n+lr = 3e-3\n") -> dict:
+    """fingerprint.json with mcx.fingerprint.record_to_dict's structure."""
+    comps = ("code", "environment", "config", "data", "hardware")
+    return {
+        "schema": 1, "run_id": run_id, "component_hashes": {c: str(i) * 64 for i, c in enumerate(comps)},
+        "code": {"id": {"commit": "c0ffee" * 6 + "abcd", "dirty": True, "diff_sha256": "d" * 64, "mcx_version": "0.1.0",
+                        "mcx_sources": "e" * 64}, "info": {"root": "/project"}},
+        "environment": {"id": {"lockfile_sha256": "f" * 64, "python": "3.12", "torch": "2.11.0",
+                               "megatron_core": "0.19.2", "cuda": None, "nccl": None},
+                        "info": {"lockfile": "cpu", "lockfile_source": "default"}},
+        "config": {"id": {"model": {"num_layers": 4}}, "info": {"name": "tiny"}},
+        "data": {"id": {"data.path": {"source": "dvc", "hash": "md5", "value": "9" * 32 + ".dir"}},
+                 "info": {"data.path": {"path": "data/quickstart"}}},
+        "hardware": {"id": {"device": "cpu", "gpu": "cpu", "nodes": 1}, "info": {"probed": True}},
+        "warnings": [], "side": {"patch": patch, "patch_encoding": "utf-8"},
+    }
+
+
+def make_run_dir(project: Path, run_id: str = RID, *, overrides: tuple[str, ...] = (), fingerprint: dict | None = None,
+                 stages: tuple[str, ...] = ("smoke", "full"), at: Path | None = None) -> Path:
+    from mcx.spec.load import dump_spec, load_spec
+
+    rdir = at or project / ".mcx" / "runs" / run_id
+    rdir.mkdir(parents=True)
+    (rdir / "spec.toml").write_text(dump_spec(load_spec(REPO / "experiments" / "tiny.toml", list(overrides))))
+    (rdir / "fingerprint.json").write_text(json.dumps(fingerprint or fingerprint_record(run_id)))
+    (rdir / "plan.json").write_text(json.dumps({"layout": {"tp": 1, "pp": 1, "dp": 1}, "gpu_hours": 0.01}))
+    (project / "lockfiles").mkdir(exist_ok=True)
+    if not (project / "lockfiles" / "cpu.txt").exists():
+        (project / "lockfiles" / "cpu.txt").write_text("torch==2.11.0 \\\n    --hash=sha256:" + "a" * 64 + "\n")
+    for stage in stages:
+        (rdir / stage).mkdir()
+        (rdir / stage / "job.json").write_text(json.dumps({
+            "run_id": run_id, "stage": stage, "spec": {"name": "tiny", "train": {"train_iters": 30}},
+            "layout": {"tp": 1, "pp": 1, "dp": 1, "world_size": 1}}))
+    return rdir
+
+
+STEPS = {"smoke": 30, "full": 60}
+
+
+def record_run(project: Path, rdir: Path, *, tracking_uri: str | None = None, checkpoint: dict | None = None,
+               live: bool = True) -> tuple[RunRecorder, object]:
+    """What `mcx run` does around the worker, with the worker's files written by hand."""
+    rec = RunRecorder.for_run(project, rdir, tracking_uri=tracking_uri)
+    rec.start(launcher="local", slurm_job_id="4242")
+    for stage in ("smoke", "full"):
+        if not (rdir / stage).is_dir():
+            continue
+        rec.start_stage(stage)
+        n = STEPS[stage]
+        fwd = rec.forwarder(stage, poll_s=0.05)
+        if live:
+            fwd.start()
+        append_lines(rdir / stage, stage_lines(1, n, test_at=n))
+        write_result(rdir / stage, n)
+        fwd.stop()
+        rec.finish_stage(stage, checkpoint=checkpoint if stage == "full" else None)
+    (rdir / "run.json").write_text(json.dumps({"status": "finished", "created": time.time()}))
+    rec.finish("finished")
+    return rec, rec.close()
+
+
+def expected_curves(lines: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """What MLflow must hold for these lines, computed independently of mcx.track."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for line in lines:
+        rec = json.loads(line)
+        for field, value in rec.items():
+            if field in ("kind", "step", "time") or value is None:
+                continue
+            out.setdefault(f"{rec['kind']}/{field}", []).append((rec["step"], float(value)))
+    return out
+
+
+def client_for(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def runs_of(client, run_id: str, experiment: str = "tiny") -> dict[str, object]:
+    """The parent run and its stage runs, by mcx tags: {"run": Run, "smoke": Run, "full": Run}."""
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.`mcx.run_id` = '{run_id}'")
+    out = {}
+    for r in runs:
+        key = r.data.tags.get("mcx.stage") or r.data.tags.get("mcx.record")
+        assert key not in out, f"two MLflow runs for {run_id}/{key}"
+        out[key] = r
+    return out
+
+
+def assert_exactly_once(client, stage_run, lines: list[str]) -> None:
+    for key, expected in expected_curves(lines).items():
+        got = sorted((m.step, m.value) for m in client.get_metric_history(stage_run.info.run_id, key))
+        assert got == sorted(expected), f"{key}: {len(got)} values for {len(expected)} expected"
+
+
+def assert_run_complete(client, run_id: str, *, parent_artifacts: set[str]) -> dict:
+    runs = runs_of(client, run_id)
+    assert set(runs) == {"run", "smoke", "full"}
+    parent = runs["run"]
+    for stage in ("smoke", "full"):
+        n = STEPS[stage]
+        child = runs[stage]
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mcx.status"] == "finished" and child.data.tags["mcx.steps"] == str(n)
+        assert_exactly_once(client, child, stage_lines(1, n, test_at=n))
+        assert [a.path for a in client.list_artifacts(child.info.run_id)] == ["job.json", "result.json"]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.metrics["test/ppl"] == pytest.approx(2.0 + 1.0 / 60)
+    assert parent.data.metrics["smoke/valid/loss"] == pytest.approx(5.0 / 30)
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= parent_artifacts
+    return runs
+
+
+RUN_ARTIFACTS = {"spec.toml", "fingerprint.json", "code.patch", "lockfile", "environment.json", "plan.json", "smoke",
+                 "run.json"}
+
+
+# --- the embedded store ---------------------------------------------------------------------------------
+
+def test_embedded_store_records_a_complete_run(git_dvc_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    project = git_dvc_project
+    rdir = make_run_dir(project)
+    ckpt_dir = rdir / "full" / "checkpoints" / "iter_0000060"
+    ckpt_dir.mkdir(parents=True)
+    (ckpt_dir / "model.pt").write_bytes(os.urandom(4096))
+    (rdir / "full" / "checkpoints" / "latest").write_text("iter_0000060\n")
+    ck = track_checkpoint(project, rdir / "full" / "checkpoints")
+
+    rec, entry = record_run(project, rdir, checkpoint=ck.to_dict())
+    assert entry.state == "synced", entry
+    assert rec.target.uri == embedded_uri(project) and (project / ".mcx" / "mlflow.db").is_file()
+
+    client = client_for(embedded_uri(project))
+    exp = client.get_experiment_by_name("tiny")
+    assert exp.artifact_location.startswith((project / ".mcx" / "mlartifacts").resolve().as_uri())
+    runs = assert_run_complete(client, RID, parent_artifacts=RUN_ARTIFACTS | {"checkpoints"})
+    parent = runs["run"]
+    params, tags = parent.data.params, parent.data.tags
+    assert len(params) > 100  # more than one log_batch of params
+    assert params["train.lr"] == "0.003" and params["model.num_layers"] == "4"
+    assert params["parallel.tensor"] == "null" and params["train.deterministic"] == "true"
+    assert params["baseline.tolerances"] == "{}"
+    assert tags["mcx.run_id"] == RID and tags["mcx.record"] == "run" and tags["mcx.status"] == "finished"
+    assert tags["mcx.seed"] == "1234" and tags["mcx.launcher"] == "local" and tags["mcx.slurm.job_id"] == "4242"
+    assert tags["mcx.fp.code.commit"] == "c0ffee" * 6 + "abcd" and tags["mcx.fp.code.dirty"] == "true"
+    assert tags["mcx.fp.code.diff_sha256"] == "d" * 64
+    assert tags["mcx.fp.environment.lockfile_sha256"] == "f" * 64
+    assert tags["mcx.fp.environment.torch"] == "2.11.0" and tags["mcx.fp.environment.cuda"] == "null"
+    assert tags["mcx.fp.hardware.gpu"] == "cpu"
+    assert tags["mcx.fp.data.data.path.value"] == "9" * 32 + ".dir"
+    assert tags["mcx.fp.config.hash"] == "2" * 64
+    assert tags["mcx.checkpoint.full.md5"] == ck.md5 and tags["mcx.checkpoint.full.nfiles"] == "2"
+    assert runs["full"].data.tags["mcx.layout.tp"] == "1" and runs["full"].data.params["train.train_iters"] == "30"
+
+    local = Path(client.download_artifacts(parent.info.run_id, "", str(project / "dl")))
+    assert (local / "code.patch").read_text() == "diff --git a/train.py b/train.py\n+lr = 3e-3\n"
+    assert (local / "lockfile" / "cpu.txt").read_text().startswith("torch==2.11.0")
+    assert json.loads((local / "smoke" / "result.json").read_text())["steps"] == 30
+    assert "patch" not in json.loads((local / "fingerprint.json").read_text())["side"]
+    assert json.loads((local / "environment.json").read_text())["packages"]["mlflow"].startswith("3.")
+
+    # Nothing is left, and replaying everything (a crash after sending, before acknowledging) adds nothing.
+    again = sync(project)
+    assert again.ok and again.ops_sent == 0 and again.metrics_sent == 0
+    (rdir / "track" / "acked.json").unlink()
+    for stage in ("smoke", "full"):
+        (rdir / stage / "tracked.json").unlink()
+    replay = sync(project)
+    assert replay.ok and replay.ops_sent > 10 and replay.metrics_sent > 0
+    assert_run_complete(client, RID, parent_artifacts=RUN_ARTIFACTS)
+
+
+def test_forwarder_tails_a_live_worker_exactly_once(tmp_path: Path, mlflow_project: Path) -> None:
+    project = mlflow_project
+    rdir = make_run_dir(project, stages=("smoke",))
+    rec = RunRecorder.for_run(project, rdir)
+    rec.start()
+    rec.start_stage("smoke")
+    lines = stage_lines(1, 400, test_at=400)
+    writer = textwrap.dedent("""
+        import sys, time
+        path, lines = sys.argv[1], open(sys.argv[2]).read().splitlines()
+        with open(path, "a") as f:
+            for i, line in enumerate(lines):
+                half = len(line) // 2
+                f.write(line[:half]); f.flush()          # a torn line the forwarder must not consume
+                time.sleep(0.001)
+                f.write(line[half:] + "\\n"); f.flush()
+                if i % 50 == 0:
+                    time.sleep(0.05)
+    """)
+    (tmp_path / "lines.txt").write_text("\n".join(lines))
+    with rec.forwarder("smoke", poll_s=0.02) as fwd:
+        metrics = rdir / "smoke" / "metrics.jsonl"
+        subprocess.run([sys.executable, "-c", writer, str(metrics), str(tmp_path / "lines.txt")], check=True)
+    assert fwd.last is not None and fwd.last.error is None and fwd.last.pending_bytes == 0
+    cursor = json.loads((rdir / "smoke" / "tracked.json").read_text())
+    assert cursor["lines"] == len(lines) and cursor["sent_through"] == {"train": 400, "valid": 400, "test": 400}
+    client = client_for(rec.target.uri)
+    assert_exactly_once(client, runs_of(client, RID)["smoke"], lines)
+    # 400 train lines x 7 metrics: several log_batch calls of at most 1000 metrics each.
+    assert cursor["metrics"] == 400 * 7 + 40 * 2 + 2
+
+
+def test_resumed_worker_truncation_never_duplicates(tmp_path: Path, mlflow_project: Path) -> None:
+    project = mlflow_project
+    rdir = make_run_dir(project, stages=("full",))
+    rec = RunRecorder.for_run(project, rdir)
+    rec.start()
+    rec.start_stage("full")
+    sdir = rdir / "full"
+    append_lines(sdir, stage_lines(1, 20))
+    fwd = rec.forwarder("full")
+    assert fwd.drain().metrics == 20 * 7 + 2 * 2
+    # The worker crashed after step 20 and resumed from its step-10 checkpoint: it rewrites the file
+    # to the surviving timeline and goes on with slightly different losses.
+    kept = [ln for ln in (sdir / "metrics.jsonl").read_text().splitlines() if json.loads(ln)["step"] <= 10]
+    (sdir / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
+    append_lines(sdir, [json.dumps(train_line(s, loss=100.0 + s), sort_keys=True) for s in range(11, 26)])
+    result = fwd.drain()
+    assert result.error is None and result.metrics == 5 * 7  # only steps 21..25 are new identities
+    client = client_for(rec.target.uri)
+    history = sorted((m.step, m.value) for m in client.get_metric_history(rec.record_uuid("stage:full"), "train/loss"))
+    assert [s for s, _ in history] == list(range(1, 26))  # every step exactly once
+    assert dict(history)[15] == pytest.approx(10.0 / 15) and dict(history)[25] == pytest.approx(125.0)
+    assert json.loads((sdir / "tracked.json").read_text())["rescans"] == 1
+    # Local curves are the surviving timeline.
+    assert dict(metric_history(project, RID, "full", "train/loss"))[15] == pytest.approx(115.0)
+
+
+def test_line_metrics_names_every_numeric_field() -> None:
+    assert line_metrics(train_line(3)) == sorted((f"train/{k}", float(v)) for k, v in train_line(3).items()
+                                                 if k not in ("kind", "step", "time") and v is not None)
+    assert line_metrics({"kind": "test", "step": 9, "loss": 1, "ppl": 2.5, "note": "x", "flag": True}) == [
+        ("test/loss", 1.0), ("test/ppl", 2.5)]
+    assert line_metrics({"step": 1, "loss": 1.0}) == []
+
+
+def test_a_reproduction_nests_under_the_original_run(mlflow_project: Path) -> None:
+    project = mlflow_project
+    rdir = make_run_dir(project, stages=("full",))
+    runs = {}
+    for label, where in (("original", rdir), ("r1", rdir / "reproductions" / "r1")):
+        if label != "original":
+            make_run_dir(project, stages=("full",), at=where)
+        rec = RunRecorder.for_run(project, where, **({} if label == "original" else
+                                                      {"reproduces": RID, "reproduction": label}))
+        rec.start()
+        rec.start_stage("full")
+        append_lines(where / "full", stage_lines(1, 20 if label == "original" else 25))
+        write_result(where / "full", 20)
+        rec.finish_stage("full")
+        rec.finish("finished")
+        assert rec.close().state == "synced"
+        runs[label] = rec
+    client = client_for(runs["original"].target.uri)
+    parent = client.get_run(runs["original"].record_uuid("run"))
+    repro = client.get_run(runs["r1"].record_uuid("run"))
+    assert repro.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert repro.data.tags["mcx.reproduces"] == RID and repro.data.tags["mcx.record"] == "reproduction"
+    assert repro.data.tags["mcx.reproduction"] == "r1" and repro.data.tags["mcx.run_id"] == RID
+    stage = client.get_run(runs["r1"].record_uuid("stage:full"))
+    assert stage.data.tags["mlflow.parentRunId"] == repro.info.run_id
+    assert_exactly_once(client, stage, stage_lines(1, 25))
+    assert_exactly_once(client, client.get_run(runs["original"].record_uuid("stage:full")), stage_lines(1, 20))
+    report = sync(project)
+    assert [e.run_dir for e in report.runs] == [rdir.resolve(), (rdir / "reproductions" / "r1").resolve()]
+    assert report.ok and report.ops_sent == 0 and report.metrics_sent == 0
+
+
+# --- outages against a real MLflow server -----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_server_down_for_the_whole_run_then_sync(tmp_path: Path, mlflow_server) -> None:
+    mlflow_server.stop()
+    project = tmp_path / "p"
+    rid = "00000000000a"
+    rdir = make_run_dir(project, rid)
+    t0 = time.perf_counter()
+    rec, entry = record_run(project, rdir, tracking_uri=mlflow_server.uri)
+    assert time.perf_counter() - t0 < 60  # an absent server costs no waiting
+    assert entry.state == "pending" and entry.ops_pending > 10 and entry.pending_bytes > 0
+    assert "Connection" in entry.error or "connect" in entry.error.lower()
+    assert not (rdir / "smoke" / "tracked.json").exists()
+
+    mlflow_server.start()
+    report = sync(project)
+    assert report.ok, report
+    assert report.metrics_sent == sum(len(values) for n in STEPS.values()
+                                      for values in expected_curves(stage_lines(1, n, test_at=n)).values())
+    client = client_for(mlflow_server.uri)
+    runs = runs_of(client, rid)
+    for stage, n in STEPS.items():
+        assert_exactly_once(client, runs[stage], stage_lines(1, n, test_at=n))
+    assert {a.path for a in client.list_artifacts(runs["run"].info.run_id)} >= RUN_ARTIFACTS
+    assert runs["run"].info.status == "FINISHED"
+    again = sync(project)
+    assert again.ok and again.ops_sent == 0 and again.metrics_sent == 0
+
+
+@pytest.mark.slow
+def test_server_stops_mid_run_then_sync(tmp_path: Path, mlflow_server) -> None:
+    if mlflow_server.proc is None:
+        mlflow_server.start()
+    project = tmp_path / "p"
+    rid = "00000000000b"
+    rdir = make_run_dir(project, rid)
+    rec = RunRecorder.for_run(project, rdir, tracking_uri=mlflow_server.uri)
+    rec.start(launcher="slurm", slurm_job_id="77")
+    rec.start_stage("smoke")
+    sdir = rdir / "smoke"
+    append_lines(sdir, stage_lines(1, 12))
+    fwd = rec.forwarder("smoke")
+    first = fwd.drain()
+    assert first.error is None and first.metrics == 12 * 7 + 2 and first.pending_bytes == 0
+
+    mlflow_server.stop()  # the server goes away while the worker trains on
+    append_lines(sdir, stage_lines(13, 30, test_at=30))
+    failed = fwd.drain()
+    assert failed.error is not None and failed.transient and failed.metrics == 0 and failed.pending_bytes > 0
+    write_result(sdir, 30)
+    rec.finish_stage("smoke")
+    rec.start_stage("full")
+    append_lines(rdir / "full", stage_lines(1, 60, test_at=60))
+    write_result(rdir / "full", 60)
+    rec.finish_stage("full")
+    (rdir / "run.json").write_text(json.dumps({"status": "finished"}))
+    rec.finish("finished")
+    offline = rec.close()
+    assert offline.state == "pending" and offline.ops_pending > 0
+
+    mlflow_server.start()
+    report = sync(project)
+    assert report.ok, report
+    client = client_for(mlflow_server.uri)
+    runs = assert_run_complete(client, rid, parent_artifacts=RUN_ARTIFACTS)
+    assert runs["run"].data.tags["mcx.launcher"] == "slurm" and runs["run"].data.tags["mcx.slurm.job_id"] == "77"
+
+
+# --- run cache and locks ----------------------------------------------------------------------------------
+
+LOCKER = textwrap.dedent("""
+    import json, os, sys, time
+    from pathlib import Path
+    from mcx.track import RunLocked, acquire
+    run_dir, go, hold = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3])
+    while not go.exists():
+        time.sleep(0.005)
+    try:
+        lock = acquire(run_dir)
+    except RunLocked as exc:
+        print(json.dumps({"got": False, "holder_pid": exc.holder.pid, "holder_host": exc.holder.host}), flush=True)
+        sys.exit(0)
+    print(json.dumps({"got": True, "pid": os.getpid()}), flush=True)
+    time.sleep(hold)
+    lock.release()
+""")
+
+
+def _locker(run_dir: Path, go: Path, hold: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", LOCKER, str(run_dir), str(go), str(hold)], stdout=subprocess.PIPE,
+                            text=True, cwd=REPO)
+
+
+def test_run_lock_two_processes_exactly_one_trains(tmp_path: Path) -> None:
+    project = tmp_path / "p"
+    rdir = project / ".mcx" / "runs" / RID
+    go = tmp_path / "go"
+    procs = [_locker(rdir, go, hold=3.0) for _ in range(2)]
+    time.sleep(1.0)  # both interpreters are up and waiting
+    go.touch()
+    first = json.loads(procs[0].stdout.readline())
+    second = json.loads(procs[1].stdout.readline())
+    outcomes = sorted([first, second], key=lambda o: not o["got"])
+    winner, loser = outcomes
+    assert winner["got"] and not loser["got"]
+    assert loser["holder_pid"] == winner["pid"] and loser["holder_host"] == os.uname().nodename
+    state = lookup(project, RID)
+    assert state.state == "running" and state.holder.pid == winner["pid"]
+    with pytest.raises(RunLocked, match="running elsewhere"):
+        acquire(rdir, wait=True, timeout=0.3)
+    t0 = time.monotonic()
+    with acquire(rdir, wait=True, timeout=60) as lock:  # waits until the winner is done
+        assert lock.held and time.monotonic() - t0 > 0.5
+        assert lookup(project, RID).state == "running"  # held by us now
+    for p in procs:
+        p.wait(timeout=30)
+    assert holder_of(rdir) is None and lookup(project, RID).state == "interrupted"
+    (rdir / "run.json").write_text(json.dumps({"status": "finished"}))
+    assert lookup(project, RID).state == "finished"
+    assert lookup(project, "0123456789ab").state == "absent"
+    with pytest.raises(RunIdError):
+        lookup(project, "../etc")
+
+
+def test_stale_lock_of_a_dead_process_is_taken_over(tmp_path: Path) -> None:
+    rdir = tmp_path / "runs" / RID
+    go = tmp_path / "go"
+    go.touch()
+    proc = _locker(rdir, go, hold=600)
+    got = json.loads(proc.stdout.readline())
+    assert got["got"]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    lock = acquire(rdir)
+    try:
+        assert lock.took_over is not None and lock.took_over.pid == got["pid"] and lock.took_over.alive is False
+        assert json.loads((rdir / "lock").read_text())["pid"] == os.getpid()
+    finally:
+        lock.release()
+    assert (rdir / "lock").read_text() == ""
+
+
+def test_lookup_finds_a_finished_run_in_the_store_when_its_directory_is_gone(tmp_path: Path) -> None:
+    project = tmp_path / "p"
+    rdir = make_run_dir(project, stages=())
+    rec = RunRecorder.for_run(project, rdir)
+    rec.start()
+    rec.finish("finished")
+    assert rec.close().state == "synced"
+    uuid = rec.record_uuid("run")
+    import shutil
+
+    shutil.rmtree(rdir)
+    assert lookup(project, RID).state == "absent"
+    found = lookup(project, RID, ask_tracking=True)
+    assert found.state == "finished" and found.source == "tracking" and found.mlflow_run == uuid
+
+
+# --- DVC ------------------------------------------------------------------------------------------------
+
+def _git_status(root: Path) -> str:
+    return subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True, check=True).stdout
+
+
+def test_dvc_checkpoint_add_push_restore_by_hash(tmp_path: Path) -> None:
+    a = make_git_dvc_project(tmp_path / "a")
+    ck = a / ".mcx" / "runs" / RID / "full" / "checkpoints"
+    (ck / "iter_0000002").mkdir(parents=True)
+    weights = os.urandom(100_000)
+    (ck / "iter_0000002" / "model.pt").write_bytes(weights)
+    (ck / "latest").write_text("iter_0000002\n")
+    rec = track_checkpoint(a, ck)
+    assert rec.md5.endswith(".dir") and len(rec.md5) == 36 and rec.nfiles == 2 and rec.size == len(weights) + 13
+    assert rec.path == f".mcx/runs/{RID}/full/checkpoints" and rec.remote == "mcx-local"
+    assert Path(rec.dvc_file) == ck.parent / "checkpoints.dvc"
+    assert any((a / ".mcx" / "dvc-remote").rglob("*.dir"))  # pushed
+    assert _git_status(a) == ""  # nothing in the git work tree changed
+    assert "mcx-local" in (a / ".dvc" / "config.local").read_text()
+    assert track_checkpoint(a, ck).md5 == rec.md5  # idempotent
+
+    b = tmp_path / "b"
+    subprocess.run(["git", "clone", "-q", str(a), str(b)], check=True)
+    remote = str(a / ".mcx" / "dvc-remote")
+    got = restore(b, md5=rec.md5, path=Path(rec.path), remote=remote)
+    assert got == (b / rec.path).resolve()
+    assert (got / "iter_0000002" / "model.pt").read_bytes() == weights
+    assert (got / "latest").read_text() == "iter_0000002\n"
+    (got / "latest").write_text("something else\n")
+    with pytest.raises(DataError, match="cannot restore"):
+        restore(b, md5=rec.md5, path=Path(rec.path), remote=remote)
+    restore(b, md5=rec.md5, path=Path(rec.path), remote=remote, force=True)
+    assert (got / "latest").read_text() == "iter_0000002\n"
+    with pytest.raises(InputError, match="outside the project"):
+        track_checkpoint(a, tmp_path)
+    with pytest.raises(InputError, match="not a DVC md5"):
+        restore(b, md5="nope", path=Path("x"), remote=remote)
+
+
+def test_pull_data_brings_back_a_missing_dataset(tmp_path: Path) -> None:
+    a = make_git_dvc_project(tmp_path / "a")
+    data = a / "data" / "quickstart"
+    data.mkdir(parents=True)
+    (data / "corpus.bin").write_bytes(os.urandom(50_000))
+    (data / "corpus.idx").write_bytes(os.urandom(500))
+    from dvc.repo import Repo
+
+    name = ensure_remote(a)
+    with Repo(str(a)) as repo:  # what `dvc add data/quickstart && dvc push` do
+        repo.add([str(data)])
+        repo.push(targets=[str(a / "data" / "quickstart.dvc")], remote=name)
+    subprocess.run(["git", "add", "data/quickstart.dvc", "data/.gitignore"], cwd=a, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e.invalid", "commit", "-qm", "data"],
+                   cwd=a, check=True)
+
+    b = tmp_path / "b"
+    subprocess.run(["git", "clone", "-q", str(a), str(b)], check=True)
+    assert not (b / "data" / "quickstart").exists()
+    got = pull_data(b, Path("data/quickstart"), remote=str(a / ".mcx" / "dvc-remote"))
+    assert (got / "corpus.bin").read_bytes() == (data / "corpus.bin").read_bytes()
+    assert _git_status(b) == ""
+    with pytest.raises(DataError, match="not tracked by DVC"):
+        pull_data(b, Path("data/other"))
+
+
+# --- baselines ------------------------------------------------------------------------------------------
+
+def _recorded(project: Path, run_id: str, final_loss: float) -> None:
+    rdir = make_run_dir(project, run_id, stages=("full",))
+    (rdir / "full" / "result.json").write_text(json.dumps({
+        "status": "finished", "passed": True, "checks": {}, "steps": 60, "error": None, "layer_spec": "local",
+        "versions": {}, "final": {"valid/loss": final_loss, "train/tokens_per_s_per_gpu": 1000.0}}))
+    rec = RunRecorder.for_run(project, rdir)
+    rec.start()
+    rec.start_stage("full")
+    rec.finish_stage("full")
+    rec.finish("finished")
+    assert rec.close().state == "synced"
+
+
+def test_baselines_set_list_resolve_and_verdicts(tmp_path: Path, mlflow_project: Path) -> None:
+    project = mlflow_project
+    a, b = "aaaaaaaaaaa1", "bbbbbbbbbbb2"
+    _recorded(project, a, 2.0)
+    _recorded(project, b, 2.1)
+    assert list_baselines(project) == []
+    set_baseline(project, "main", a, note="first good run")
+    set_baseline(project, "nightly", b)
+    assert [(x.name, x.run_id) for x in list_baselines(project)] == [("main", a), ("nightly", b)]
+    assert resolve(project, "main") == a and resolve(project, b) == b
+    with pytest.raises(RunIdError, match="did you mean main"):
+        resolve(project, "mian")
+    with pytest.raises(RunIdError, match="not recorded"):
+        set_baseline(project, "x", "cccccccccccc")
+    with pytest.raises(InputError, match="not valid"):
+        set_baseline(project, "bad name!", a)
+    set_baseline(project, "main", b)  # moves
+    assert resolve(project, "main") == b
+    remove_baseline(project, "nightly")
+    assert [x.name for x in list_baselines(project)] == ["main"]
+
+    base = baseline_metrics(project, a)
+    assert base == {"valid/loss": 2.0, "train/tokens_per_s_per_gpu": 1000.0}
+    import shutil
+
+    shutil.rmtree(project / ".mcx" / "runs" / a)  # the store still has the final metrics
+    assert baseline_metrics(project, a) == base
+
+    mine = baseline_metrics(project, b)
+    verdict = compare_to_baseline(mine, base, {"valid/loss": 0.02})
+    assert verdict["verdict"] == "regress" and verdict["regressed"] == ["valid/loss"]
+    entry = verdict["metrics"]["valid/loss"]
+    assert entry["delta"] == pytest.approx(0.1) and entry["rel_delta"] == pytest.approx(0.05)
+    assert entry["direction"] == "lower" and entry["status"] == "regress"
+    assert compare_to_baseline(mine, base, {"valid/loss": 0.06})["verdict"] == "pass"
+    # Higher is better for throughput: a 10 % drop regresses at 5 %, a rise is an improvement.
+    slow = compare_to_baseline({"train/tokens_per_s_per_gpu": 900.0}, base, {"train/tokens_per_s_per_gpu": 0.05})
+    assert slow["verdict"] == "regress"
+    fast = compare_to_baseline({"train/tokens_per_s_per_gpu": 1100.0}, base, {"train/tokens_per_s_per_gpu": 0.05})
+    assert fast["verdict"] == "pass" and fast["metrics"]["train/tokens_per_s_per_gpu"]["status"] == "improved"
+    # Without tolerances losses are gated at 1 %; a gated metric the run lacks is a regression.
+    assert compare_to_baseline({"valid/loss": 2.01}, {"valid/loss": 2.0})["verdict"] == "pass"
+    assert compare_to_baseline({"valid/loss": 2.05}, {"valid/loss": 2.0})["verdict"] == "regress"
+    missing = compare_to_baseline({}, base, {"valid/loss": 0.1})
+    assert missing["verdict"] == "regress" and missing["metrics"]["valid/loss"]["status"] == "missing"
+    assert compare_to_baseline({"valid/loss": float("nan")}, base, {"valid/loss": 0.1})["verdict"] == "regress"
+    with pytest.raises(InputError, match="go up or down"):
+        compare_to_baseline(mine, base, {"train/grad_norm": 0.1})
+    with pytest.raises(InputError, match="relative tolerance"):
+        compare_to_baseline(mine, base, {"valid/loss": -1})
+
+
+# --- queries --------------------------------------------------------------------------------------------
+
+def test_list_show_and_metric_history(tmp_path: Path, mlflow_project: Path) -> None:
+    project = mlflow_project
+    rdir = make_run_dir(project)
+    record_run(project, rdir, live=False)
+    other = make_run_dir(project, "0123456789ab", stages=("smoke",))
+    append_lines(other / "smoke", stage_lines(1, 5))
+
+    runs = {r["run_id"]: r for r in list_runs(project)}
+    assert runs[RID]["state"] == "finished" and runs[RID]["name"] == "tiny"
+    assert runs[RID]["final"]["test/ppl"] == pytest.approx(2.0 + 1.0 / 60)
+    assert runs[RID]["stages"]["smoke"]["status"] == "finished" and runs[RID]["tracking"]["pending_ops"] == 0
+    unfinished = runs["0123456789ab"]
+    assert unfinished["state"] == "interrupted" and unfinished["stages"]["smoke"]["status"] == "incomplete"
+
+    shown = show_run(project, RID)
+    assert shown["params"]["train.lr"] == "0.003" and shown["tags"]["mcx.fp.code.dirty"] == "true"
+    with_store = show_run(project, RID, include_tracking=True)
+    assert with_store["tracking"]["mlflow_status"] == "FINISHED"
+    assert with_store["tracking"]["mlflow_run"] == with_store["tracking"]["mlflow_run"]
+
+    local_curve = metric_history(project, RID, "full", "train/loss")
+    assert local_curve == [(s, 10.0 / s) for s in range(1, 61)]
+    assert metric_history(project, RID, "full", "test/ppl") == [(60, pytest.approx(2.0 + 1.0 / 60))]
+
+    import shutil
+
+    shutil.rmtree(rdir)  # from the store now
+    from_store = metric_history(project, RID, "full", "train/loss")
+    assert [s for s, _ in from_store] == list(range(1, 61))
+    assert [v for _, v in from_store] == pytest.approx([v for _, v in local_curve])
+    remote = show_run(project, RID)
+    assert remote["source"] == "tracking" and remote["params"]["train.lr"] == "0.003"
+    assert set(remote["stages"]) == {"smoke", "full"} and remote["stages"]["full"]["status"] == "finished"
+    everything = {r["run_id"]: r for r in list_runs(project, include_tracking=True)}
+    assert everything[RID]["source"] == "tracking" and RID not in {r["run_id"] for r in list_runs(project)}
+    with pytest.raises(RunIdError, match="unknown run ID"):
+        show_run(project, "fedcba987654")
+
+
+# --- redaction ------------------------------------------------------------------------------------------
+
+def test_redact_rules() -> None:
+    assert is_secret_name("HF_TOKEN") and is_secret_name("AWS_SECRET_ACCESS_KEY") and is_secret_name("wandbApiKey")
+    assert is_secret_name("MLFLOW_TRACKING_PASSWORD") and is_secret_name("db_pass")
+    plain = ("data.tokenizer.kind", "tokens_per_s_per_gpu", "PWD", "monkey", "keyboard")
+    assert not any(is_secret_name(n) for n in plain)
+    assert redact_text("https://bob:hunter2@h.example/x") == f"https://{REDACTED}@h.example/x"
+    assert redact_text('{"api_key": "abc123"} TOKEN=zz x=1') == f'{{"api_key": "{REDACTED}"}} TOKEN={REDACTED} x=1'
+    assert redact_text("use ghp_" + "a" * 36 + " now") == f"use {REDACTED} now"
+    assert redact({"password": 5, "x": [None, True, "ok"]}) == {"password": REDACTED, "x": [None, True, "ok"]}
+
+
+def test_no_secret_reaches_any_record(mlflow_project: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    secrets = {
+        "HF_TOKEN": "hf_" + "Q" * 34,
+        "MLFLOW_TRACKING_TOKEN": "mlflow-tok-5f1a9c2e",
+        "MCX_SECRET_KEY": "s3cr3t-mcx-key-77",
+        "WANDB_API_KEY": "wandb-0c7d1e2f3a4b",
+    }
+    for k, v in secrets.items():
+        monkeypatch.setenv(k, v)
+    planted = {
+        "spec_password": "hunter2-in-the-spec",
+        "uri_password": "pw-in-the-remote-uri",
+        "fp_token": "tok-in-the-fingerprint",
+        "fp_uri_password": "pw-in-the-git-url",
+        "lock_password": "pw-in-the-lockfile",
+        "patch_secret": "AKIAABCDEFGHIJKLMNOP",
+        "patch_gh": "ghp_" + "Z" * 36,
+    }
+    project = mlflow_project
+    fp = fingerprint_record(RID, patch=(
+        "diff --git a/.env b/.env\n"
+        f"+AWS_ACCESS_KEY_ID={planted['patch_secret']}\n"
+        f"+GITHUB_TOKEN: {planted['patch_gh']}\n"
+        f"+hub = {secrets['HF_TOKEN']}\n"))
+    fp["code"]["info"]["remote"] = f"https://bob:{planted['fp_uri_password']}@git.example.com/repo.git"
+    fp["code"]["info"]["api_token"] = planted["fp_token"]
+    rdir = make_run_dir(project, overrides=(
+        f'description="tuning; db password={planted["spec_password"]} and key {secrets["WANDB_API_KEY"]}"',
+        f'tracking.dvc_remote="https://alice:{planted["uri_password"]}@dvc.example.com/store"',
+    ), fingerprint=fp)
+    (project / "lockfiles" / "cpu.txt").write_text(
+        f"--index-url https://carol:{planted['lock_password']}@pypi.example.com/simple\ntorch==2.11.0\n")
+    caplog.set_level("DEBUG")
+    rec, entry = record_run(project, rdir)
+    (rdir / "smoke" / "result.json").write_text(json.dumps({
+        "status": "failed", "passed": False, "checks": {}, "final": {}, "steps": 3,
+        "error": f"auth failed with {secrets['MCX_SECRET_KEY']}"}))
+    rec.finish_stage("smoke")
+    assert rec.close().state == "synced"
+
+    needles = [*secrets.values(), *planted.values()]
+    client = client_for(rec.target.uri)
+    exp = client.get_experiment_by_name("tiny")
+    texts = []
+    for run in client.search_runs([exp.experiment_id]):
+        texts += [f"{k}={v}" for k, v in run.data.params.items()] + [f"{k}={v}" for k, v in run.data.tags.items()]
+    stored_files = [p for p in (project / ".mcx" / "mlartifacts").rglob("*") if p.is_file()]
+    stored_files += [p for p in (rdir / "track").rglob("*") if p.is_file()]  # the spool itself
+    assert len(stored_files) > 10
+    texts += [p.read_bytes().decode("utf-8", "replace") for p in stored_files]
+    texts.append((project / ".mcx" / "mlflow.db").read_bytes().decode("utf-8", "replace"))
+    texts.append(caplog.text)
+    for needle in needles:
+        leaks = [t[:200] for t in texts if needle in t]
+        assert not leaks, f"{needle!r} leaked into {leaks}"
+    # ... and the records say what was redacted rather than dropping it.
+    parent = runs_of(client, RID)["run"]
+    assert parent.data.params["description"] == f"tuning; db password={REDACTED} and key {REDACTED}"
+    assert parent.data.params["tracking.dvc_remote"] == f"https://{REDACTED}@dvc.example.com/store"
+    assert parent.data.tags["mcx.fp.code.info.api_token"] == REDACTED
+    env_report = next(p for p in stored_files if p.name == "environment.json")
+    assert json.loads(env_report.read_text())["environment_variables"]["MCX_SECRET_KEY"] == REDACTED
+
+
+def test_tracking_uri_with_credentials_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://u:p4ss@mlflow.example.com")
+    with pytest.raises(InputError, match="MLFLOW_TRACKING_USERNAME") as err:
+        resolve_target(tmp_path)
+    assert "p4ss" not in str(err.value)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert resolve_target(tmp_path).uri == "http://127.0.0.1:5000"
+    assert resolve_target(tmp_path, "http://10.0.0.1:80").uri == "http://10.0.0.1:80"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert resolve_target(tmp_path).embedded
+
+
+def test_control_plane_import_stays_light() -> None:
+    code = ("import sys, mcx.track, mcx.track.sync, mcx.track.query, mcx.track.dvc_store, mcx.track.baseline\n"
+            "heavy = [m for m in sys.modules\n"
+            "         if m.split('.')[0] in ('mlflow', 'dvc', 'dvc_data', 'torch', 'sqlalchemy')]\n"
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
