@@ -209,10 +209,6 @@ class ProcessHandle:
             return LaunchOutcome(
                 state="failed", detail=f"{self._what} was killed by {name}.{hint} {said}{where}".strip(), **common
             )
-        return LaunchOutcome(
-            state="failed",
-            detail=f"{self._what} exited with code {code}. {said} "
-            f"See {self._stage_dir / 'worker.log'}.{where}".replace("  ", " "),
-            **common,
-        )
+        detail = f"{self._what} exited with code {code}. {said} See {self._stage_dir / 'worker.log'}.{where}"
+        return LaunchOutcome(state="failed", detail=" ".join(detail.split()), **common)
 

@@ -209,7 +209,8 @@ def render_sbatch(
         f"port={port}",
         'echo "mcx: rendezvous at $head:$port, $SLURM_JOB_NUM_NODES node(s) x ' + str(procs) + ' process(es)"',
         "",
-        "trap 'echo \"mcx: SIGTERM (cancel, preemption or requeue): the workers got it too and save a checkpoint\"' TERM",
+        "trap 'echo \"mcx: SIGTERM (cancel, preemption or requeue): the workers got it too and save a "
+        "checkpoint\"' TERM",
     ]
     if warn:
         lines += [
