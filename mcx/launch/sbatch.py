@@ -8,6 +8,9 @@ Signals and requeue, as rendered:
   checkpoint and exit; the agents ignore SIGTERM so they cannot cut that short. If the attempt
   advanced ``checkpoints/latest``, the script requeues the job (``scontrol requeue``) and the next
   attempt resumes from it. An attempt that saved nothing new is not requeued (it would loop).
+  Slurm may send the warning up to 60 s early (its event resolution): keep the grace well below
+  the time limit. With launch.slurm.requeue = false there is no warning: at the limit Slurm's own
+  SIGTERM (below) is the only chance to checkpoint, and the job ends TIMEOUT.
 * Cancel, preemption and ``scontrol requeue`` from outside: Slurm itself sends SIGTERM to every
   process of the job, then SIGKILL after the cluster's KillWait; the workers checkpoint in between,
   and a requeued job resumes. ``--requeue`` also lets Slurm requeue the job after a node failure.
