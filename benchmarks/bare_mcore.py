@@ -84,6 +84,7 @@ with warnings.catch_warnings():  # Megatron-Core warns at import about optional 
     from megatron.core.transformer.transformer_config import TransformerConfig
     from megatron.core.utils import divide
 
+from mcx.errors import McxError
 from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
 from mcx.plan.layout import Layout
 from mcx.plan.params import count_params, padded_vocab_size
@@ -242,7 +243,7 @@ def _check_supported(spec: ExperimentSpec, layout: Layout) -> None:
         raise SystemExit(f"bare_mcore: this reference loop does not implement {', '.join(problems)}")
 
 
-def _synthetic_tokens(steps: int, microbatches: int, mbs: int, seq: int, vocab: int, rank: int) -> torch.Tensor:
+def _synthetic_tokens(steps: int, microbatches: int, mbs: int, seq: int, vocab: int) -> torch.Tensor:
     """[steps, microbatches, mbs, seq + 1] token ids, fixed by the seed and the data-parallel rank."""
     g = torch.Generator().manual_seed(DATA_SEED + parallel_state.get_data_parallel_rank() * 7919)
     x = torch.randint(0, vocab, (steps, microbatches, mbs, seq + 1), generator=g, dtype=torch.int64)
@@ -250,8 +251,6 @@ def _synthetic_tokens(steps: int, microbatches: int, mbs: int, seq: int, vocab: 
 
 
 def train(args: argparse.Namespace) -> dict[str, Any]:
-    if args.deterministic:
-        os.environ.update(DETERMINISTIC_ENV)  # before CUDA, cuBLAS and NCCL start
     project = Path(args.project).resolve()
     overrides = spec_overrides(impl=args.impl, fp8=args.fp8, mbs=args.mbs, seq=args.seq, layers=args.layers,
                                gpus=args.gpus, deterministic=args.deterministic, extra=args.set)
@@ -260,6 +259,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     _check_supported(spec, layout)
     t, m = spec.train, spec.model
     te = args.impl == "te"
+    if t.deterministic:
+        os.environ.update(DETERMINISTIC_ENV)  # before CUDA, cuBLAS and NCCL start
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if t.deterministic:
         torch.use_deterministic_algorithms(True)
@@ -302,7 +303,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     # Data: this rank's micro-batches of every step, pinned; constant mask and positions on the GPU.
     micro = t.global_batch_size // (t.micro_batch_size * layout.dp)
     seq, steps = m.seq_length, args.warmup + args.steps
-    tokens = _synthetic_tokens(steps, micro, t.micro_batch_size, seq, vocab, rank)
+    tokens = _synthetic_tokens(steps, micro, t.micro_batch_size, seq, vocab)
     loss_mask = torch.ones(t.micro_batch_size, seq, device="cuda")
     position_ids = torch.arange(seq, device="cuda").unsqueeze(0).expand(t.micro_batch_size, -1)
 
@@ -450,7 +451,7 @@ def cpu_check(args: argparse.Namespace) -> dict[str, Any]:
         if config.bf16 or config.fp16:
             model = Float16Module(config, model)
         seq = m.seq_length
-        x = _synthetic_tokens(1, 1, t.micro_batch_size, seq, vocab, 0)[0, 0]
+        x = _synthetic_tokens(1, 1, t.micro_batch_size, seq, vocab)[0, 0]
         position_ids = torch.arange(seq).unsqueeze(0).expand(t.micro_batch_size, -1)
         start = time.perf_counter()
         per_token = model(x[:, :-1], position_ids, None, labels=x[:, 1:])
@@ -513,4 +514,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except McxError as exc:  # a bad spec or override: the message names the key and the fix
+        raise SystemExit(f"bare_mcore: {exc}") from None

@@ -43,6 +43,7 @@ from typing import Any
 from attrs import evolve
 
 from mcx.data.dataset import read_manifest
+from mcx.errors import McxError
 from mcx.hashing import digest, short_id
 from mcx.launch import launcher_for, worker_env
 from mcx.launch.env import omp_threads
@@ -323,4 +324,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except McxError as exc:  # a bad spec or override: the message names the key and the fix
+        raise SystemExit(f"throughput: {exc}") from None
