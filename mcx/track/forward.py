@@ -217,8 +217,9 @@ class MetricsForwarder:
         rec = self.recorder
         flushed = rec.flush()
         uuid = rec.record_uuid(f"stage:{self.stage}")
-        if uuid is None:
-            return ForwardResult(0, 0, self._pending_bytes(None), flushed.error or "the stage run is not recorded yet",
+        if uuid is None or (flushed.error is not None and flushed.transient):  # not created, or the store is down
+            left = self.pending_bytes()
+            return ForwardResult(0, 0, left, flushed.error or "the stage run is not recorded yet",
                                  flushed.transient or flushed.error is None, flushed.busy)
         with rec.sending() as mine:
             cursor = Cursor(self.stage_dir / paths.CURSOR_FILE, rec.target.name, uuid)

@@ -89,9 +89,10 @@ def sync_recorder(rec: RunRecorder) -> SyncEntry:
     error = flushed.error
     busy = flushed.busy
     metrics_sent = pending_bytes = 0
+    unreachable = flushed.error is not None and flushed.transient
     for stage in rec.stages():
         fwd = MetricsForwarder(rec, stage)
-        if busy:
+        if busy or unreachable:  # another process sends them, or the store is down: do not wait on it again
             pending_bytes += fwd.pending_bytes()
             continue
         result = fwd.drain()
