@@ -22,8 +22,9 @@ Data: random token ids from a fixed ``torch.Generator`` (same shapes as real dat
 that speed depends on), pinned on the host and copied per micro-batch like Megatron-LM's
 ``get_batch``. Each step is one optimizer step over the spec's global batch
 (``global_batch_size / (micro_batch_size x DP)`` micro-batches per rank). ``--warmup`` steps run
-first, then ``--steps`` steps are timed one by one (``torch.cuda.synchronize`` + ``perf_counter``
-around each). Reported, as one JSON line on stdout (rank 0) and in ``--out``:
+first, then ``--steps`` steps are timed: each step ends with ``torch.cuda.synchronize``, and a
+step's time is the ``perf_counter`` interval from the end of the previous step to its own end (the
+whole loop iteration). Reported, as one JSON line on stdout (rank 0) and in ``--out``:
 
     tokens_per_s_per_gpu   global batch tokens x steps / summed step times / GPUs
     tflops_per_gpu, mfu    Megatron's FLOPs (mcx.plan.flops) over the same time; MFU against the
@@ -90,6 +91,7 @@ from mcx.plan.layout import Layout
 from mcx.plan.params import count_params, padded_vocab_size
 from mcx.spec import ExperimentSpec
 from throughput import FP8, IMPLS, load_benchmark_spec, score, spec_overrides  # the benchmark's definition
+
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32,
           "fp8-hybrid": torch.bfloat16, "fp8-e4m3": torch.bfloat16}
 # What Megatron-LM sets for --deterministic-mode runs; read when CUDA, cuBLAS and NCCL start.
@@ -314,7 +316,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
 
     last_stage = parallel_state.is_pipeline_last_stage()
     hooks_on = False
-    step_times, losses = [], []
+    ends, own_times, losses = [], [], []
     for step in range(steps):
         start = time.perf_counter()
         model.zero_grad_buffer()
@@ -332,14 +334,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if world > 1:
             dist.all_reduce(loss)
         torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
+        ends.append(time.perf_counter())
+        own_times.append(ends[-1] - start)
         loss_sum, loss_tokens = loss.tolist()
         losses.append(loss_sum / max(loss_tokens, 1.0))
-        if step >= args.warmup:
-            step_times.append(elapsed)
         if rank == 0:
             sys.stderr.write(f"bare_mcore step {step + 1}/{steps}{' (warm-up)' if step < args.warmup else ''}: "
-                             f"{elapsed:.3f} s, loss {losses[-1]:.4f}, grad norm {grad_norm}\n")
+                             f"{own_times[-1]:.3f} s, loss {losses[-1]:.4f}, grad norm {grad_norm}\n")
+    # Timed: the wall time from the end of one step to the end of the next, for the steps after the
+    # warm-up (everything the loop does between them is included).
+    step_times = [ends[i] - ends[i - 1] for i in range(args.warmup, steps)]
 
     name = torch.cuda.get_device_name()
     gpu = gpu_from_name(name)
@@ -356,7 +360,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "global_batch_size": t.global_batch_size, "num_microbatches": micro, "seq_length": seq,
         "vocab_size": vocab, "padded_vocab_size": padded, "warmup_steps": args.warmup,
         **score(spec, world, padded, step_times, peak),
-        "step_times_s": step_times, "loss_first": losses[0], "loss_last": losses[-1],
+        "step_times_s": step_times, "self_timed_step_times_s": own_times[args.warmup:],
+        "loss_first": losses[0], "loss_last": losses[-1],
         # Rank 0's, as mcx's metrics record it; and the largest over ranks.
         "mem_peak_bytes": mem[0], "mem_reserved_peak_bytes": mem[1],
         "mem_peak_bytes_max_rank": int(mem_max[0].item()), "mem_reserved_peak_bytes_max_rank": int(mem_max[1].item()),
@@ -497,8 +502,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        raise SystemExit("bare_mcore: --steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 1:
+        raise SystemExit("bare_mcore: --steps and --warmup must be >= 1 (a timed step starts where the previous ended)")
     if args.cpu_check:
         result = cpu_check(args)
     else:

@@ -9,12 +9,15 @@ One process runs, one after the other (in ``--runners`` order):
            "full")``), reading the spec's real dataset
 
 Both train ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps of the spec's global
-batch. The bare loop times each step itself; mcx's times come from its metrics.jsonl
-(``step_time_s`` of steps warmup+1 .. warmup+steps). mcx's worker is stopped (SIGKILL) as soon as
-those lines are written: the final checkpoint of a multi-billion-parameter model (tens of GB) and
-the evaluation passes are not part of the measurement. Both are scored by one function,
-:func:`score`: tokens per second per GPU = global-batch tokens x steps / the summed step times /
-GPUs (the time-weighted mean; the median-step figures are reported beside it).
+batch. A timed step lasts from the end of the previous step to its own end, so the whole loop
+iteration counts, whatever a runner does between steps: the bare loop measures this itself
+(``perf_counter`` after ``torch.cuda.synchronize``), mcx's comes from the ``time`` stamps of
+consecutive lines in its metrics.jsonl (each written right after its step; the worker's own
+``step_time_s``, which leaves out the work between steps, is scored too, as ``self_timed``).
+mcx's worker is stopped (SIGKILL) as soon as the last timed line is written: the final checkpoint
+of a multi-billion-parameter model (tens of GB) and the evaluation passes are not measured. Both
+runs are scored by one function, :func:`score`: tokens per second per GPU = global-batch tokens x
+steps / the summed step times / GPUs (the time-weighted mean; median-step figures beside it).
 
 Printed (and written to ``--out``) as one JSON object: both runs, ``ratio`` = mcx tokens/s over
 bare tokens/s (target >= 0.99), the ratio of the medians, both MFUs and peak memories.
@@ -191,17 +194,23 @@ def run_mcx(spec: ExperimentSpec, layout: Layout, project: Path, stage_dir: Path
         handle.kill()  # no final checkpoint or evaluation: they are not measured
         outcome = handle.wait()
     records = {r["step"]: r for r in train_records(metrics)}
-    timed = [records[s] for s in range(warmup + 1, wanted + 1) if s in records]
-    if len(timed) < steps:
+    timed = [records[s] for s in range(warmup, wanted + 1) if s in records]  # the last warm-up step starts
+    if len(timed) < steps + 1:
         tail = log.read_text(encoding="utf-8", errors="replace")[-3000:] if log.is_file() else ""
         worker = stage_dir / "worker.log"
         tail += worker.read_text(encoding="utf-8", errors="replace")[-3000:] if worker.is_file() else ""
         raise SystemExit(f"throughput: mcx's worker wrote {len(records)} of {wanted} steps "
                          f"({outcome.state}: {outcome.detail}); stage directory {stage_dir}\n{tail}")
+    # A step's time: from the previous step's metrics line to its own (each written right after its
+    # step, so the whole loop iteration counts); the worker's own step_time_s leaves out what the
+    # loop does between steps (metrics line, checks), and is reported beside it.
+    intervals = [b["time"] - a["time"] for a, b in zip(timed, timed[1:], strict=False)]
+    measured = timed[1:]
     return {"runner": "mcx", "stage_dir": str(stage_dir), "job": {k: job[k] for k in ("run_id", "layout", "data_dir")},
-            "step_times_s": [r["step_time_s"] for r in timed], "loss_first": records[1]["loss"],
-            "loss_last": timed[-1]["loss"], "mem_peak_bytes": max(r["mem_peak_bytes"] for r in timed),
-            "self_reported_median": {k: statistics.median(r[k] for r in timed)
+            "step_times_s": intervals, "self_timed_step_times_s": [r["step_time_s"] for r in measured],
+            "loss_first": records[min(records)]["loss"], "loss_last": measured[-1]["loss"],
+            "mem_peak_bytes": max(r["mem_peak_bytes"] for r in measured),
+            "self_reported_median": {k: statistics.median(r[k] for r in measured)
                                      for k in ("tokens_per_s_per_gpu", "tflops_per_gpu")}}
 
 
@@ -272,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
     if not runners or set(runners) - {"bare", "mcx"} or len(set(runners)) != len(runners):
         raise SystemExit("throughput: --runners takes bare and/or mcx, comma-separated")
-    if args.steps < 1 or args.warmup < 0:
-        raise SystemExit("throughput: --steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 1:
+        raise SystemExit("throughput: --steps and --warmup must be >= 1 (a timed step starts where the previous ended)")
     project = Path(args.project).resolve()
     base = spec_overrides(impl=args.impl, fp8=args.fp8, mbs=args.mbs, seq=args.seq, layers=args.layers,
                           gpus=args.gpus, deterministic=args.deterministic, extra=args.set)
@@ -297,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             run = run_mcx(spec, layout, project, work / "mcx" / "full", warmup=args.warmup, steps=args.steps,
                           timeout=args.timeout)
-        runs[runner] = {**run, **score(spec, world, padded, run["step_times_s"], peak)}
+        runs[runner] = {**run, **score(spec, world, padded, run["step_times_s"], peak),
+                        "self_timed": score(spec, world, padded, run["self_timed_step_times_s"], peak)}
 
     result: dict[str, Any] = {
         "spec": args.spec, "overrides": overrides, "impl": IMPLS[args.impl], "precision": spec.train.precision,
