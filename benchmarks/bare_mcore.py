@@ -34,7 +34,7 @@ whole loop iteration). Reported, as one JSON line on stdout (rank 0) and in ``--
                            metrics; *_max_rank: the largest over ranks)
 
     python benchmarks/bare_mcore.py --spec experiments/h200_1gpu.toml --impl local --mbs 2
-    torchrun --standalone --nproc-per-node 2 benchmarks/bare_mcore.py --spec experiments/h200_2gpu.toml
+    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bare_mcore.py --spec experiments/h200_2gpu.toml
     python benchmarks/bare_mcore.py --spec experiments/h200_1gpu.toml --layers 1 --seq 256 --cpu-check
 
 ``--cpu-check`` needs no GPU: it builds the model on CPU (gloo, world size 1), checks the SDPA core
