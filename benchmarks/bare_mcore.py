@@ -34,7 +34,8 @@ whole loop iteration). Reported, as one JSON line on stdout (rank 0) and in ``--
                            metrics; *_max_rank: the largest over ranks)
 
     python benchmarks/bare_mcore.py --spec experiments/h200_1gpu.toml --impl local --mbs 2
-    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bare_mcore.py --spec experiments/h200_2gpu.toml
+    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/bare_mcore.py \
+        --spec experiments/h200_2gpu.toml
     python benchmarks/bare_mcore.py --spec experiments/h200_1gpu.toml --layers 1 --seq 256 --cpu-check
 
 ``--cpu-check`` needs no GPU: it builds the model on CPU (gloo, world size 1), checks the SDPA core
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -169,7 +171,7 @@ def transformer_config(spec: ExperimentSpec, layout: Layout, *, te: bool, cpu: b
             bias_activation_fusion=m.swiglu and not cpu, bias_dropout_fusion=not cpu,
             masked_softmax_fusion=False, apply_rope_fusion=te, persist_layer_norm=False,
             # apex's fused wgrad kernel (Megatron-LM turns the flag off without it).
-            gradient_accumulation_fusion=_have_module("fused_weight_gradient_mlp_cuda") and not cpu,
+            gradient_accumulation_fusion=not cpu and _have_apex_wgrad(),
             cross_entropy_loss_fusion=False,
             recompute_granularity=recompute,
             recompute_method=t.recompute_method if recompute == "full" else None,
@@ -178,10 +180,8 @@ def transformer_config(spec: ExperimentSpec, layout: Layout, *, te: bool, cpu: b
         )
 
 
-def _have_module(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
+def _have_apex_wgrad() -> bool:
+    return importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None
 
 
 def layer_spec(spec: ExperimentSpec, te: bool) -> ModuleSpec:
