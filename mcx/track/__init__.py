@@ -17,7 +17,23 @@ Modules, by what they hold:
 - ``dvc_store``: checkpoints added/pushed by hash, datasets and checkpoints restored by hash
 - ``baseline``: named baselines in the store, ``compare_to_baseline`` verdicts
 - ``query``: ``list_runs``, ``show_run``, ``metric_history``
-"""
+
+Decisions (the reasons are in each module's docstring):
+
+- Spool = write-ahead journal. Every record is journaled (fsynced) before it is sent, and every
+  operation is idempotent, so online, offline and ``mcx sync`` are one code path and a crash at any
+  point neither loses nor duplicates a record. Per-step metrics are not journaled: metrics.jsonl is
+  the log and ``<stage>/tracked.json`` its acknowledged cursor.
+- MLflow layout: experiment = spec name; parent run tagged ``mcx.run_id``/``mcx.record=run``; stage
+  and reproduction runs nested under it; runs are found by these tags, never remembered only locally.
+- Metric keys are ``<kind>/<field>`` (``train/loss``, ``train/mfu``, ``valid/loss``, ``test/ppl``),
+  the names mcx.report uses for curves; the final metrics of the full stage go on the parent run
+  under the same names (smoke's under ``smoke/``).
+- Baselines are experiment tags of the ``mcx-baselines`` experiment (no placeholder runs).
+- DVC: the embedded remote is configured in ``.dvc/config.local``; checkpoints under ``.mcx/`` are
+  added with DVC's git view switched off (DVC refuses ``.dvc`` files in git-ignored folders), and
+  found again by the md5 recorded in MLflow.
+
 
 from mcx.track.baseline import (
     Baseline,
