@@ -33,7 +33,7 @@ Decisions (the reasons are in each module's docstring):
 - DVC: the embedded remote is configured in ``.dvc/config.local``; checkpoints under ``.mcx/`` are
   added with DVC's git view switched off (DVC refuses ``.dvc`` files in git-ignored folders), and
   found again by the md5 recorded in MLflow.
-
+"""
 
 from mcx.track.baseline import (
     Baseline,
