@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from mcx.errors import InputError, McxError
+from mcx.errors import McxError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,7 +102,7 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 def cmd_ls(args: argparse.Namespace) -> int:
     from mcx.ops.records import list_runs
 
-    rows = list_runs(project=_project(args), experiment=args.experiment)
+    rows = list_runs(project=_project(args), experiment=args.experiment, all_runs=args.all)
     if args.json:
         _emit_json(rows)
     else:
@@ -257,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("ls", help="list recorded runs")
     s.add_argument("--experiment")
+    s.add_argument("--all", action="store_true", help="also runs only the tracking store knows (a shared server)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_ls)
 

@@ -14,10 +14,15 @@ def _uri(project: Path) -> str | None:
     return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
-def list_runs(*, project: Path, experiment: str | None = None) -> list[dict[str, Any]]:
+def list_runs(*, project: Path, experiment: str | None = None, all_runs: bool = False) -> list[dict[str, Any]]:
+    """Runs of this project; ``all_runs`` adds runs only the tracking store knows (slower: imports mlflow)."""
+    from mcx.track.errors import TrackingUnavailable
     from mcx.track.query import list_runs as query
 
-    rows = query(project, _uri(project), include_tracking=True)
+    try:
+        rows = query(project, _uri(project), include_tracking=all_runs)
+    except TrackingUnavailable:
+        rows = query(project, _uri(project), include_tracking=False)
     return [r for r in rows if experiment is None or r.get("name") == experiment]
 
 
@@ -31,7 +36,7 @@ def show_run(run_id: str, *, project: Path) -> dict[str, Any]:
 def sync(*, project: Path) -> dict[str, Any]:
     from mcx.track.sync import sync as replay
 
-    report = replay(project, tracking_uri=_uri(project))
+    report = replay(project, tracking_uri=None)  # each run goes to the store it was recorded for
     pending = report.pending()
     summary = (f"sent {report.ops_sent} records and {report.metrics_sent} metrics for {len(report.runs)} runs"
                + (f"; {len(pending)} still pending: {pending[0].error}" if pending else "; nothing pending"))

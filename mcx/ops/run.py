@@ -139,7 +139,8 @@ def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dic
     for stage in stages:
         sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te, vocab_size=pr.plan.vocab_size)
         if sspec.launch.kind == "slurm":
-            scripts[stage] = render_sbatch(rdir / stage, slayout.job_dict(), sspec.launch, worker_env(sspec))
+            placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)}
+            scripts[stage] = render_sbatch(rdir / stage, placement, sspec.launch, worker_env(sspec))
             console.print(f"\n[bold]{stage} stage: sbatch script[/]")
             console.print(scripts[stage], markup=False, highlight=False)
         else:
@@ -271,7 +272,8 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
         env = worker_env(sspec)
         if code_path is not None:  # a reproduction: the worker imports the recorded mcx
             env = {**env, "PYTHONPATH": str(code_path)}
-        handle = launcher.start(sdir, slayout.job_dict(), sspec.launch, env)
+        placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)}
+        handle = launcher.start(sdir, placement, sspec.launch, env)
         forwarding = getattr(handle, "forwarding_signals", None)
         if forwarding is not None:
             with forwarding():
