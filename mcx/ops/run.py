@@ -142,7 +142,7 @@ def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dic
             placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)}
             scripts[stage] = render_sbatch(rdir / stage, placement, sspec.launch, worker_env(sspec))
             console.print(f"\n[bold]{stage} stage: sbatch script[/]")
-            console.print(scripts[stage], markup=False, highlight=False)
+            console.print(scripts[stage], markup=False, highlight=False, soft_wrap=True)
         else:
             console.print(f"\n[bold]{stage} stage[/]: {sspec.launch.kind} launcher, layout {slayout.job_dict()}")
     return {"run_id": pr.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},

@@ -38,6 +38,7 @@ from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyPara
 from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank, unwrap_model
@@ -251,14 +252,45 @@ class GpuBackend:
 
     def load(self, directory: Path) -> None:
         self.finalize_saves(blocking=True)
+        for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+            # MCore 0.19.2 without TE/apex reads the Adam step from the inner optimizer's state while
+            # building the sharded state dict, and asserts when a fresh optimizer has none. Its own
+            # remedy (used for Megatron-FSDP loads): allocate the state with one zero-gradient step;
+            # every value is then overwritten by the checkpoint (the round-trip check verifies it).
+            if isinstance(opt, DistributedOptimizer) and len(opt.optimizer.state) == 0:
+                opt._init_optimizer_states_with_dummy_values()
         sd = self._sharded_state_dict(is_loading=True)
         loaded = dist_checkpointing.load(sd, str(directory), sharded_strategy=get_default_load_sharded_strategy(str(directory)))
         for i, m in enumerate(self.model):
             unwrap_model(m).load_state_dict(loaded["model" if len(self.model) == 1 else f"model{i}"], strict=True)
         self.optimizer.load_state_dict(loaded["optimizer"])
+        self._restore_adam_steps(loaded["optimizer"])
         self.scheduler = make_scheduler(self.optimizer, self.spec)  # MCore's load adds to num_steps
         self.scheduler.load_state_dict(loaded["opt_param_scheduler"])
         self._set_rng_state(loaded["rng_state"])
+
+    def _restore_adam_steps(self, loaded_optimizer: Any) -> None:
+        """Give every parameter its own Adam step count, equal to the checkpoint's.
+
+        MCore 0.19.2 with torch's Adam (no TE/apex), ``dp_reshardable`` format: the per-parameter
+        ``step`` is a LocalNonpersistentObject in the parameter state, so loading copies the *fresh*
+        optimizer's step back over the checkpoint's, and DistributedOptimizer.load_state_dict makes
+        all parameters share one step tensor (torch's foreach Adam then adds 1 per parameter per
+        step). The checkpoint's step is in the param groups; the smoke stage's round-trip and
+        resume checks fail without this.
+        """
+        opts = list(getattr(self.optimizer, "chained_optimizers", [self.optimizer]))
+        parts = [loaded_optimizer] if len(opts) == 1 else [loaded_optimizer[i] for i in range(len(opts))]
+        for opt, part in zip(opts, parts):
+            if not isinstance(opt, DistributedOptimizer) or not isinstance(part, dict) or "optimizer" not in part:
+                continue
+            steps = {g["step"] for g in part["optimizer"].get("param_groups", []) if g.get("step") is not None}
+            if len(steps) != 1:
+                continue
+            step = float(steps.pop())
+            for state in opt.optimizer.state.values():
+                if isinstance(state.get("step"), torch.Tensor):
+                    state["step"] = torch.full_like(state["step"], step)
 
     def corrupt_checkpoint(self, directory: Path) -> str:
         raise NotImplementedError("the checkpoint-corruption test hook is implemented for the CPU backend only")

@@ -137,10 +137,10 @@ def distributed(job: Job) -> Iterator[World]:
     if owns_group:
         backend = "nccl" if cuda else "gloo"
         timeout = datetime.timedelta(minutes=30)
+        kwargs = {"device_id": device} if cuda else {}  # NCCL binds this rank's GPU up front
         if size == 1 and "MASTER_ADDR" not in os.environ:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs)
         else:
-            kwargs = {"device_id": device} if cuda else {}
             dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, timeout=timeout, **kwargs)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=lay.tp,

@@ -54,7 +54,9 @@ def _import_worker(device: str) -> None:
     packages the worker does not use: apex, absl, TE on CPU; torch's CUDA_HOME notice)."""
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     modules = ["mcx.train.runtime", "mcx.train.loop", "mcx.train.smoke", "mcx.train.data",
-               "mcx.train.gpu" if device == "cuda" else "mcx.train.cpu"]
+               "mcx.train.cpu", "megatron.core.models.mimo.model.base"]  # mimo: imported by get_megatron_optimizer
+    if device == "cuda":
+        modules.append("mcx.train.gpu")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name in modules:
