@@ -15,7 +15,7 @@ from typing import Any
 
 from attrs import frozen
 
-from mcx.errors import McxError, TrainingFailed
+from mcx.errors import InputError, McxError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded, te_available
 from mcx.spec import ExperimentSpec, dump_spec, load_spec, spec_to_dict
 
@@ -74,6 +74,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
         cached = _cached(project, pr, options, console)
         if cached is not None:
             return cached
+    _preflight(pr, project, stages)
     from mcx.ops.data import ensure_dataset
     from mcx.track.errors import RunLocked
     from mcx.track.runcache import acquire
@@ -93,6 +94,28 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
                 _archive(project, rdir)
         return _train(pr, project=project, rdir=rdir, data_dir=data_dir, stages=stages, options=options,
                       console=console, reproduces=reproduces, reproduction=reproduction, code_path=code_path)
+
+
+def _preflight(pr: PlanResult, project: Path, stages: list[str]) -> None:
+    """Reject bad input before anything is written: the tracking URI, each stage's spec and layout,
+    and whether its launcher can place that layout (exit 2, no run directory, no MLflow run)."""
+    from mcx.launch import placement
+    from mcx.plan.stages import stage_spec
+    from mcx.track.target import resolve_target
+
+    resolve_target(project, pr.spec.tracking.uri)
+    te = te_available(pr.spec)
+    for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
+        sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te, vocab_size=pr.plan.vocab_size)
+        where = placement({**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)})
+        kind = sspec.launch.kind
+        keys = "smoke.nodes x smoke.gpus_per_node" if stage == "smoke" else "hardware.nodes x hardware.gpus_per_node"
+        if kind == "local" and where.world_size != 1:
+            raise InputError(f"launch.kind = 'local' runs one process, but the {stage} stage needs {where.world_size} "
+                             f"({keys});", "set launch.kind = 'torchrun' (one node) or 'slurm' (several nodes).")
+        if kind == "torchrun" and where.nodes != 1:
+            raise InputError(f"launch.kind = 'torchrun' runs on one node, but the {stage} stage spans {where.nodes} "
+                             f"({keys});", "set launch.kind = 'slurm' for several nodes.")
 
 
 def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *, locked: bool = False
