@@ -16,6 +16,12 @@ depend on where a run was resumed. The test pass reads the first ``E * G`` test 
 
 Preemption: SIGTERM (or SIGUSR1, Slurm's usual pre-kill signal) sets a flag; at the next step
 boundary all ranks agree on it, the current state is checkpointed, and the stage ends "preempted".
+
+Test hook (fault injection, the one place): ``MCX_TEST_PERTURB_PARAMS_AT_STEP=N`` (or ``N:AMOUNT``)
+adds AMOUNT (default ``PERTURB_AMOUNT``) to every floating-point model tensor just before step N of
+every stage that reaches it, so a rerun departs from its original exactly at step N
+(tests/test_reproduce.py checks that ``mcx reproduce`` says so). Pick N outside the smoke stage's
+resume-check steps, which are replayed without it. Never set it in use.
 """
 
 from __future__ import annotations
@@ -45,6 +51,8 @@ from mcx.train.runtime import World
 log = logging.getLogger("mcx.train")
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PERTURB_ENV = "MCX_TEST_PERTURB_PARAMS_AT_STEP"  # test hook: see the module docstring
+PERTURB_AMOUNT = 1e-2  # default; "N:AMOUNT" chooses another
 
 
 class StopFlag:
@@ -201,9 +209,13 @@ class Trainer:
         self.progress.start(t.train_iters, step, f"{self.job.stage} {self.job.run_id}")
         train_it = self.batches(self.data.train, consumed)
         interval = self.spec.checkpoint.interval
+        at, _, amount = (os.environ.get(PERTURB_ENV) or "0").partition(":")
+        perturb_at, perturb_amount = int(at), float(amount or PERTURB_AMOUNT)
         while step < t.train_iters:
             if self.world.any(stop.signal is not None):
                 return self._preempt(outcome, step, consumed)
+            if step + 1 == perturb_at:
+                self._perturb(step + 1, perturb_amount)
             t0 = time.perf_counter()
             mbs = self.take(train_it, self.num_micro, "training")
             out = self.backend.train_step(mbs)
@@ -236,6 +248,13 @@ class Trainer:
         outcome.evals = {k: v for k, v in outcome.evals.items() if v}
         self.backend.finalize_saves(blocking=True)
         return outcome
+
+    def _perturb(self, step: int, amount: float) -> None:
+        """The PERTURB_ENV test hook: nudge the live model weights (the optimizer state is left alone)."""
+        for name, tensor in self.backend.state_tensors().items():
+            if name.startswith("model") and tensor.is_floating_point():
+                tensor.add_(amount)
+        log.warning("test hook %s: added %g to the model weights before step %d", PERTURB_ENV, amount, step)
 
     def _preempt(self, outcome: Outcome, step: int, consumed: int) -> Outcome:
         log.warning("preemption signal received: checkpointing step %d and stopping", step)
