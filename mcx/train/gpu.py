@@ -109,6 +109,10 @@ class GpuBackend:
         if par.overlap_grad_reduce:
             syncs = [m.no_sync for m in self.model]
             cfg.no_sync_func = syncs[0] if len(syncs) == 1 else syncs
+            # Megatron-LM's default --align-grad-reduce: launch each chunk's reduce at the same
+            # point across pipeline stages.
+            grad_syncs = [m.start_grad_sync for m in self.model]
+            cfg.grad_sync_func = grad_syncs[0] if len(grad_syncs) == 1 else grad_syncs
         self._param_sync_func = None
         if self.overlap_param_gather:
             # Off until the first step has run (training.py: errors in checkpoint loading or init
@@ -250,6 +254,7 @@ class GpuBackend:
         if self.async_queue is not None:
             self.async_queue.maybe_finalize_async_calls(blocking=blocking)
 
+    @torch.no_grad()  # with fp32 params the main params are the model params (leaves requiring grad)
     def load(self, directory: Path) -> None:
         self.finalize_saves(blocking=True)
         for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):

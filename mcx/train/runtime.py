@@ -125,6 +125,10 @@ def distributed(job: Job) -> Iterator[World]:
                                      "run it on a GPU machine or plan it for hardware.gpu = \"cpu\".")
         if job.spec.train.deterministic:
             deterministic_env()
+        if lay.tp > 1 or lay.cp > 1:
+            # Megatron-LM requires it for tensor/context parallelism: kernels are queued in issue
+            # order, so asynchronous TP communication overlaps compute as its schedule assumes.
+            os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     else:

@@ -1,0 +1,381 @@
+"""The training worker (mcx.train) against real Megatron-Core on CPU.
+
+Tiny shapes (2 layers, hidden 64, sequence 64, BPE vocabulary 512) on a small indexed dataset built
+with mcx.data from Megatron-Core's own source files, so each in-process stage takes seconds; the
+tests that need a separate process (SIGTERM, SIGKILL, torchrun) pay one interpreter start each.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mcx.spec.load import load_spec, spec_to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "experiments" / "tiny.toml"
+SMALL = [
+    "model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4", "model.num_query_groups=2",
+    "model.ffn_hidden_size=128", "model.seq_length=64", "model.max_position_embeddings=64",
+    "train.micro_batch_size=4", "train.global_batch_size=8", "train.train_iters=20", "train.lr_warmup_iters=2",
+    "train.eval_interval=10", "train.eval_iters=2", "checkpoint.interval=10", 'data.split="90,5,5"',
+]
+LONG = ["train.train_iters=60", "train.eval_interval=20", "checkpoint.interval=10"]  # resume tests
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Megatron-Core indexed dataset (BPE 512) from 40 of Megatron-Core's own source files."""
+    import megatron.core
+
+    from mcx.data.corpus import jsonl_corpus
+    from mcx.data.prepare import prepare
+    from mcx.spec.schema import TokenizerSpec
+
+    base = tmp_path_factory.mktemp("train-data")
+    sources = sorted((Path(megatron.core.__file__).parent / "transformer").rglob("*.py"))[:40]
+    corpus = base / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": p.read_text(encoding="utf-8")}) + "\n" for p in sources))
+    prepare(jsonl_corpus([corpus]), TokenizerSpec(kind="bpe", vocab_size=512), base / "ds")
+    return base / "ds"
+
+
+def make_stage(stage_dir: Path, data_dir: Path, stage: str = "full", overrides: list[str] = (), *,
+               checks: dict | None = None, world_size: int = 1) -> Path:
+    """A stage directory with the job.json the control plane would write (tiny.toml + overrides)."""
+    spec = load_spec(TINY, [*SMALL, *overrides])
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    job = {
+        "run_id": "t" * 12, "stage": stage, "spec": spec_to_dict(spec),
+        "layout": {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": world_size, "world_size": world_size,
+                   "sequence_parallel": False},
+        "data_dir": str(data_dir), "checkpoint_dir": str(stage_dir / "checkpoints"), "train_samples_limit": None,
+        "checks": {"resume_check_iters": 3, "loss_window": 5, "min_loss_drop": 0.0, **(checks or {})},
+        "device": "cpu", "output": "quiet",
+    }
+    (stage_dir / "job.json").write_text(json.dumps(job, indent=1))
+    return stage_dir
+
+
+def run(stage_dir: Path) -> dict:
+    from mcx.train import run_stage
+
+    result = run_stage(stage_dir)
+    assert json.loads((stage_dir / "result.json").read_text()) == json.loads(json.dumps(result))
+    return result
+
+
+def records(stage_dir: Path, kind: str = "train") -> list[dict]:
+    lines = (stage_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+def losses(stage_dir: Path) -> list[float]:
+    return [r["loss"] for r in records(stage_dir)]
+
+
+def worker(stage_dir: Path, *args: str, nproc: int = 1) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "mcx.train", str(stage_dir)]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "mcx.train", str(stage_dir)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_steps(stage_dir: Path, proc: subprocess.Popen, n: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    path = stage_dir / "metrics.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and sum('"train"' in line for line in path.read_text().splitlines()) >= n:
+            return
+        assert proc.poll() is None, f"worker exited early: {proc.communicate()}"
+        time.sleep(0.02)
+    raise AssertionError(f"no {n} steps within {timeout}s")
+
+
+# -- whole stages ----------------------------------------------------------------------------------
+
+def test_smoke_stage_passes_every_check_on_a_dense_model(tmp_path, dataset):
+    stage = make_stage(tmp_path / "smoke", dataset, "smoke")
+    result = run(stage)
+    assert result["status"] == "finished" and result["passed"] and result["exit_code"] == 0, result["error"]
+    assert set(result["checks"]) == {"loss_finite", "loss_falling", "checkpoint_roundtrip", "resume_bitwise", "throughput"}
+    assert all(c["passed"] for c in result["checks"].values())
+    assert result["checks"]["resume_bitwise"]["steps"] == [18, 19, 20]
+    assert result["layer_spec"] == "local" and result["details"]["core_attention"] == "torch_sdpa"
+    assert result["details"]["cpu_patches"] == ["get_emb"]
+    assert result["versions"]["megatron-core"] == "0.19.2"
+    train = records(stage)
+    assert [r["step"] for r in train] == list(range(1, 21))
+    assert train[0]["lr"] == 0.0 and train[2]["lr"] == pytest.approx(3e-3)  # Megatron's warmup from 0
+    assert all(r["mfu"] is None and r["tokens_per_s_per_gpu"] > 0 and r["tflops_per_gpu"] > 0 for r in train)
+    assert [(r["kind"], r["step"]) for r in records(stage, "valid") + records(stage, "test")] == \
+        [("valid", 10), ("valid", 20), ("test", 20)]
+    final = result["final"]
+    assert final["valid_ppl"] == pytest.approx(math.exp(final["valid_loss"]))
+    assert final["train_loss"] == train[-1]["loss"] < train[0]["loss"]
+    ckpts = stage / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "iter_0000020"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter_0000017", "iter_0000020", "latest"]
+    meta = json.loads((ckpts / "iter_0000020" / "meta.json").read_text())
+    assert meta["step"] == 20 and meta["consumed_samples"] == 160
+
+
+def test_moe_model_trains_and_records_what_ran(tmp_path, dataset):
+    stage = make_stage(tmp_path / "moe", dataset, "full", ["model.num_experts=4", "model.moe_router_topk=2",
+                                                           "model.moe_ffn_hidden_size=64"])
+    result = run(stage)
+    assert result["status"] == "finished", result["error"]
+    values = losses(stage)
+    assert sum(values[-5:]) / 5 < sum(values[:5]) / 5 - 0.3
+    assert result["details"]["moe_token_dispatcher_type"] == "allgather"  # all-to-all needs CUDA streams
+    assert result["details"]["cpu_patches"] == ["gating", "get_emb"]
+
+
+def test_two_identical_runs_are_bitwise_identical(tmp_path, dataset):
+    with_dropout = ["model.hidden_dropout=0.1", "model.attention_dropout=0.1"]
+    a = make_stage(tmp_path / "a", dataset, "full", with_dropout)
+    b = make_stage(tmp_path / "b", dataset, "full", with_dropout)
+    assert run(a)["status"] == run(b)["status"] == "finished"
+    strip = [{k: v for k, v in r.items() if k in ("step", "loss", "grad_norm", "lr")} for r in records(a)]
+    assert strip == [{k: v for k, v in r.items() if k in ("step", "loss", "grad_norm", "lr")} for r in records(b)]
+    assert [r["loss"] for r in records(a, "valid")] == [r["loss"] for r in records(b, "valid")]
+
+
+def test_smoke_fails_when_the_model_cannot_learn(tmp_path, dataset):
+    stage = make_stage(tmp_path / "lr0", dataset, "smoke", ["train.lr=0.0", "train.min_lr=0.0"],
+                       checks={"min_loss_drop": 0.05})
+    result = run(stage)
+    assert result["status"] == "failed" and not result["passed"] and result["exit_code"] == 1
+    falling = result["checks"]["loss_falling"]
+    assert not falling["passed"] and "not learning" in falling["detail"]
+    assert "loss_falling" in result["error"]
+    # Everything else about the stage still worked.
+    assert result["checks"]["checkpoint_roundtrip"]["passed"] and result["checks"]["resume_bitwise"]["passed"]
+
+
+def test_smoke_names_the_tensor_a_corrupted_checkpoint_gets_wrong(tmp_path, dataset, monkeypatch):
+    from mcx.train.checkpoint import CORRUPT_ENV
+
+    monkeypatch.setenv(CORRUPT_ENV, "1")
+    result = run(make_stage(tmp_path / "corrupt", dataset, "smoke"))
+    assert result["status"] == "failed" and result["exit_code"] == 1
+    roundtrip = result["checks"]["checkpoint_roundtrip"]
+    assert not roundtrip["passed"]
+    assert roundtrip["first_mismatch"] == "model/embedding.word_embeddings.weight"
+    assert "model/embedding.word_embeddings.weight differs" in result["error"]
+
+
+def test_divergence_guard_stops_an_absurd_learning_rate(tmp_path, dataset):
+    stage = make_stage(tmp_path / "diverge", dataset, "full", ["train.lr=1000.0", "checkpoint.interval=1"])
+    result = run(stage)
+    assert result["status"] == "diverged" and result["exit_code"] == 1 and not result["passed"]
+    assert result["error"].startswith("Training diverged:") and "lower train.lr" in result["error"]
+    step = result["steps"]
+    assert step < 20
+    # The checkpoints end at the last good step; nothing from the diverged step was saved.
+    latest = (stage / "checkpoints" / "latest").read_text().strip()
+    assert latest == f"iter_{step - 1:07d}"
+    assert records(stage)[-1]["step"] == step
+
+
+# -- resume ------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, dataset) -> Path:
+    stage = make_stage(tmp_path_factory.mktemp("ref") / "stage", dataset, "full", LONG)
+    assert run(stage)["status"] == "finished"
+    return stage
+
+
+def _same_history(stage: Path, reference: Path) -> None:
+    keep = ("step", "loss", "grad_norm", "lr")
+    assert [{k: r[k] for k in keep} for r in records(stage)] == [{k: r[k] for k in keep} for r in records(reference)]
+    for kind in ("valid", "test"):
+        assert [(r["step"], r["loss"]) for r in records(stage, kind)] == [(r["step"], r["loss"]) for r in records(reference, kind)]
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_the_resumed_run_matches_an_uninterrupted_one(tmp_path, dataset, uninterrupted):
+    stage = make_stage(tmp_path / "term", dataset, "full", LONG)
+    proc = worker(stage)
+    wait_for_steps(stage, proc, 5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads((stage / "result.json").read_text())
+    assert result["status"] == "preempted" and result["details"]["stop_signal"] == signal.SIGTERM
+    stopped = result["steps"]
+    assert 5 <= stopped < 60
+    assert (stage / "checkpoints" / "latest").read_text().strip() == f"iter_{stopped:07d}"
+    assert run(stage)["status"] == "finished"
+    _same_history(stage, uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_resumes_from_latest_and_matches_an_uninterrupted_run(tmp_path, dataset, uninterrupted):
+    stage = make_stage(tmp_path / "kill", dataset, "full", LONG)
+    proc = worker(stage)
+    wait_for_steps(stage, proc, 25)
+    proc.kill()
+    proc.communicate(timeout=60)
+    latest = int((stage / "checkpoints" / "latest").read_text().strip()[len("iter_"):])
+    assert latest % 10 == 0 and latest >= 20
+    assert len(records(stage)) > latest or not (stage / "result.json").exists()
+    result = run(stage)
+    assert result["status"] == "finished" and result["steps"] == 60
+    _same_history(stage, uninterrupted)  # lines past the checkpoint were cut and replayed
+
+
+@pytest.mark.slow
+def test_torchrun_data_parallel_over_gloo_matches_one_process(tmp_path, dataset):
+    single = make_stage(tmp_path / "one", dataset, "full")
+    assert run(single)["status"] == "finished"
+    stage = make_stage(tmp_path / "dp2", dataset, "full", world_size=2)
+    proc = worker(stage, nproc=2)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads((stage / "result.json").read_text())
+    assert result["status"] == "finished" and result["details"]["world_size"] == 2
+    assert result["details"]["num_microbatches"] == 1
+    # Same global batches, gradients averaged over ranks instead of accumulated: equal up to rounding.
+    assert losses(stage) == pytest.approx(losses(single), rel=2e-4)
+
+
+# -- input errors ------------------------------------------------------------------------------------
+
+def test_a_bad_job_file_is_an_input_error_naming_the_key(tmp_path, dataset):
+    stage = make_stage(tmp_path / "bad", dataset)
+    job = json.loads((stage / "job.json").read_text())
+    job["layout"]["tensr"] = 2
+    (stage / "job.json").write_text(json.dumps(job))
+    result = run(stage)
+    assert result["status"] == "failed" and result["exit_code"] == 2
+    assert "layout.tensr: unknown key" in result["error"]
+
+
+def test_cpu_rejects_gpu_only_settings_by_key(tmp_path, dataset):
+    stage = make_stage(tmp_path / "bf16", dataset, "full", ["train.precision=\"bf16\"",
+                                                            "train.recompute_granularity=\"full\""])
+    result = run(stage)
+    assert result["exit_code"] == 2 and result["status"] == "failed"
+    assert "train.precision" in result["error"] and "train.recompute_granularity" in result["error"]
+
+
+def test_command_line_usage_error(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "mcx.train"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage: python -m mcx.train STAGE_DIR" in proc.stderr
+
+
+# -- pieces --------------------------------------------------------------------------------------------
+
+def test_sdpa_core_attention_matches_the_softmax_reference():
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from mcx.train.attention import SDPAttention
+
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    parallel_state.initialize_model_parallel(1, 1)
+    try:
+        cfg = TransformerConfig(num_layers=1, hidden_size=64, num_attention_heads=8, num_query_groups=2,
+                                attention_dropout=0.5, use_cpu_initialization=True)
+        attn = SDPAttention(cfg, 1, AttnMaskType.causal, "self")
+        s, b, heads, groups, hn = 16, 3, 8, 2, 8
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(s, b, n, hn, generator=gen) for n in (heads, groups, groups))
+        assert not torch.equal(attn(q, k, v, None), attn(q, k, v, None))  # training: dropout on the probabilities
+        out = attn.eval()(q, k, v, None)
+        # Reference: repeat each key/value group for its heads, masked softmax(q k^T / sqrt(d)) v.
+        kr, vr = (x.repeat_interleave(heads // groups, dim=2) for x in (k, v))
+        scores = torch.einsum("sbnd,tbnd->bnst", q, kr) / math.sqrt(hn)
+        scores = scores.masked_fill(torch.triu(torch.ones(s, s, dtype=torch.bool), 1), float("-inf"))
+        ref = torch.einsum("bnst,tbnd->sbnd", scores.softmax(-1), vr).reshape(s, b, heads * hn)
+        assert out.shape == (s, b, heads * hn)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    finally:
+        parallel_state.destroy_model_parallel()
+        if owns:
+            dist.destroy_process_group()
+
+
+def test_checkpoint_store_commits_atomically_and_keeps_the_newest(tmp_path):
+    from mcx.errors import InputError
+    from mcx.train.checkpoint import CheckpointStore
+
+    store = CheckpointStore(tmp_path / "ck", keep=2)
+    assert store.latest() is None
+    for step in (10, 20, 30):
+        tmp = store.begin(step)
+        (tmp / "state.pt").write_bytes(b"x")
+        assert store.latest() is None or store.latest().name != f"iter_{step:07d}"  # not visible before commit
+        store.commit(tmp, {"step": step, "consumed_samples": step * 8}, pinned={10})
+    assert store.steps() == [10, 20, 30] and store.latest().name == "iter_0000030"  # 10 is pinned
+    assert store.prune() == [10] and store.steps() == [20, 30]
+    store.begin(40)  # a save that never finished
+    store.clean_partial()
+    assert sorted(p.name for p in store.root.iterdir()) == ["iter_0000020", "iter_0000030", "latest"]
+    assert store.read_meta(store.latest())["consumed_samples"] == 240
+    (store.root / "latest").write_text("iter_0000099\n")
+    with pytest.raises(InputError, match="not a complete checkpoint"):
+        store.latest()
+
+
+def test_metrics_truncation_keeps_the_surviving_timeline(tmp_path):
+    from mcx.train.metrics import MetricsFile
+
+    m = MetricsFile(tmp_path / "metrics.jsonl", enabled=True)
+    for step in (1, 2, 3):
+        m.append({"kind": "train", "step": step, "loss": 1.0 / step})
+    m.append({"kind": "valid", "step": 3, "loss": float("nan")})
+    m.close()
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"kind": "train", "st')  # torn line from a crash
+    assert [r["loss"] for r in m.history("valid")] == [None]  # NaN is written as null
+    m.truncate_after(3, final=True)
+    assert [(r["kind"], r["step"]) for r in m.history("train") + m.history("valid")] == [("train", 1), ("train", 2), ("train", 3)]
+    m.truncate_after(2, final=False)
+    assert [r["step"] for r in m.history("train")] == [1, 2]
+
+
+def test_divergence_guard_rules():
+    from mcx.train.guard import DivergenceGuard, advice
+
+    guard = DivergenceGuard(factor=3.0, window=3, history=[5.0, None, 4.0])
+    assert guard.check(3, 4.5, 1.0) is None
+    assert guard.check(4, 4.4, None, skipped=True) is None  # fp16 skipped update: loss only
+    assert "spiked" in guard.check(5, 20.0, 1.0)
+    assert "is nan" in guard.check(6, float("nan"), 1.0)
+    assert "gradient norm is inf" in guard.check(7, 4.0, float("inf"))
+    spec = load_spec(TINY, ["train.clip_grad=0.0", "model.hidden_dropout=0.1"])
+    text = advice(spec)
+    assert "lower train.lr" in text and "train.clip_grad" in text and "dropout" in text
+
+
+def test_vocabulary_padding_and_layer_spec_choice():
+    from mcx.errors import SpecError
+    from mcx.train.job import Layout
+    from mcx.train.model import choose_layer_spec, padded_vocab_size
+
+    assert padded_vocab_size(50257, 128, 1) == 50304 and padded_vocab_size(50257, 128, 8) == 51200
+    assert padded_vocab_size(512, 128, 1) == 512
+    spec = load_spec(TINY)
+    assert choose_layer_spec(spec, Layout(), "cpu") == "local"
+    fp8 = load_spec(TINY, ['train.precision="fp8-hybrid"'])
+    with pytest.raises(SpecError, match="train.precision"):
+        choose_layer_spec(fp8, Layout(), "cuda")  # no Transformer Engine here
