@@ -67,7 +67,7 @@ class BarProgress:
         if rec.get("kind") == "train":
             mfu = rec.get("mfu")
             stats = (f"loss {_fmt(rec.get('loss'), '.4f')}  {_fmt(rec.get('tokens_per_s_per_gpu'), ',.0f')} tok/s/gpu"
-                     f"  MFU {_fmt(None if mfu is None else 100 * mfu, '.1f')}%")
+                     f"  MFU {'n/a' if mfu is None else format(100 * mfu, '.1f') + '%'}")
             self._progress.update(self._task, completed=rec["step"], stats=stats)
         else:
             self._progress.console.print(f"{rec['kind']} step {rec['step']}: loss {_fmt(rec.get('loss'), '.4f')}"

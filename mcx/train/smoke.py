@@ -24,6 +24,7 @@ import torch
 
 from mcx.train.backend import Backend
 from mcx.train.job import Job
+from mcx.train.runtime import World
 
 log = logging.getLogger("mcx.train")
 
@@ -95,15 +96,24 @@ def check_throughput(measured: list[dict[str, Any]]) -> Check:
             "detail": f"measured over {len(tps)} steps" if ok else "throughput or memory could not be measured"}
 
 
-def run_checks(job: Job, train_records: list[dict[str, Any]], measured: list[dict[str, Any]],
+def run_checks(job: Job, world: World, train_records: list[dict[str, Any]], measured: list[dict[str, Any]],
                live: Backend, make_fresh: Callable[[], Backend], final_dir, resume_dir, replay_from) -> dict[str, Check]:
-    """All smoke checks. ``replay_from(backend, resume_dir, steps)`` returns the replayed losses."""
+    """All smoke checks. ``replay_from(backend, resume_dir, steps)`` returns the replayed losses.
+
+    Every rank compares its own tensors (model-parallel shards on GPU); a mismatch on any rank
+    fails the check everywhere."""
     losses = [r.get("loss") for r in train_records]
     checks = check_losses(job, losses)
     fresh = make_fresh()
     try:
         fresh.load(final_dir)
-        checks["checkpoint_roundtrip"] = compare_states(live.state_tensors(), fresh.state_tensors())
+        roundtrip = compare_states(live.state_tensors(), fresh.state_tensors())
+        if not world.all(roundtrip["passed"]) and roundtrip["passed"]:
+            roundtrip = {"passed": False, "tensors": roundtrip["tensors"],
+                         "detail": "a tensor differs after save and load on another rank (see worker.log)"}
+        if not roundtrip["passed"]:
+            log.warning("rank %d: %s", world.rank, roundtrip["detail"])
+        checks["checkpoint_roundtrip"] = roundtrip
         n = job.checks.resume_check_iters
         expected = [(int(r["step"]), r["loss"]) for r in train_records[-n:]]
         checks["resume_bitwise"] = check_resume(expected, lambda: replay_from(fresh, resume_dir, n))
