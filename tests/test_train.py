@@ -129,6 +129,15 @@ def test_smoke_stage_passes_every_check_on_a_dense_model(tmp_path, dataset):
     assert sorted(p.name for p in ckpts.iterdir()) == ["iter_0000017", "iter_0000020", "latest"]
     meta = json.loads((ckpts / "iter_0000020" / "meta.json").read_text())
     assert meta["step"] == 20 and meta["consumed_samples"] == 160
+    # Started again (say the control plane died before reading the result): it resumes at the end,
+    # reruns only the final evaluations, and the history is unchanged.
+    before = (stage / "metrics.jsonl").read_text()
+    again = run(stage)
+    assert again["status"] == "finished" and again["passed"] and again["steps"] == 20
+    assert (stage / "metrics.jsonl").read_text().splitlines()[:-2] == before.splitlines()[:-2]
+    assert [(r["kind"], r["step"]) for r in records(stage, "valid") + records(stage, "test")] == \
+        [("valid", 10), ("valid", 20), ("test", 20)]
+    assert again["final"]["test_loss"] == final["test_loss"]
 
 
 def test_moe_model_trains_and_records_what_ran(tmp_path, dataset):

@@ -48,15 +48,17 @@ def _median(values: list[float]) -> float | None:
 
 def summarize(train: list[dict[str, Any]], measured: list[dict[str, Any]], evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Final metrics: the last train loss, the last valid/test losses, and throughput medians over
-    the steps this process timed (the first step, which pays for warm-up, left out when possible)."""
+    the steps this process timed (the first step, which pays for warm-up, left out when possible;
+    the whole recorded timeline when this process timed none, e.g. resumed after its last step)."""
+    measured = measured or train
     timed = measured[1:] if len(measured) > 1 else measured
     final: dict[str, Any] = {
         "train_loss": train[-1].get("loss") if train else None,
-        "tokens_per_s_per_gpu": _median([r["tokens_per_s_per_gpu"] for r in timed]),
-        "tflops_per_gpu": _median([r["tflops_per_gpu"] for r in timed]),
-        "mfu": _median([r["mfu"] for r in timed if r.get("mfu") is not None]),
-        "step_time_s": _median([r["step_time_s"] for r in timed]),
-        "mem_peak_bytes": max((r["mem_peak_bytes"] for r in measured), default=None),
+        "tokens_per_s_per_gpu": _median([r.get("tokens_per_s_per_gpu") for r in timed]),
+        "tflops_per_gpu": _median([r.get("tflops_per_gpu") for r in timed]),
+        "mfu": _median([r.get("mfu") for r in timed]),
+        "step_time_s": _median([r.get("step_time_s") for r in timed]),
+        "mem_peak_bytes": max((r["mem_peak_bytes"] for r in measured if r.get("mem_peak_bytes")), default=None),
     }
     for kind in ("valid", "test"):
         rec = evals.get(kind)

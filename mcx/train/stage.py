@@ -129,7 +129,7 @@ def _train(job: Job, world, stage_dir: Path, stop) -> dict[str, Any]:
             it = trainer.batches(data.train, int(meta["consumed_samples"]))
             return [fresh.train_step(trainer.take(it, trainer.num_micro, "training")).loss for _ in range(n)]
 
-        checks = smoke.run_checks(job, world, train_records, outcome.measured, backend,
+        checks = smoke.run_checks(job, world, train_records, backend,
                                   lambda: make_backend(job, world, vocab), trainer.store.path(outcome.step),
                                   trainer.store.path(smoke.resume_check_step(job)), replay)
         failed = [f"{name}: {c['detail']}" for name, c in checks.items() if not c["passed"]]
