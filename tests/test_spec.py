@@ -324,7 +324,7 @@ def test_a_string_is_not_an_array_of_strings(tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason="BUG (mcx/spec/convert.py, rules.py): TOML's nan and inf pass the strict float "
-                   "hook and every range rule (nan < 0 is False): train.lr = nan plans and would train")
+                   "hook and every range rule (nan < 0 is False): train.lr = nan loads and plans (and `mcx plan` crashes hashing it)")
 @pytest.mark.parametrize("dotted", ["train.lr", "train.loss_spike_factor", "model.norm_epsilon", "budget.max_gpu_hours"])
 def test_non_finite_numbers_are_rejected(tmp_path, dotted):
     section, key = dotted.split(".")
