@@ -225,6 +225,7 @@ def test_time_limit_warning_checkpoints_and_requeues_itself(tmp_path: Path, hand
 def test_quickstart_worker_trains_through_sbatch_with_two_cpu_processes(tmp_path: Path, handles):
     """The real worker (python -m mcx.train) on the bundled quickstart data, data-parallel over 2
     CPU processes, submitted with sbatch: the job contract end to end under Slurm."""
+    from conftest import quickstart_dataset
     from mcx.spec.convert import unstructure
     from mcx.spec.load import load_spec
 

@@ -7,17 +7,33 @@ float, 2.5 is not an int, 1 is not a bool), and every problem is reported at onc
 from __future__ import annotations
 
 import difflib
+import json
+import math
+import re
 import typing
 from functools import cache
 from typing import Any, Literal, get_args, get_origin
 
 import attrs
 import cattrs
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+import cattrs.gen
+from cattrs.errors import (ClassValidationError, ForbiddenExtraKeysError, IterableValidationError,
+                           IterableValidationNote)
 
 from mcx.errors import SpecError
 
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a table",
+               tuple: "an array"}
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+# Megatron-LM's names (and common spellings) for keys mcx names differently: for did-you-mean.
+ALIASES = {
+    "learning_rate": "lr", "min_learning_rate": "min_lr", "tensor_model_parallel_size": "tensor",
+    "pipeline_model_parallel_size": "pipeline", "context_parallel_size": "context",
+    "expert_model_parallel_size": "expert", "virtual_pipeline_model_parallel_size": "virtual_pipeline",
+    "use_distributed_optimizer": "distributed_optimizer", "warmup_iters": "lr_warmup_iters",
+    "save_interval": "interval", "save": "dir", "load": "dir", "num_gpus": "gpus_per_node",
+    "nproc_per_node": "gpus_per_node", "nnodes": "nodes", "data_path": "path", "ffn_hidden": "ffn_hidden_size",
+}
 
 
 def _toml_repr(v: Any) -> str:
@@ -43,6 +59,8 @@ def _strict_int(v: Any, _: type) -> int:
 def _strict_float(v: Any, _: type) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _WrongType(v, float)
+    if not math.isfinite(v):
+        raise ValueError(f"must be a finite number, got {_toml_repr(v)}")
     return float(v)
 
 
@@ -56,6 +74,48 @@ def _strict_str(v: Any, _: type) -> str:
     if not isinstance(v, str):
         raise _WrongType(v, str)
     return v
+
+
+def _table_hook_factory(c: cattrs.Converter):
+    def factory(cl: type):
+        inner = cattrs.gen.make_dict_structure_fn(cl, c, _cattrs_forbid_extra_keys=True,
+                                                  _cattrs_detailed_validation=True)
+
+        def hook(v: Any, t: type) -> Any:
+            if not isinstance(v, dict):
+                raise _WrongType(v, dict)
+            return inner(v, t)
+
+        return hook
+
+    return factory
+
+
+def _is_tuple(t: Any) -> bool:
+    return get_origin(t) is tuple
+
+
+def _tuple_hook_factory(c: cattrs.Converter):
+    def factory(t: Any):
+        item = get_args(t)[0]
+
+        def hook(v: Any, _: Any) -> tuple:
+            if not isinstance(v, list):
+                raise _WrongType(v, tuple)
+            problems, out = [], []
+            for i, x in enumerate(v):
+                try:
+                    out.append(c.structure(x, item))
+                except Exception as exc:  # collected with its index, like cattrs' own iterables
+                    exc.__notes__ = [*getattr(exc, "__notes__", []), IterableValidationNote(f"@ index {i}", i, item)]
+                    problems.append(exc)
+            if problems:
+                raise IterableValidationError(f"while structuring {t}", problems, t)
+            return tuple(out)
+
+        return hook
+
+    return factory
 
 
 def _is_literal(t: Any) -> bool:
@@ -84,6 +144,8 @@ def converter() -> cattrs.Converter:
     c.register_structure_hook(bool, _strict_bool)
     c.register_structure_hook(str, _strict_str)
     c.register_structure_hook_factory(_is_literal, _literal_hook)
+    c.register_structure_hook_factory(_is_tuple, _tuple_hook_factory(c))
+    c.register_structure_hook_factory(attrs.has, _table_hook_factory(c))
     c.register_unstructure_hook(tuple, list)
     return c
 
@@ -95,6 +157,8 @@ def _field_names(cl: type) -> list[str]:
 def _join(path: str, name: str | int) -> str:
     if isinstance(name, int):
         return f"{path}[{name}]"
+    if not _BARE_KEY.match(name):
+        name = json.dumps(name, ensure_ascii=False)
     return f"{path}.{name}" if path else name
 
 
@@ -120,7 +184,8 @@ def flatten_errors(exc: BaseException, path: str = "") -> list[tuple[str, str]]:
     elif isinstance(exc, ForbiddenExtraKeysError):
         known = _field_names(exc.cl)
         for key in sorted(exc.extra_fields):
-            near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            alias = ALIASES.get(key)
+            near = [alias] if alias in known else difflib.get_close_matches(key, known, n=1, cutoff=0.6)
             hint = f"did you mean '{near[0]}'?" if near else f"known keys: {', '.join(known)}"
             out.append((_join(path, key), f"unknown key; {hint}"))
     elif isinstance(exc, BaseExceptionGroup):

@@ -102,7 +102,7 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
     out: Problems = []
     if t.min_lr > t.lr:
         out.append(("train.min_lr", f"{t.min_lr} is above train.lr={t.lr}; lower it"))
-    if t.global_batch_size % t.micro_batch_size:
+    if t.micro_batch_size > 0 and t.global_batch_size % t.micro_batch_size:
         out.append(("train.global_batch_size", f"{t.global_batch_size} is not divisible by train.micro_batch_size={t.micro_batch_size}"))
     decay = t.lr_decay_iters or t.train_iters
     if t.lr_warmup_iters > decay:
