@@ -66,7 +66,7 @@ class GpuBackend:
         tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
         layer_spec = model_lib.gpt_layer_spec(spec, self.layer_spec)
         chunks = []
-        vpp = lay.vpp if lay.pp > 1 and lay.vpp else None
+        vpp = lay.virtual_stages
         for i in range(vpp or 1):
             vp_stage = i if vpp else None
             chunk = model_lib.build_model_chunk(

@@ -37,6 +37,12 @@ class Layout:
     world_size: int = 1
     sequence_parallel: bool = False
 
+    @property
+    def virtual_stages(self) -> int | None:
+        """Model chunks per pipeline rank for the interleaved schedule; None when not interleaving
+        (MCore's ``virtual_pipeline_model_parallel_size`` must then be None, not 1)."""
+        return self.vpp if self.pp > 1 and self.vpp is not None and self.vpp > 1 else None
+
 
 @frozen(kw_only=True)
 class Checks:

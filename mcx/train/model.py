@@ -117,13 +117,13 @@ def _config(spec: ExperimentSpec, layout: Layout, *, cpu: bool, te: bool, dtype,
         # Parallelism.
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp,
+        virtual_pipeline_model_parallel_size=layout.virtual_stages,
         context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
         sequence_parallel=layout.sequence_parallel,
         # Megatron-LM's defaults: overlapped (unbatched) p2p for the interleaved schedule only.
-        overlap_p2p_comm=layout.vpp is not None and layout.pp > 1,
-        batch_p2p_comm=not (layout.vpp is not None and layout.pp > 1),
+        overlap_p2p_comm=layout.virtual_stages is not None,
+        batch_p2p_comm=layout.virtual_stages is None,
         # Precision (Megatron: params in bf16/fp16, fp32 main params in the optimizer).
         fp16=t.precision == "fp16",
         bf16=t.precision not in ("fp32", "fp16"),

@@ -149,7 +149,7 @@ def distributed(job: Job) -> Iterator[World]:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=lay.tp,
         pipeline_model_parallel_size=lay.pp,
-        virtual_pipeline_model_parallel_size=lay.vpp,
+        virtual_pipeline_model_parallel_size=lay.virtual_stages,
         context_parallel_size=lay.cp,
         expert_model_parallel_size=lay.ep,
     )
