@@ -1,0 +1,124 @@
+"""`mcx tune SPEC`: the micro-batch sweep Megatron users do by hand, as short measured trials.
+
+Start at micro-batch 1 and double until the worker runs out of memory (or the global batch no longer
+divides), each trial a few real optimizer steps of the full model on the real hardware through the
+spec's own launcher. Each trial reports tokens/s/GPU and peak memory; the fastest setting that fits
+is written into a new spec (`extends` the original, so the diff is one key).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import InputError, TrainingFailed
+from mcx.spec import load_spec
+
+_OOM = ("out of memory", "outofmemory", "cuda error: out of memory", "cublas_status_alloc_failed")
+
+
+def _records(metrics: Path) -> list[dict[str, Any]]:
+    out = []
+    if metrics.is_file():
+        for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line being written
+            if rec.get("kind") == "train":
+                out.append(rec)
+    return out
+
+
+def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) -> dict[str, Any]:
+    from attrs import evolve
+
+    from mcx.launch import launcher_for, worker_env
+    from mcx.ops.data import ensure_dataset
+    from mcx.ops.plan import plan_loaded
+    from mcx.ops.run import RunOptions, _job
+    from mcx.plan.stages import stage_spec
+
+    tspec = evolve(spec, train=evolve(spec.train, micro_batch_size=mbs, train_iters=steps + 1,
+                                      eval_interval=10**9, lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
+                   checkpoint=evolve(spec.checkpoint, interval=0, async_save=False))
+    tpr = plan_loaded(tspec, project, probe_hardware=True)
+    sspec, slayout = stage_spec(tspec, tpr.plan.layout, "full", vocab_size=tpr.plan.vocab_size)
+    sdir = work / f"mbs{mbs}"
+    sdir.mkdir(parents=True)
+    job = _job("full", sspec, slayout, tpr, sdir, ensure_dataset(project, spec.data), RunOptions(output="quiet"))
+    (sdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
+    launcher = launcher_for(sspec.launch)
+    placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": job["device"]}
+    handle = launcher.start(sdir, placement, sspec.launch, worker_env(sspec))
+    try:
+        while handle.poll() in ("pending", "running") and len(_records(sdir / "metrics.jsonl")) < steps + 1:
+            time.sleep(0.5)
+    finally:
+        if handle.poll() in ("pending", "running"):  # enough steps: no final checkpoint or evaluation
+            kill = getattr(handle, "kill", None)
+            kill() if kill is not None else handle.cancel()
+        outcome = handle.wait()
+    recs = _records(sdir / "metrics.jsonl")
+    if len(recs) < steps + 1:
+        log = "".join(p.read_text(encoding="utf-8", errors="replace")[-4000:] for p in sdir.glob("*.log"))
+        if any(s in log.lower() for s in _OOM):
+            return {"micro_batch_size": mbs, "fits": False, "reason": "out of memory"}
+        raise TrainingFailed(f"the trial at micro_batch_size={mbs} stopped after {len(recs)} steps "
+                             f"({outcome.state}: {outcome.detail});", f"see {sdir}/worker.log.")
+    timed = recs[1:]  # the first step pays for warm-up
+    tps = sum(r["tokens_per_s_per_gpu"] for r in timed) / len(timed)
+    mfu = [r["mfu"] for r in timed if r.get("mfu") is not None]
+    return {"micro_batch_size": mbs, "fits": True, "tokens_per_s_per_gpu": tps,
+            "mfu": sum(mfu) / len(mfu) if mfu else None, "mem_peak_bytes": max(r["mem_peak_bytes"] for r in timed),
+            "step_time_s": sum(r["step_time_s"] for r in timed) / len(timed)}
+
+
+def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
+         console: Any) -> dict[str, Any]:
+    from mcx.ops.plan import plan_loaded
+
+    if steps < 2 or max_mbs < 1:
+        raise InputError("--steps must be at least 2 and --max-micro-batch at least 1;", "e.g. --steps 6.")
+    spec = load_spec(spec_path, overrides)
+    pr = plan_loaded(spec, project)
+    dp, gbs = pr.plan.layout.dp, spec.train.global_batch_size
+    candidates = [m for m in (2**i for i in range(0, 16)) if m <= max_mbs and gbs % (m * dp) == 0]
+    if not candidates:
+        raise InputError(f"no micro-batch size divides train.global_batch_size={gbs} over dp={dp};",
+                         "raise the global batch size.")
+    trials: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix="mcx-tune-", dir=project / ".mcx" if (project / ".mcx").is_dir() else None))
+    try:
+        for mbs in candidates:
+            console.print(f"[bold]tune[/]: micro_batch_size={mbs}, {steps} measured steps")
+            trial = _trial(spec, mbs, steps, project, work, pr)
+            trials.append(trial)
+            if not trial["fits"]:
+                console.print(f"  micro_batch_size={mbs}: out of memory; stopping the sweep")
+                break
+            console.print(f"  {trial['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
+                          f"peak {trial['mem_peak_bytes'] / 2**30:.1f} GiB")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    fitting = [t for t in trials if t["fits"]]
+    if not fitting:
+        raise TrainingFailed("even micro_batch_size=1 ran out of memory;",
+                             "raise parallel.tensor or parallel.pipeline, or set train.recompute_granularity = \"full\".")
+    best = max(fitting, key=lambda t: t["tokens_per_s_per_gpu"])
+    dest = Path(out) if out else Path(spec_path).with_suffix(".tuned.toml")
+    rel = Path(spec_path).resolve()
+    try:
+        rel = rel.relative_to(dest.resolve().parent)
+    except ValueError:
+        pass
+    extra = "".join(f"# --set {o}\n" for o in overrides)
+    dest.write_text(f"# Written by `mcx tune` on {time.strftime('%Y-%m-%d')}: micro_batch_size={best['micro_batch_size']} "
+                    f"gave {best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU.\n{extra}extends = \"{rel}\"\n\n"
+                    f"[train]\nmicro_batch_size = {best['micro_batch_size']}\n", encoding="utf-8")
+    console.print(f"best: micro_batch_size={best['micro_batch_size']}; wrote {dest}")
+    return {"trials": trials, "best": best, "spec": str(dest)}
