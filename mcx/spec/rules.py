@@ -105,8 +105,9 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
     if t.micro_batch_size > 0 and t.global_batch_size % t.micro_batch_size:
         out.append(("train.global_batch_size", f"{t.global_batch_size} is not divisible by train.micro_batch_size={t.micro_batch_size}"))
     decay = t.lr_decay_iters or t.train_iters
-    if t.lr_warmup_iters > decay:
-        out.append(("train.lr_warmup_iters", f"{t.lr_warmup_iters} exceeds the decay length {decay}; shorten the warmup"))
+    if t.lr_warmup_iters and t.lr_warmup_iters >= decay:
+        out.append(("train.lr_warmup_iters", f"{t.lr_warmup_iters} must be below the decay length {decay} "
+                    "(train.lr_decay_iters, else train.train_iters); shorten the warmup"))
     if t.recompute_granularity == "full" and t.recompute_num_layers > spec.model.num_layers:
         out.append(("train.recompute_num_layers", f"{t.recompute_num_layers} exceeds model.num_layers={spec.model.num_layers}"))
     if not re.fullmatch(r"\d+(\.\d+)?,\d+(\.\d+)?,\d+(\.\d+)?", spec.data.split):
