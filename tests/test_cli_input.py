@@ -129,8 +129,6 @@ def test_wrong_types_are_not_coerced(project):
     assert "train.deterministic: expected true or false, got int 1" in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (mcx/spec/convert.py _strict_float): TOML's nan and inf load; `mcx plan` then "
-                   "crashes hashing the config (mcx/hashing.py json.dumps(allow_nan=False): ValueError), a traceback, exit 1")
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
 def test_non_finite_numbers_are_input_errors(project, value):
     write(project, "nan.toml", re.sub(r"^lr = .*$", f"lr = {value}", tomli_w.dumps(tiny()), count=1, flags=re.M))
