@@ -183,14 +183,9 @@ def test_explain_of_a_directory_is_not_a_spec(project, ref):
     assert "cannot read" in err and "IsADirectoryError; give a UTF-8 TOML file" in err
 
 
-_STORE_BUG = pytest.mark.xfail(strict=True, reason="BUG (mcx/ops/records.py show_run, baseline_set -> mcx/track): an "
-                               "unknown but well-formed run ID opens the embedded MLflow store first, which creates "
-                               ".mcx/mlflow.db and logs MLflow INFO lines to stderr, then exits 2")
-
-
 @pytest.mark.parametrize("args", [
-    pytest.param(["show", "0123456789ab"], marks=_STORE_BUG, id="show"),
-    pytest.param(["baseline", "set", "main", "0123456789ab"], marks=_STORE_BUG, id="baseline-set"),
+    pytest.param(["show", "0123456789ab"], id="show"),
+    pytest.param(["baseline", "set", "main", "0123456789ab"], id="baseline-set"),
     pytest.param(["reproduce", "0123456789ab"], id="reproduce"),
     pytest.param(["compare", "0123456789ab"], id="compare"),
     pytest.param(["compare", "--baseline", "fedcba987654", "0123456789ab"], id="compare-baseline"),
@@ -218,9 +213,6 @@ def test_well_formed_unknown_run_id(project):
     assert "unknown run ID 0123456789ab" in err and "mcx ls" in err
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (mcx/spec/load.py read_toml and _resolve_extends, mcx/ops/explain.py, "
-                   "mcx/ops/project.py find_project, mcx/ops/data.py prepare): a path component over 255 bytes makes "
-                   "Path.exists()/is_dir()/read_text() raise OSError(ENAMETOOLONG), which escapes as a traceback, exit 1")
 @pytest.mark.parametrize("args", [["plan", "x" * 300], ["plan", "long_extends.toml"], ["explain", "x" * 300, "tiny.toml"],
                                   ["--project", "p" * 300, "plan", "tiny.toml"], ["data", "prepare", "x" * 300, "--out", "o"]],
                          ids=["plan", "extends", "explain", "project", "data-prepare"])

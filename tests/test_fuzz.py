@@ -375,12 +375,7 @@ def known_bug(path: Path, overrides: list[str] = ()) -> bool:
         data = resolve_dict(path, overrides)
     except McxError:
         return False
-    for table in ("hardware", "smoke"):  # test_huge_counts_are_rejected_quickly: divisors of the world size
-        t = data.get(table)
-        if isinstance(t, dict):
-            n, g = t.get("nodes", 1), t.get("gpus_per_node", 1)
-            if type(n) is int and type(g) is int and n > 0 and g > 0 and n * g > 2 ** 20:
-                return True
+    del data  # no open bugs
     return False
 
 
@@ -563,17 +558,6 @@ def bad_specs(ws: Workspace, always: bool = False) -> list[str]:
     return [str(ws.specs / n) for n in names]
 
 
-def store_bug(argv: list[str]) -> bool:
-    """test_cli_input.py::test_unknown_run_id_writes_nothing: show / baseline set of a well-formed unknown
-    run ID create the embedded MLflow store (.mcx/mlflow.db) before failing."""
-    return "0123456789ab" in argv and bool({"show", "baseline"} & set(argv))
-
-
-def overlong(argv: list[str]) -> bool:
-    """A path component over 255 bytes: test_cli_input.py::test_overlong_names (OSError, a traceback)."""
-    return any(len(part.encode()) > 255 for token in argv for part in token.split("/"))
-
-
 FLAGS = ["--json", "--set", "--help", "-h", "--version", "--project", "--stage", "--force", "--yes", "--dry-run",
          "--skip-smoke", "--wait", "--quiet", "--format", "--experiment", "--baseline", "--megatron-args",
          "--max-micro-batch", "--steps", "--tokenizer", "--tokenizer-kind", "--merges", "--vocab-size", "--json-key",
@@ -592,7 +576,6 @@ def test_argv_soup(ws, data):
     argv = data.draw(st.lists(vocab, max_size=6))
     if data.draw(st.booleans()):
         argv = [data.draw(st.sampled_from(safe)), *argv]
-    assume(not overlong(argv) and not store_bug(argv))
     check_cli(ws, argv)
 
 
@@ -653,7 +636,6 @@ def test_argv_per_verb(ws, verb):
     @examples(25)
     @given(argv=verb_argv(ws, verb))
     def fuzz(argv):
-        assume(not overlong(argv) and not store_bug(argv))
         code, _ = check_cli(ws, ["--project", str(project), *argv], quiet_verbs=READ_ONLY, project=project)
         if fatal.intersection(argv[1:]):
             assert code == 2, argv
@@ -683,16 +665,10 @@ def test_subprocess_exit_codes(ws, data):
 
 # Counts that the planner enumerates divisors of, one by one: 2**62 never finishes. The odd world
 # size of a mixture-of-experts spec reaches the same loop through the expert-parallel rule.
-HANGS = {("model.num_layers", "tiny"), ("model.num_experts", "tiny_moe"), ("smoke.num_attention_heads", "tiny"),
-         ("hardware.nodes", "tiny_moe")}
-_HANG = pytest.mark.xfail(strict=True, raises=TooSlow, reason="BUG (mcx/plan/layout.py _divisors, mcx/spec/rules.py "
-                          "divisors): range(1, n + 1) over a count of 2**62; reject absurd counts in rules.py and "
-                          "enumerate divisors up to sqrt(n)")
 HUGE = [*((f, "tiny_moe" if "expert" in f else "tiny") for f in INT_FIELDS), ("hardware.nodes", "tiny_moe")]
 
 
-@pytest.mark.parametrize("field,seed", [pytest.param(f, s, marks=_HANG if (f, s) in HANGS else (), id=f"{f}-{s}")
-                                        for f, s in HUGE])
+@pytest.mark.parametrize("field,seed", [pytest.param(f, s, id=f"{f}-{s}") for f, s in HUGE])
 def test_huge_counts_are_rejected_quickly(ws, field, seed):
     """Every integer key set to a huge value (TOML allows 64-bit integers) plans or fails within 2 s."""
     data = json.loads(json.dumps(SEEDS[seed]))

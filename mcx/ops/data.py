@@ -30,7 +30,12 @@ def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: st
         out_dir = prepare_quickstart(project, force=force)
         return _summary(read_manifest(out_dir), out_dir)
     src = Path(source)
-    if not src.exists():
+    try:
+        found = src.exists()
+    except OSError as exc:
+        raise DataError(f"source {source[:40]!r}...: {exc.strerror};",
+                        "give a text file, a directory of .txt files or a .jsonl file.") from None
+    if not found:
         raise DataError(f"source {source!r} does not exist;", "give a text file, a directory of .txt files or a .jsonl file.")
     if out is None:
         raise DataError("--out is required with a SOURCE;", "name the dataset directory, e.g. --out data/mycorpus.")

@@ -11,13 +11,20 @@ from mcx.errors import InputError
 _RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
 
+def _exists(ref: str) -> bool:
+    try:
+        return Path(ref).exists()
+    except OSError as exc:
+        raise InputError(f"{ref[:40]!r}...: {exc.strerror};", "give a path to a TOML spec or a 12-character run ID.") from None
+
+
 def _record(ref: str, project: Path, overrides: list[str]) -> Any:
     from mcx.fingerprint.record import collect, load_record
     from mcx.spec import load_spec
 
-    if _RUN_ID.match(ref) and not Path(ref).exists():
+    if _RUN_ID.match(ref) and not _exists(ref):
         return load_record(project, ref)
-    if not Path(ref).exists():
+    if not _exists(ref):
         raise InputError(f"{ref!r} is neither a spec file nor a run ID;",
                          "give a path to a TOML spec or a 12-character run ID from 'mcx ls'.")
     return collect(load_spec(ref, overrides), project, require_data=False)

@@ -15,7 +15,12 @@ def find_project(explicit: str | os.PathLike[str] | None = None) -> Path:
     given = explicit or os.environ.get("MCX_PROJECT")
     if given:
         root = Path(given).resolve()
-        if not root.is_dir():
+        try:
+            found = root.is_dir()
+        except OSError as exc:
+            raise InputError(f"project directory {given[:40]!r}...: {exc.strerror};",
+                             "pass an existing directory to --project.") from None
+        if not found:
             raise InputError(f"project directory {given!r} does not exist;", "pass an existing directory to --project.")
         return root
     here = Path.cwd().resolve()

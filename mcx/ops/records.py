@@ -14,23 +14,38 @@ def _uri(project: Path) -> str | None:
     return os.environ.get("MLFLOW_TRACKING_URI") or None
 
 
+def _store_exists(project: Path) -> bool:
+    """A tracking server is named, or the embedded store was created by a run (reads never create it)."""
+    return _uri(project) is not None or (project / ".mcx" / "mlflow.db").is_file()
+
+
+def _require_known(project: Path, run_id: str) -> str:
+    from mcx.errors import RunIdError
+    from mcx.track.paths import check_run_id, run_dir
+
+    check_run_id(run_id)
+    if not run_dir(project, run_id).is_dir() and not _store_exists(project):
+        raise RunIdError(f"unknown run ID {run_id}: no run directory and no tracking store in this project;",
+                         "list runs with `mcx ls`, or set MLFLOW_TRACKING_URI to the server that recorded it.")
+    return run_id
+
+
 def list_runs(*, project: Path, experiment: str | None = None, all_runs: bool = False) -> list[dict[str, Any]]:
     """Runs of this project; ``all_runs`` adds runs only the tracking store knows (slower: imports mlflow)."""
     from mcx.track.errors import TrackingUnavailable
     from mcx.track.query import list_runs as query
 
     try:
-        rows = query(project, _uri(project), include_tracking=all_runs)
+        rows = query(project, _uri(project), include_tracking=all_runs and _store_exists(project))
     except TrackingUnavailable:
         rows = query(project, _uri(project), include_tracking=False)
     return [r for r in rows if experiment is None or r.get("name") == experiment]
 
 
 def show_run(run_id: str, *, project: Path) -> dict[str, Any]:
-    from mcx.track.paths import check_run_id
     from mcx.track.query import show_run as query
 
-    return query(project, check_run_id(run_id), _uri(project), include_tracking=False)
+    return query(project, _require_known(project, run_id), _uri(project), include_tracking=False)
 
 
 def sync(*, project: Path) -> dict[str, Any]:
@@ -48,13 +63,15 @@ def sync(*, project: Path) -> dict[str, Any]:
 def baseline_set(name: str, run_id: str, *, project: Path) -> dict[str, Any]:
     from mcx.track.baseline import set_baseline
 
-    b = set_baseline(project, name, run_id, tracking_uri=_uri(project))
+    b = set_baseline(project, name, _require_known(project, run_id), tracking_uri=_uri(project))
     return {"name": b.name, "run_id": b.run_id, "set_at": b.set_at}
 
 
 def baseline_list(*, project: Path) -> list[dict[str, Any]]:
     from mcx.track.baseline import list_baselines
 
+    if not _store_exists(project):
+        return []
     return [{"name": b.name, "run_id": b.run_id, "set_at": b.set_at} for b in list_baselines(project, tracking_uri=_uri(project))]
 
 

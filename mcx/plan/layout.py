@@ -68,7 +68,8 @@ class Layout:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(max(n, 0)) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def _listing(values: list[int]) -> str:

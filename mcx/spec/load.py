@@ -25,6 +25,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise SpecError([("", f"file not found: {path}; check the path")]) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise SpecError([("", f"cannot read {path}: {exc.__class__.__name__}; give a UTF-8 TOML file")]) from None
+    except OSError as exc:  # ENAMETOOLONG, ELOOP, EIO, ...
+        raise SpecError([("", f"cannot read {path}: {exc.strerror}; check the path")]) from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -54,7 +56,11 @@ def _resolve_extends(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if not isinstance(parent, str):
         raise SpecError([("extends", "expected a string path to another spec")], str(path))
     parent_path = (path.parent / parent)
-    if not parent_path.exists():
+    try:
+        found = parent_path.exists()
+    except OSError as exc:
+        raise SpecError([("extends", f"{parent!r}: {exc.strerror}; fix the path")], str(path)) from None
+    if not found:
         raise SpecError([("extends", f"{parent!r} not found (looked at {parent_path}); fix the path")], str(path))
     return deep_merge(_resolve_extends(parent_path, (*chain, path)), data)
 

@@ -5,6 +5,7 @@ Each rule returns (toml.path, message with the fix); ``check_spec`` collects the
 
 from __future__ import annotations
 
+import math
 import re
 
 import attrs
@@ -42,8 +43,20 @@ def _get(spec: ExperimentSpec, dotted: str):
     return obj
 
 
+# Counts the planner enumerates divisors (and layouts) of; far above any real model or cluster.
+MAX_COUNT = 1 << 20
+_COUNTS = ["model.num_layers", "model.num_attention_heads", "model.num_query_groups", "model.num_experts",
+           "hardware.nodes", "hardware.gpus_per_node", "smoke.num_layers", "smoke.num_attention_heads",
+           "smoke.num_experts", "smoke.nodes", "smoke.gpus_per_node", "parallel.tensor", "parallel.pipeline",
+           "parallel.virtual_pipeline", "parallel.context", "parallel.expert"]
+
+
 def _range_rules(spec: ExperimentSpec) -> Problems:
     out: Problems = []
+    for dotted in _COUNTS:
+        v = _get(spec, dotted)
+        if v is not None and v > MAX_COUNT:
+            out.append((dotted, f"{v} is above {MAX_COUNT}; use a realistic count"))
     for section, names in _POSITIVE.items():
         obj = _get(spec, section)
         for name in names:
@@ -134,7 +147,7 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
 
 
 def _divisors(n: int) -> str:
-    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+    return ", ".join(map(str, divisors(n)))
 
 
 def check_spec(spec: ExperimentSpec) -> Problems:
@@ -142,7 +155,8 @@ def check_spec(spec: ExperimentSpec) -> Problems:
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(max(n, 0)) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def section_names() -> list[str]:
