@@ -18,7 +18,10 @@ class McxError(Exception):
         self.hint = hint
 
     def __str__(self) -> str:
-        return self.message if not self.hint else f"{self.message} {self.hint}"
+        if not self.hint:
+            return self.message
+        sep = " " if self.message.rstrip().endswith((";", ".", ":", ",", "?", "!")) else "; "
+        return f"{self.message.rstrip()}{sep}{self.hint}"
 
 
 class InputError(McxError):
