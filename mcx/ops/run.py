@@ -133,10 +133,16 @@ def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *,
     if state.state != "finished" or options.force:
         return None
     run_json = _read_json(state.run_dir / "run.json") or {}
-    summary = {**run_json.get("summary", {}), "run_id": pr.run_id, "cached": True, "exit_code": 0}
+    summary = {**run_json.get("summary", {}), "run_id": pr.run_id, "cached": True, "exit_code": 0, "error": None,
+               "baseline": None}
     summary.setdefault("status", state.status or "finished")
     console.print(f"[bold]run {pr.run_id}[/] already finished ({summary['status']}); not training again. "
                   f"Use --force to retrain, `mcx show {pr.run_id}` for its record.")
+    if pr.spec.baseline.run:  # [baseline] is not part of the run ID: judge the cached result against it now
+        full = _read_json(state.run_dir / "full" / "result.json") or {"final": summary.get("final") or {}}
+        _judge(summary, project, pr, full)
+        if summary["error"]:
+            console.print(f"[red]mcx: {summary['error']}[/]")
     return summary
 
 
@@ -229,10 +235,7 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
         status, error, exit_code = "interrupted", "interrupted by the user; run again to resume", 130
     summary = _summary(pr, results, status, error, exit_code, time.time() - started)
     if status == "finished" and "full" in results:
-        summary["baseline"] = _baseline(project, pr, results["full"])
-        if summary["baseline"] and summary["baseline"].get("verdict") == "regress":
-            summary["exit_code"] = 1
-            summary["error"] = "held-out metrics regressed against the baseline: " + summary["baseline"]["detail"]
+        _judge(summary, project, pr, results["full"])
     run_json = _read_json(rdir / "run.json") or {}
     done = status == "finished" and results.get("full", {}).get("status") == "finished"
     run_json.update({"status": status if (done or status != "finished") else "smoke-passed",
@@ -359,6 +362,14 @@ def _explain_failure(stage: str, result: dict[str, Any]) -> str:
     if result.get("advice"):
         base += "\n" + "\n".join(f"  - {a}" for a in result["advice"])
     return base
+
+
+def _judge(summary: dict[str, Any], project: Path, pr: PlanResult, full: dict[str, Any]) -> None:
+    """The baseline verdict into ``summary``; a regression makes the exit code 1."""
+    summary["baseline"] = _baseline(project, pr, full)
+    if summary["baseline"] and summary["baseline"].get("verdict") == "regress":
+        summary["exit_code"] = 1
+        summary["error"] = "held-out metrics regressed against the baseline: " + summary["baseline"]["detail"]
 
 
 def _baseline(project: Path, pr: PlanResult, full: dict[str, Any]) -> dict[str, Any] | None:
