@@ -124,3 +124,97 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 # --- end of tracking fixtures ---
+
+# --- end-to-end (tests/test_e2e.py, tests/test_reproduce.py): a real project, the real CLI ---
+
+E2E_ROOT = Path(__file__).resolve().parent.parent
+# What a user's project holds, copied from this repository (the dataset comes separately).
+E2E_FILES = ("experiments/tiny.toml", "experiments/tiny_moe.toml", ".dvc/config", ".dvc/.gitignore", ".dvcignore",
+             "data.dvc", ".gitignore", "lockfiles/cpu.txt")
+# Variables that would send records elsewhere, choose another lockfile, or inject faults.
+E2E_ENV_DROP = ("MLFLOW_TRACKING_URI", "MCX_PROJECT", "MCX_LOCKFILE")
+
+
+def e2e_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in E2E_ENV_DROP and not k.startswith("MCX_TEST_")}
+    return {**env, **extra}
+
+
+def quickstart_dataset() -> Path:
+    """This repository's data/quickstart, built with `mcx data prepare` (checked against data.dvc) if missing."""
+    path = E2E_ROOT / "data" / "quickstart"
+    if not (path / "manifest.json").exists():
+        subprocess.run([sys.executable, "-m", "mcx", "--project", str(E2E_ROOT), "data", "prepare"],
+                       cwd=E2E_ROOT, env=e2e_env(), check=True, capture_output=True, timeout=1200)
+    return path
+
+
+def make_e2e_project(root: Path) -> Path:
+    """A user's project: a git repository with the quickstart specs, data.dvc, the CPU lockfile and
+    the prepared dataset (git-ignored, DVC-tracked), one commit."""
+    import shutil
+
+    for rel in E2E_FILES:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(E2E_ROOT / rel, root / rel)
+    shutil.copytree(quickstart_dataset(), root / "data" / "quickstart")
+    _git(root, "init", "-q", "-b", "main")
+    _git(root, "add", "-A")
+    _git(root, "commit", "-q", "-m", "quickstart project")
+    return root
+
+
+class CliResult:
+    """Exit code, stdout and stderr of one mcx command."""
+
+    def __init__(self, code: int, out: str, err: str, seconds: float) -> None:
+        self.code, self.out, self.err, self.seconds = code, out, err, seconds
+
+    def json(self):
+        """The last stdout line as JSON (what --json promises)."""
+        import json
+
+        lines = self.out.strip().splitlines()
+        assert lines, f"no stdout; stderr:\n{self.err[-3000:]}"
+        return json.loads(lines[-1])
+
+    def __repr__(self) -> str:
+        return f"CliResult(code={self.code}, stdout={self.out[-1500:]!r}, stderr={self.err[-3000:]!r})"
+
+
+def mcx_subprocess(project: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 900) -> CliResult:
+    """`python -m mcx --project PROJECT ARGS...` in the project, as a user types it."""
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "mcx", "--project", str(project), *args], cwd=project,
+                          env=env or e2e_env(), capture_output=True, text=True, timeout=timeout)
+    return CliResult(proc.returncode, proc.stdout, proc.stderr, time.monotonic() - t0)
+
+
+def mcx_inprocess(project: Path, *args: str) -> CliResult:
+    """mcx.cli.main.main([...]) in this process, from the project directory (no interpreter start, no
+    second MLflow import). The caller keeps the environment clean (e2e_clean_env); workers still run
+    as real subprocesses."""
+    import contextlib
+    import io
+
+    from mcx.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    t0 = time.monotonic()
+    with contextlib.chdir(project), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["--project", str(project), *args])
+        except SystemExit as exc:  # argparse usage errors
+            code = exc.code if isinstance(exc.code, int) else 2
+    return CliResult(code, out.getvalue(), err.getvalue(), time.monotonic() - t0)
+
+
+@pytest.fixture(scope="module")
+def e2e_clean_env():
+    """Module-wide: no MLFLOW_TRACKING_URI / MCX_* from the caller's shell reaches in-process commands."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key in [*E2E_ENV_DROP, *(k for k in os.environ if k.startswith("MCX_TEST_"))]:
+            mp.delenv(key, raising=False)
+        yield
+
+# --- end of end-to-end fixtures ---
