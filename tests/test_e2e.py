@@ -292,7 +292,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ([SPEC, "--set", "hardware.gpus_per_node=2"], "launch.kind = 'local'"),
     ([SPEC, "--set", "smoke.gpus_per_node=2"], "smoke.nodes x smoke.gpus_per_node"),
     ([SPEC, "--set", "tracking.uri=http://user:secret@127.0.0.1:9/"], "tracking.uri holds credentials"),
-], ids=["unknown-key", "impossible-layout", "missing-spec", "launcher-too-small", "smoke-launcher", "uri-secret"])
+    ([SPEC, "--set", "data.split=1,1000000,1"], "holds no sample"),  # the smoke stage's share of the data
+], ids=["unknown-key", "impossible-layout", "missing-spec", "launcher-too-small", "smoke-launcher", "uri-secret",
+        "no-train-data"])
 def test_bad_input_exits_2_and_writes_nothing(pristine, args, shown):
     before = tree(pristine)
     res = mcx_subprocess(pristine, "run", *args, *FAST, "--json")
@@ -302,6 +304,30 @@ def test_bad_input_exits_2_and_writes_nothing(pristine, args, shown):
     assert res.out == ""
     assert tree(pristine) == before
     assert not (pristine / ".mcx").exists()
+
+
+def test_the_full_stage_alone_needs_a_passed_smoke_stage_and_writes_nothing(pristine):
+    before = tree(pristine)
+    res = mcx_subprocess(pristine, "run", SPEC, *FAST, "--stage", "full")
+    assert res.code == 1, res
+    assert "smoke stage of this run has not passed" in res.err and "--skip-smoke" in res.err
+    assert "Traceback" not in res.err
+    assert tree(pristine) == before
+
+
+def test_a_stage_that_cannot_be_started_is_recorded_as_failed_not_running(project, a):
+    """Slurm refuses the job (or is absent): found only when the stage is submitted, after the run's
+    records exist; they must end, not stay "running"."""
+    res = mcx_inprocess(project, "run", SPEC, *FAST, "--set", "launch.kind=slurm",
+                        "--set", "launch.slurm.partition=no-such-partition", "--json", "--quiet")
+    assert res.code == 2, res
+    s = res.json()
+    assert s["status"] == "failed" and "sbatch" in s["error"] and s["stages"] == {}
+    rdir = project / ".mcx" / "runs" / s["run_id"]
+    assert json.loads((rdir / "run.json").read_text())["status"] == "failed"
+    parent = parent_runs(project, s["run_id"])[0]
+    assert parent.info.status == "FAILED" and parent.data.tags["mcx.status"] == "failed"
+    assert {stage: k.info.status for stage, k in children(project, parent).items()} == {"smoke": "KILLED"}
 
 
 # -- compare, explain, baselines --------------------------------------------------------------------

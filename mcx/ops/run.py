@@ -8,6 +8,7 @@ It never imports torch or megatron.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -75,11 +76,18 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
         if cached is not None:
             return cached
     _preflight(pr, project, stages)
+    if stages == ["full"] and options.stage == "full" and not options.skip_smoke and pr.spec.smoke.enabled:
+        prior = _read_json(rdir / "smoke" / "result.json")
+        if not (prior and prior.get("passed")):  # refused before anything is written
+            raise TrainingFailed("the smoke stage of this run has not passed;",
+                                 "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
     from mcx.ops.data import ensure_dataset
     from mcx.track.errors import RunLocked
     from mcx.track.runcache import acquire
 
     data_dir = ensure_dataset(project, spec.data, remote=spec.tracking.dvc_remote)
+    if "smoke" in stages:
+        _smoke_limit(pr, data_dir)  # data too small for the smoke stage is bad input: said before anything is written
     try:
         lock = acquire(rdir, wait=options.wait)
     except RunLocked as exc:
@@ -216,11 +224,6 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
     status, error, exit_code = "finished", None, 0
     started = time.time()
     try:
-        if stages == ["full"] and options.stage == "full" and not options.skip_smoke and pr.spec.smoke.enabled:
-            prior = _read_json(rdir / "smoke" / "result.json")
-            if not (prior and prior.get("passed")):
-                raise TrainingFailed("the smoke stage of this run has not passed;",
-                                     "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
         for stage in stages:
             result = _run_stage(stage, pr, project=project, rdir=rdir, data_dir=data_dir, rec=rec,
                                 options=options, console=console, code_path=code_path)
@@ -233,6 +236,8 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
                 break
     except KeyboardInterrupt:
         status, error, exit_code = "interrupted", "interrupted by the user; run again to resume", 130
+    except McxError as exc:  # a stage could not be started or followed: the run failed, it is not still running
+        status, error, exit_code = "failed", str(exc), exc.exit_code
     summary = _summary(pr, results, status, error, exit_code, time.time() - started)
     if status == "finished" and "full" in results:
         _judge(summary, project, pr, results["full"])
@@ -256,18 +261,25 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
 
 def _job(stage: str, sspec: ExperimentSpec, slayout: Any, pr: PlanResult, sdir: Path, data_dir: Path,
          options: RunOptions) -> dict[str, Any]:
-    from mcx.data.dataset import smoke_samples_limit
-
-    limit = None
-    if stage == "smoke":
-        limit = smoke_samples_limit(data_dir, sspec.data.split, sspec.model.seq_length, pr.spec.smoke.data_fraction,
-                                    sspec.data.prefix)
+    limit = _smoke_limit(pr, data_dir, sspec) if stage == "smoke" else None
     ckpt = Path(pr.spec.checkpoint.dir) / pr.run_id / stage if pr.spec.checkpoint.dir else sdir / "checkpoints"
     return {"run_id": pr.run_id, "stage": stage, "spec": spec_to_dict(sspec), "layout": slayout.job_dict(),
             "data_dir": str(data_dir.resolve()), "checkpoint_dir": str(ckpt.resolve()), "train_samples_limit": limit,
             "checks": {"resume_check_iters": pr.spec.smoke.resume_check_iters, "loss_window": pr.spec.smoke.loss_window,
                        "min_loss_drop": pr.spec.smoke.min_loss_drop},
             "device": _device(sspec, pr), "output": options.output}
+
+
+def _smoke_limit(pr: PlanResult, data_dir: Path, sspec: ExperimentSpec | None = None) -> int:
+    """The smoke stage's ``train_samples_limit``; DataError when the train split holds no sample."""
+    from mcx.data.dataset import smoke_samples_limit
+    from mcx.plan.stages import stage_spec
+
+    if sspec is None:
+        sspec, _ = stage_spec(pr.spec, pr.plan.layout, "smoke", te_available=te_available(pr.spec),
+                              vocab_size=pr.plan.vocab_size)
+    return smoke_samples_limit(data_dir, sspec.data.split, sspec.model.seq_length, pr.spec.smoke.data_fraction,
+                               sspec.data.prefix)
 
 
 def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, rec: Any,
@@ -294,18 +306,23 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
                   f"({sspec.launch.kind})" + (f"; resuming from {resume}" if resume else ""))
     rec.start_stage(stage)
     launcher = launcher_for(sspec.launch)
-    with rec.forwarder(stage):
-        env = worker_env(sspec)
-        if code_path is not None:  # a reproduction: the worker imports the recorded mcx
-            env = {**env, "PYTHONPATH": str(code_path)}
-        placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)}
-        handle = launcher.start(sdir, placement, sspec.launch, env)
-        forwarding = getattr(handle, "forwarding_signals", None)
-        if forwarding is not None:
-            with forwarding():
+    try:
+        with rec.forwarder(stage):
+            env = worker_env(sspec)
+            if code_path is not None:  # a reproduction: the worker imports the recorded mcx first
+                path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
+                env = {**env, "PYTHONPATH": os.pathsep.join(path)}
+            placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)}
+            handle = launcher.start(sdir, placement, sspec.launch, env)
+            forwarding = getattr(handle, "forwarding_signals", None)
+            if forwarding is not None:
+                with forwarding():
+                    outcome = handle.wait()
+            else:
                 outcome = handle.wait()
-        else:
-            outcome = handle.wait()
+    except BaseException:  # not started (sbatch refused it...) or interrupted: the stage's record ends too
+        rec.finish_stage(stage)
+        raise
     result = read_result(sdir) or {"status": "failed", "passed": False, "checks": {},
                                    "error": f"the worker wrote no result ({outcome.state}: {outcome.detail})"}
     if outcome.state not in ("finished", "failed") and result.get("status") == "finished":
