@@ -11,6 +11,7 @@ divergence at that step.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -33,6 +34,12 @@ def losses(path: Path, kind: str = "train") -> list[tuple[int, float]]:
 def tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")
             if ".git" not in p.relative_to(root).parts}
+
+
+def worktrees(project: Path) -> int:
+    listing = subprocess.run(["git", "-C", str(project), "worktree", "list", "--porcelain"], capture_output=True,
+                             text=True, check=True).stdout
+    return listing.count("worktree ")
 
 
 def client(project: Path):
@@ -93,10 +100,9 @@ def test_a_reproduction_on_the_same_machine_is_bitwise(project, original, bitwis
     assert v["data_identical"] is True and v["environment_drift"] == [] and v["hardware_drift"] == []
     # The recorded commit (not today's HEAD) with the recorded patch, in a worktree that is gone again.
     assert v["code"]["commit"] == original["commit"] != head(project) and v["code"]["patched"] is True
+    assert v["code"]["drift"] == []  # the same mcx as recorded
     assert not Path(v["code"]["worktree"]).exists()
-    worktrees = subprocess.run(["git", "-C", str(project), "worktree", "list", "--porcelain"], capture_output=True,
-                               text=True, check=True).stdout
-    assert worktrees.count("worktree ") == 1
+    assert worktrees(project) == 1
     # Its own run directory, beside (not over) the original's.
     rep = Path(v["reproduction_dir"])
     assert v["reproduction"] == "r1" and rep == original["dir"] / "reproductions" / "r1"
@@ -173,9 +179,53 @@ def test_changed_data_is_refused_and_nothing_is_written(project, original, pertu
     assert shown in res.err
     assert tree(project / ".mcx") == before
     assert len(client(project).search_runs([e.experiment_id for e in client(project).search_experiments()])) == runs_before
-    worktrees = subprocess.run(["git", "-C", str(project), "worktree", "list", "--porcelain"], capture_output=True,
-                               text=True, check=True).stdout
-    assert worktrees.count("worktree ") == 1
+    assert worktrees(project) == 1
+
+
+def test_a_new_reproduction_never_reuses_a_label(project, original, perturbed, tmp_path):
+    """With r1 gone and r2 present the next label is r3, not r2 (whose finished stages would be reused)."""
+    reps = original["dir"] / "reproductions"
+    corpus = project / "data" / "quickstart" / "corpus.bin"
+    data = corpus.read_bytes()
+    shutil.move(reps / "r1", tmp_path / "r1")
+    try:
+        corpus.write_bytes(data + b"\0")  # stops the reproduction after it has named itself, before it trains
+        res = mcx_subprocess(project, "reproduce", original["run_id"])
+    finally:
+        corpus.write_bytes(data)
+        shutil.move(tmp_path / "r1", reps / "r1")
+    assert res.code == 2, res
+    assert "reproductions/r3" in res.err.replace("\n", "")
+    assert sorted(p.name for p in reps.iterdir()) == ["r1", "r2"]
+
+
+def _bad_patch(fp: dict) -> str:
+    fp["side"] = {"patch": "diff --git a/gone.txt b/gone.txt\n--- a/gone.txt\n+++ b/gone.txt\n@@ -1 +1 @@\n-a\n+b\n",
+                  "patch_encoding": "utf-8"}  # the side data is not hashed: the ID still matches
+    return "does not apply"
+
+
+def _other_commit(fp: dict) -> str:
+    fp["code"]["id"]["commit"] = "0" * 40
+    return "but its content hashes to"
+
+
+@pytest.mark.parametrize("damage", [_bad_patch, _other_commit], ids=["patch", "commit"])
+def test_a_damaged_record_is_refused_and_leaves_no_worktree(project, original, perturbed, damage):
+    path = original["dir"] / "fingerprint.json"
+    saved = path.read_bytes()
+    before = set(tree(project / ".mcx"))
+    fp = json.loads(saved)
+    shown = damage(fp)
+    try:
+        path.write_text(json.dumps(fp))
+        res = mcx_subprocess(project, "reproduce", original["run_id"], "--json")
+    finally:
+        path.write_bytes(saved)
+    assert res.code == 2, res
+    assert shown in res.err and "Traceback" not in res.err and res.out == ""
+    assert set(tree(project / ".mcx")) == before
+    assert worktrees(project) == 1
 
 
 @pytest.mark.parametrize("run_id, shown", [

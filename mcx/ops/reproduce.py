@@ -9,6 +9,7 @@ one even when the project has moved on. The reproduction is its own run director
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -53,9 +54,26 @@ def code_worktree(project: Path, record: Any, dest: Path) -> dict[str, Any]:
         proc = subprocess.run(["git", "-C", str(dest), "apply", "--binary", "--whitespace=nowarn", "-"],
                               input=patch, capture_output=True)
         if proc.returncode:
+            _git(project, "worktree", "remove", "--force", str(dest), ok=True)
             raise InputError(f"the recorded uncommitted diff does not apply to {commit}: "
                              f"{proc.stderr.decode(errors='replace').strip()};", "the record is damaged.")
     return {"commit": commit, "patched": bool(patch), "worktree": str(dest)}
+
+
+def mcx_drift(record: Any, worktree: Path) -> list[dict[str, Any]]:
+    """How the mcx the rerun will import differs from the recorded one.
+
+    A project that holds mcx itself reruns the recorded mcx from the worktree; any other project
+    reruns with the mcx installed here, which the record may not name.
+    """
+    if (worktree / "mcx" / "__init__.py").is_file():
+        return []
+    import mcx
+    from mcx.fingerprint.code import mcx_sources_sha256
+
+    recorded = record.code.get("id") or {}
+    now = {"mcx_version": mcx.__version__, "mcx_sources": mcx_sources_sha256()}
+    return [{"key": k, "recorded": recorded.get(k), "now": v} for k, v in now.items() if recorded.get(k) != v]
 
 
 def _drift(recorded: dict[str, Any], now: dict[str, Any]) -> list[dict[str, Any]]:
@@ -94,7 +112,9 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
         console.print(f"[yellow]hardware differs: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}[/]")
     reps = rdir / "reproductions"
     reps.mkdir(exist_ok=True)
-    label = f"r{len([p for p in reps.iterdir() if p.is_dir()]) + 1}"
+    # The next free label: counting directories would reuse a label after one is deleted, and
+    # run_spec would then take that reproduction's finished stages for a rerun.
+    label = f"r{max([int(p.name[1:]) for p in reps.iterdir() if re.fullmatch(r'r[0-9]+', p.name)], default=0) + 1}"
     rep_dir = reps / label
     original = load_run_dir(rdir)
     stages = list(original.stages) or ["full"]
@@ -102,6 +122,10 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
                          yes=True, output=output if output in ("bar", "quiet", "json") else "quiet")
     with tempfile.TemporaryDirectory(prefix=f"mcx-repro-{run_id}-") as tmp:
         code = code_worktree(project, record, Path(tmp) / "code")
+        code["drift"] = mcx_drift(record, Path(code["worktree"]))
+        for drift in code["drift"]:
+            console.print(f"[yellow]mcx differs from the recorded one: {drift['key']}: recorded {drift['recorded']}, "
+                          f"now {drift['now']} (the rerun uses the installed mcx)[/]")
         try:
             console.print(f"[bold]reproducing {run_id}[/] at commit {code['commit'][:12]}"
                           f"{' + recorded diff' if code['patched'] else ''} -> {rep_dir}")
