@@ -171,8 +171,7 @@ def compare_to_baseline(final: dict[str, float], baseline: dict[str, float],
         if direction(name) is None:
             raise InputError(f"baseline.tolerances.{name}: mcx cannot tell whether {name} should go up or down",
                              "gate losses, ppl, memory, time, mfu or throughput metrics.")
-    gated = tolerances or {m: DEFAULT_TOLERANCE for m in set(final) | set(baseline)
-                           if m.rsplit("/", 1)[-1] in DEFAULT_GATED}
+    gated = tolerances or {m: DEFAULT_TOLERANCE for m in set(final) | set(baseline) if _held_out(m)}
     out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(final) | set(baseline) | set(gated)):
         value, base = final.get(name), baseline.get(name)
@@ -192,6 +191,15 @@ def compare_to_baseline(final: dict[str, float], baseline: dict[str, float],
         out[name] = entry
     regressed = [m for m, e in out.items() if e["status"] in ("regress", "missing")]
     return {"verdict": "regress" if regressed else "pass", "regressed": regressed, "metrics": out}
+
+
+def _held_out(metric: str) -> bool:
+    """Gated by default: held-out losses and perplexities (valid/loss, test_ppl, ...), and bare loss/ppl."""
+    last = metric.rsplit("/", 1)[-1]
+    if last in DEFAULT_GATED:
+        return True
+    kind, _, what = last.partition("_")
+    return kind in ("valid", "test") and what in DEFAULT_GATED
 
 
 def _status(value: float, base: float, way: str | None, tol: float | None) -> str:

@@ -122,10 +122,10 @@ class MlflowStore:
         return keeper
 
     def find_parent_run(self, run_id: str, experiment_ids: list[str] | None = None) -> Run | None:
-        """The parent run recorded for an mcx run ID, searching every experiment unless told."""
+        """The parent run recorded for an mcx run ID (its latest attempt), searching every experiment unless told."""
         ids = experiment_ids if experiment_ids is not None else self.all_experiment_ids()
-        found = self.find_runs(ids, {RUN_ID_TAG: run_id, RECORD_TAG: "run"}, max_results=1)
-        return found[0] if found else None
+        found = self.find_runs(ids, {RUN_ID_TAG: run_id, RECORD_TAG: "run"})
+        return found[-1] if found else None  # the latest attempt (`mcx run --force` adds one)
 
     def children(self, parent: Run) -> list[Run]:
         return self.find_runs([parent.info.experiment_id], {PARENT_TAG: parent.info.run_id})

@@ -81,7 +81,7 @@ class RunRecorder:
 
     def __init__(
         self, project_root: Path, run_dir: Path, *, target: Target, experiment: str, run_id: str,
-        reproduces: str | None = None, reproduction: str | None = None,
+        reproduces: str | None = None, reproduction: str | None = None, attempt: int = 1,
     ) -> None:
         if (reproduces is None) != (reproduction is None):
             raise ValueError("a reproduction needs both reproduces= and reproduction=")
@@ -96,6 +96,7 @@ class RunRecorder:
         self.run_id = paths.check_run_id(run_id)
         self.reproduces = paths.check_run_id(reproduces) if reproduces is not None else None
         self.reproduction = reproduction
+        self.attempt = attempt  # > 1 for `mcx run --force`: a new MLflow parent run beside the archived one's
         self.journal = Journal(self.track_dir)
         self.stager = Stager(self.run_dir)
         self._send_lock = threading.RLock()
@@ -119,8 +120,9 @@ class RunRecorder:
         target = resolve_target(project_root, tracking_uri if tracking_uri is not None else tracking.get("uri"))
         fp = paths.read_json(run_dir / "fingerprint.json", {}) or {}
         run_id = fp.get("run_id") or run_dir.name
+        attempt = (paths.read_json(run_dir / "run.json", {}) or {}).get("attempt", 1)
         return cls(project_root, run_dir, target=target, experiment=experiment, run_id=run_id,
-                   reproduces=reproduces, reproduction=reproduction)
+                   reproduces=reproduces, reproduction=reproduction, attempt=attempt if isinstance(attempt, int) else 1)
 
     @classmethod
     def load(cls, project_root: Path, run_dir: Path, tracking_uri: str | None = None) -> RunRecorder:
@@ -134,11 +136,14 @@ class RunRecorder:
         target = (resolve_target(project_root, tracking_uri) if tracking_uri is not None
                   else target_from_name(project_root, state["target"]))
         return cls(project_root, run_dir, target=target, experiment=state["experiment"], run_id=state["run_id"],
-                   reproduces=state.get("reproduces"), reproduction=state.get("reproduction"))
+                   reproduces=state.get("reproduces"), reproduction=state.get("reproduction"),
+                   attempt=state.get("attempt", 1))
 
     def _bind_target(self) -> None:
         state = {"target": self.target.name, "experiment": self.experiment, "run_id": self.run_id,
                  "reproduces": self.reproduces, "reproduction": self.reproduction}
+        if self.attempt > 1:
+            state["attempt"] = self.attempt
         old = paths.read_json(self.track_dir / TARGET_FILE)
         if old == state:
             return
@@ -152,7 +157,8 @@ class RunRecorder:
     # identities --------------------------------------------------------------------------------
     def _anchor_identity(self) -> dict[str, str]:
         if self.reproduces is None:
-            return {"mcx.run_id": self.run_id, "mcx.record": RUN}
+            ident = {"mcx.run_id": self.run_id, "mcx.record": RUN}
+            return ident if self.attempt == 1 else {**ident, "mcx.attempt": str(self.attempt)}
         return {"mcx.record": "reproduction", "mcx.reproduces": self.reproduces, "mcx.reproduction": self.reproduction}
 
     def record_uuid(self, record: str) -> str | None:
