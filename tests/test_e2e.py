@@ -388,9 +388,6 @@ def test_baseline_set_and_a_run_judged_against_it(project, a, b):
     assert entry["value"] == b["final"]["valid_loss"] and entry["baseline"] == a["final"]["valid_loss"]
 
 
-@pytest.mark.xfail(strict=True, reason="mcx/track/baseline.py: without tolerances only metrics named "
-                   "'loss'/'ppl' or '.../loss' are gated, but finals are named valid_loss, test_loss, ...: "
-                   "nothing is gated by default")
 def test_by_default_a_worse_held_out_loss_regresses(project, a, b):
     mcx_inprocess(project, "baseline", "set", "main", a["run_id"])
     res = mcx_inprocess(project, "run", SPEC, *FAST, *LR_B, "--set", "baseline.run=main", "--skip-smoke", "--json")
@@ -429,9 +426,6 @@ def test_force_retrains_archives_the_previous_attempt_and_judges_the_new_one(pro
     assert "regressed against the baseline" in res.err
 
 
-@pytest.mark.xfail(strict=True, reason="mcx/track: --force reuses the MLflow parent run of the first attempt; "
-                   "a changed unhashed key (baseline.run) is refused by MLflow ('Changing param values is not "
-                   "allowed') and the new attempt's records stay pending for good")
 def test_a_forced_attempt_is_fully_recorded(project, b, forced):
     s = forced[0].json()
     assert s["tracking"]["state"] == "synced", s["tracking"]

@@ -150,7 +150,7 @@ def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *,
         full = _read_json(state.run_dir / "full" / "result.json") or {"final": summary.get("final") or {}}
         _judge(summary, project, pr, full)
         if summary["error"]:
-            console.print(f"[red]mcx: {summary['error']}[/]")
+            console.print(f"[red]mcx: {_esc(summary['error'])}[/]")
     return summary
 
 
@@ -195,6 +195,9 @@ def _write_run_files(pr: PlanResult, rdir: Path, stages: list[str], options: Run
     write_json_atomic(rdir / "fingerprint.json", record_to_dict(pr.record))
     write_json_atomic(rdir / "plan.json", pr.plan_dict)
     run_json = _read_json(rdir / "run.json") or {}
+    archive = rdir.parent.parent / "archive"
+    attempts = len(list(archive.glob(f"{pr.run_id}-*"))) if rdir.parent.name == "runs" and archive.is_dir() else 0
+    run_json.setdefault("attempt", attempts + 1)
     run_json.update({"run_id": pr.run_id, "name": pr.spec.name, "status": "running",
                      "started": run_json.get("started", time.time()), "stages_planned": stages,
                      "skip_smoke": "smoke" not in stages, "launcher": pr.spec.launch.kind})
@@ -252,10 +255,10 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
     summary["tracking"] = {"target": entry.target, "state": entry.state, "error": entry.error,
                            "mlflow_run": rec.record_uuid("run")}
     if entry.state == "pending":
-        console.print(f"[yellow]tracking store unreachable ({entry.error}); records are spooled: run `mcx sync`[/]")
+        console.print(f"[yellow]tracking store unreachable ({_esc(entry.error)}); records are spooled: run `mcx sync`[/]")
     _print_summary(console, summary)
     if summary["exit_code"] and summary.get("error"):
-        console.print(f"[red]mcx: {summary['error']}[/]")
+        console.print(f"[red]mcx: {_esc(summary['error'])}[/]")
     return summary
 
 
@@ -292,7 +295,7 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
     sdir = rdir / stage
     prior = read_result(sdir)
     if prior and prior.get("status") == "finished" and prior.get("passed", True):
-        console.print(f"[bold]{stage} stage[/] already finished in {sdir}; reusing it")
+        console.print(f"[bold]{stage} stage[/] already finished in {_esc(sdir)}; reusing it")
         return prior
     sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te_available(pr.spec),
                                 vocab_size=pr.plan.vocab_size)
@@ -303,7 +306,7 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
     console.print(f"[bold]{stage} stage[/]: {sspec.model.num_layers} layers, hidden {sspec.model.hidden_size}, "
                   f"seq {sspec.model.seq_length}, {sspec.train.train_iters} steps, layout "
                   f"TP{slayout.tp} PP{slayout.pp} CP{slayout.cp} EP{slayout.ep} DP{slayout.dp} "
-                  f"({sspec.launch.kind})" + (f"; resuming from {resume}" if resume else ""))
+                  f"({sspec.launch.kind})" + (f"; resuming from {_esc(resume)}" if resume else ""))
     rec.start_stage(stage)
     launcher = launcher_for(sspec.launch)
     try:
@@ -349,7 +352,7 @@ def _track_checkpoint(project: Path, sdir: Path, pr: PlanResult, console: Any) -
     try:
         return track_checkpoint(project, ckpt_dir, remote=pr.spec.tracking.dvc_remote).to_dict()
     except McxError as exc:
-        console.print(f"[yellow]checkpoint not added to DVC: {exc}[/]")
+        console.print(f"[yellow]checkpoint not added to DVC: {_esc(exc)}[/]")
         return None
 
 
@@ -435,6 +438,14 @@ def _print_summary(console: Any, summary: dict[str, Any]) -> None:
                   _fmt(m.get("train_loss")), _fmt(m.get("valid_loss")), _fmt(m.get("tokens_per_s_per_gpu"), ".0f"),
                   f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "unknown")
     console.print(t)
+
+
+def _esc(text: Any) -> str:
+    """``text`` for a Rich markup string: messages from workers, paths and errors may hold "[...]"
+    (torch's "[enforce fail at ...]", a "[/data]" path), which Rich would eat or reject."""
+    from rich.markup import escape
+
+    return escape(str(text))
 
 
 def _fmt(v: Any, f: str = ".4f") -> str:
