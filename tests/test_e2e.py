@@ -426,11 +426,22 @@ def test_force_retrains_archives_the_previous_attempt_and_judges_the_new_one(pro
     assert "regressed against the baseline" in res.err
 
 
-def test_a_forced_attempt_is_fully_recorded(project, b, forced):
+def test_a_forced_attempt_is_fully_recorded_beside_the_first(project, b, forced):
     s = forced[0].json()
     assert s["tracking"]["state"] == "synced", s["tracking"]
-    parent = parent_runs(project, b["run_id"])[0]
-    assert parent.data.tags["mcx.baseline.verdict"] == "regress"
+    parents = {p.data.tags.get("mcx.attempt", "1"): p for p in parent_runs(project, b["run_id"])}
+    assert set(parents) == {"1", "2"}
+    assert parents["2"].info.run_id == s["tracking"]["mlflow_run"] and parents["2"].info.status == "FINISHED"
+    assert parents["2"].data.tags["mcx.baseline.verdict"] == "regress"
+    assert parents["2"].data.params["baseline.run"] == "main"
+    # The first attempt's record is kept as it was.
+    assert parents["1"].info.run_id == b["tracking"]["mlflow_run"] and parents["1"].info.status == "FINISHED"
+    assert parents["1"].data.params["baseline.run"] == "null"
+    c = client(project)
+    for parent in parents.values():
+        kids = children(project, parent)
+        assert set(kids) == {"full"}
+        assert len(c.get_metric_history(kids["full"].info.run_id, "train/loss")) == 12  # not both attempts' steps
 
 
 # -- export -----------------------------------------------------------------------------------------
