@@ -71,6 +71,39 @@ def _shape(path: Path) -> tuple[int, int, list[Path]]:
     return nfiles, size, ignores
 
 
+def _patterns(ignores: list[Path]) -> list[str] | None:
+    """The plain glob patterns of these .dvcignore files; None when one uses negation or anchors
+    (then DVC's own matcher decides, and mcx only warns)."""
+    out: list[str] = []
+    for f in ignores:
+        for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("!") or "/" in line.rstrip("/"):
+                return None
+            out.append(line.rstrip("/"))
+    return out
+
+
+def _shape_without(path: Path, patterns: list[str]) -> tuple[int, int]:
+    """(file count, total bytes) of a directory, leaving out names that match a pattern."""
+    import fnmatch
+
+    def ignored(name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+    nfiles = size = 0
+    for d, dirs, files in os.walk(path, followlinks=True):
+        dirs[:] = [x for x in dirs if x not in _DVC_SKIPPED_DIRS and not ignored(x)]
+        for name in files:
+            if name == ".git" or ignored(name):
+                continue
+            nfiles += 1
+            size += Path(d, name).stat().st_size
+    return nfiles, size
+
+
 def _check_fresh(out: DvcOut, key: str, shown: str, warnings: list[str]) -> str:
     """Compare the output's file count and size with DVC's record; returns what was verified."""
     if out.size is None:
@@ -82,6 +115,13 @@ def _check_fresh(out: DvcOut, key: str, shown: str, warnings: list[str]) -> str:
         return "file count and total size match the DVC record"
     ignores = [*dvcignore_files(dvc_root(out.path) or out.path, out.path), *inside]
     now = f"{nfiles} files, {size} bytes now; {want_files} files, {out.size} bytes recorded"
+    patterns = _patterns(ignores)
+    if patterns is not None and out.path.is_dir():
+        kept = _shape_without(out.path, patterns)
+        if kept == (want_files, out.size):
+            return "file count and total size match the DVC record (.dvcignore applied)"
+        now = f"{kept[0]} files, {kept[1]} bytes now (.dvcignore applied); {want_files} files, {out.size} bytes recorded"
+        ignores = []  # the patterns were understood and do not explain the difference
     if ignores:
         warnings.append(f"{key}: {out.path} differs from {out.record} ({now}), possibly because of "
                         f"{', '.join(map(str, ignores))}; run `dvc status` to be sure")
