@@ -55,6 +55,31 @@ PERTURB_ENV = "MCX_TEST_PERTURB_PARAMS_AT_STEP"  # test hook: see the module doc
 PERTURB_AMOUNT = 1e-2  # default; "N:AMOUNT" chooses another
 
 
+def save_error(exc: BaseException, root: Path, tmp: Path) -> BaseException:
+    """A failed checkpoint save, said plainly: a full disk is named as such, with where and the spec key.
+
+    The partial ``.tmp`` directory is removed (``latest`` still names the previous complete checkpoint).
+    """
+    import errno
+    import shutil
+
+    from mcx.errors import TrainingFailed
+
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        free = shutil.disk_usage(root).free
+    except OSError:
+        free = None
+    full = (getattr(exc, "errno", None) == errno.ENOSPC or "No space left" in str(exc)
+            or (free is not None and free < 64 * 2**20))
+    if not full:
+        return exc
+    shown = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
+    return TrainingFailed(f"saving the checkpoint to {root} failed: No space left on device ({shown}); the previous "
+                          "checkpoint is intact;", "free space there, lower checkpoint.keep, or set checkpoint.dir "
+                          "to a larger disk, then run again to resume.")
+
+
 class StopFlag:
     """Records preemption signals; installed only from the main thread (signal module rule)."""
 
@@ -142,7 +167,10 @@ class Trainer:
                     name = self.backend.corrupt_checkpoint(final)
                     log.warning("test hook %s: corrupted %s in %s", ckpt.CORRUPT_ENV, name, final.name)
 
-        self.backend.save(tmp, on_done)
+        try:
+            self.backend.save(tmp, on_done)
+        except (OSError, RuntimeError) as exc:
+            raise save_error(exc, self.store.root, tmp) from exc
 
     def resume(self) -> tuple[int, int]:
         """(step, consumed samples) of the latest checkpoint, restored into the backend; (0, 0) if none."""
