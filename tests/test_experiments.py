@@ -74,3 +74,22 @@ def test_recipes_carry_their_documented_layouts():
     assert layout("h200_2gpu").dp == 2 and layout("llama2_13b").tp == 2
     moe = load_spec(EXPERIMENTS[[p.stem for p in EXPERIMENTS].index("tiny_moe")])
     assert (moe.model.num_experts, moe.model.moe_router_topk, moe.model.hidden_size) == (4, 2, 128)
+
+
+def test_every_recipe_fingerprints_to_a_stable_run_id():
+    """Each recipe gets a run ID (data from data.dvc's record, before any pull); fingerprinting twice
+    gives the same ID; distinct experiments get distinct IDs, while tiny_ddp (torchrun) and tiny_slurm
+    (the same 2-rank job through Slurm) share one: the launcher cannot change results."""
+    from mcx.fingerprint import collect, run_id
+
+    root = Path(__file__).resolve().parent.parent
+    ids = {}
+    for path in EXPERIMENTS:
+        spec = load_spec(path)
+        first = run_id(collect(spec, root, probe_hardware=False, require_data=False))
+        again = run_id(collect(spec, root, probe_hardware=False, require_data=False))
+        assert first == again and len(first) == 12
+        ids[path.stem] = first
+    assert ids["tiny_ddp"] == ids["tiny_slurm"]
+    del ids["tiny_slurm"]
+    assert len(set(ids.values())) == len(ids), ids
