@@ -76,6 +76,12 @@ def mcx_drift(record: Any, worktree: Path) -> list[dict[str, Any]]:
     return [{"key": k, "recorded": recorded.get(k), "now": v} for k, v in now.items() if recorded.get(k) != v]
 
 
+def next_label(reps: Path) -> str:
+    """The next free reproduction label: r<highest + 1>, never a deleted one's (its stages would be reused)."""
+    taken = [int(p.name[1:]) for p in reps.iterdir() if re.fullmatch(r"r[0-9]+", p.name)] if reps.is_dir() else []
+    return f"r{max(taken, default=0) + 1}"
+
+
 def _drift(recorded: dict[str, Any], now: dict[str, Any]) -> list[dict[str, Any]]:
     from mcx.fingerprint.explain import flatten
 
@@ -114,7 +120,7 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     reps.mkdir(exist_ok=True)
     # The next free label: counting directories would reuse a label after one is deleted, and
     # run_spec would then take that reproduction's finished stages for a rerun.
-    label = f"r{max([int(p.name[1:]) for p in reps.iterdir() if re.fullmatch(r'r[0-9]+', p.name)], default=0) + 1}"
+    label = next_label(reps)
     rep_dir = reps / label
     original = load_run_dir(rdir)
     stages = list(original.stages) or ["full"]
