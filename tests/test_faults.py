@@ -493,8 +493,10 @@ def test_sigkill_at_random_steps_through_mcx_run_resumes_and_matches_bitwise(new
 
 
 def assert_recorded_once(client, run_id: str, stage: Path) -> None:
-    """The store holds one parent run for ``run_id`` and, in its full-stage child, every metric of
-    metrics.jsonl exactly once, with metrics.jsonl's values."""
+    """The store holds one parent run for ``run_id`` and, in its full-stage child, every number of
+    every metrics.jsonl line (``<kind>/<field>`` at the line's step) exactly once. The values of
+    the training numbers are metrics.jsonl's; measurements (time, memory) of a step that ran twice
+    (killed, then replayed by the resumed worker) are the first run's, the one MLflow got first."""
     exps = [e.experiment_id for e in client.search_experiments()]
     parents = client.search_runs(exps, f"tags.`mcx.run_id` = '{run_id}' and tags.`mcx.record` = 'run'")
     assert len(parents) == 1, [p.info.run_id for p in parents]
@@ -502,10 +504,20 @@ def assert_recorded_once(client, run_id: str, stage: Path) -> None:
     kids = client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     full = [k for k in kids if k.data.tags.get("mcx.stage") == "full"]
     assert len(full) == 1, [k.data.tags for k in kids]
-    for kind, field in (("train", "loss"), ("train", "grad_norm"), ("train", "lr"), ("valid", "loss"),
-                        ("test", "loss")):
-        history = sorted((m.step, m.value) for m in client.get_metric_history(full[0].info.run_id, f"{kind}/{field}"))
-        assert history == [(r["step"], r[field]) for r in records(stage, kind)], f"{kind}/{field}"
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for rec in records(stage, None):
+        for field, value in rec.items():
+            if field not in ("kind", "step", "time") and type(value) in (int, float):
+                expected.setdefault(f"{rec['kind']}/{field}", []).append((rec["step"], float(value)))
+    assert {"train/loss", "train/grad_norm", "train/lr", "valid/loss", "test/loss"} <= set(expected)
+    recorded = {k for k in full[0].data.metrics if k.split("/")[0] in ("train", "valid", "test")}
+    assert recorded == set(expected), recorded ^ set(expected)
+    for key, values in sorted(expected.items()):
+        history = sorted((m.step, m.value) for m in client.get_metric_history(full[0].info.run_id, key))
+        if key.split("/")[1] in ("loss", "grad_norm", "lr", "ppl"):
+            assert history == sorted(values), key
+        else:
+            assert [step for step, _ in history] == sorted(step for step, _ in values), key
     assert parent.info.status == "FINISHED" and parent.data.tags["mcx.status"] == "finished"
 
 
