@@ -112,10 +112,14 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
         if not data_same:
             raise DataError(f"the dataset at {spec.data.path} does not match the recorded one;",
                             "restore it (dvc checkout / dvc pull at the recorded commit) and run reproduce again.")
+    from rich.markup import escape
+
     for drift in env_drift:
-        console.print(f"[yellow]environment drift: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}[/]")
+        console.print(escape(f"environment drift: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}"),
+                      style="yellow")
     for drift in hw_drift:
-        console.print(f"[yellow]hardware differs: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}[/]")
+        console.print(escape(f"hardware differs: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}"),
+                      style="yellow")
     reps = rdir / "reproductions"
     reps.mkdir(exist_ok=True)
     # The next free label: counting directories would reuse a label after one is deleted, and
