@@ -31,6 +31,7 @@ from typing import Any
 
 from attrs import evolve, frozen
 
+from mcx.spec.rules import divisors
 from mcx.errors import SpecError
 from mcx.plan.hardware import GiB, gpu_info, supports_fp8
 from mcx.plan.params import count_params, require_vocab_size
@@ -65,11 +66,6 @@ class Layout:
     def to_dict(self) -> dict[str, Any]:
         return {**self.job_dict(), "gpus_per_node": self.gpus_per_node, "nodes": self.nodes,
                 "distributed_optimizer": self.distributed_optimizer}
-
-
-def _divisors(n: int) -> list[int]:
-    small = [d for d in range(1, math.isqrt(max(n, 0)) + 1) if n % d == 0]
-    return sorted({*small, *(n // d for d in small)})
 
 
 def _listing(values: list[int]) -> str:
@@ -158,7 +154,7 @@ def layout_problems(spec: ExperimentSpec, layout: Layout, te_available: bool | N
     tp, pp, cp, ep, vpp, world = layout.tp, layout.pp, layout.cp, layout.ep, layout.vpp, layout.world_size
     groups = m.num_query_groups or m.num_attention_heads
     out: Problems = []
-    heads_ok = [d for d in _divisors(math.gcd(m.num_attention_heads, groups)) if d <= hw.gpus_per_node or d == 1]
+    heads_ok = [d for d in divisors(math.gcd(m.num_attention_heads, groups)) if d <= hw.gpus_per_node or d == 1]
     if m.num_attention_heads % tp:
         out.append(("parallel.tensor", f"{tp} does not divide model.num_attention_heads = {m.num_attention_heads}; "
                     f"use {_listing(heads_ok)}"))
@@ -173,7 +169,7 @@ def layout_problems(spec: ExperimentSpec, layout: Layout, te_available: bool | N
                     f"{hw.gpus_per_node}); lower the degrees or change the GPU count"))
     if m.num_layers % pp:
         out.append(("parallel.pipeline", f"{pp} does not divide model.num_layers = {m.num_layers}; use "
-                    f"{_listing([d for d in _divisors(m.num_layers) if d <= world])}"))
+                    f"{_listing([d for d in divisors(m.num_layers) if d <= world])}"))
     if vpp is not None and vpp > 1:
         if pp <= 2:
             out.append(("parallel.virtual_pipeline", f"{vpp} needs parallel.pipeline > 2 (the interleaved schedule "
@@ -194,13 +190,13 @@ def layout_problems(spec: ExperimentSpec, layout: Layout, te_available: bool | N
                     "(load-balanced causal context parallel); change one of them"))
     if m.num_experts is not None:
         if m.num_experts % ep:
-            fitting = [d for d in _divisors(m.num_experts) if dp is None or (dp * cp) % d == 0]
+            fitting = [d for d in divisors(m.num_experts) if dp is None or (dp * cp) % d == 0]
             out.append(("parallel.expert", f"{ep} does not divide model.num_experts = {m.num_experts}; use "
                         f"{_listing(fitting)}"))
         elif dp is not None and (dp * cp) % ep:
             out.append(("parallel.expert", f"{ep} must divide data parallel x context parallel = {dp} x {cp} = "
                         f"{dp * cp} (Megatron-Core folds expert parallel into those ranks: TP x EP x PP must divide "
-                        f"the world size); use {_listing([d for d in _divisors(dp * cp) if m.num_experts % d == 0])}"))
+                        f"the world size); use {_listing([d for d in divisors(dp * cp) if m.num_experts % d == 0])}"))
         if tp > 1 and not layout.sequence_parallel:
             out.append(("parallel.sequence_parallel", f"a mixture-of-experts model with parallel.tensor = {tp} needs "
                         "sequence parallel (Megatron-Core's MoE layer refuses to train without it); set it to true"))
@@ -234,10 +230,10 @@ def _candidates(spec: ExperimentSpec) -> dict[str, list[int]]:
     groups = m.num_query_groups or m.num_attention_heads
     pow2 = [2 ** i for i in range(world.bit_length()) if 2 ** i <= world]
     cands = {
-        "tensor": [d for d in _divisors(math.gcd(m.num_attention_heads, groups)) if d <= min(world, hw.gpus_per_node)],
-        "pipeline": [d for d in _divisors(m.num_layers) if d <= world],
+        "tensor": [d for d in divisors(math.gcd(m.num_attention_heads, groups)) if d <= min(world, hw.gpus_per_node)],
+        "pipeline": [d for d in divisors(m.num_layers) if d <= world],
         "context": [c for c in pow2 if m.seq_length % (2 * c) == 0 or c == 1],
-        "expert": [d for d in _divisors(m.num_experts) if d <= world] if m.num_experts else [1],
+        "expert": [d for d in divisors(m.num_experts) if d <= world] if m.num_experts else [1],
     }
     for key in cands:
         fixed = getattr(par, key)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import re
 
-import attrs
 
 from mcx.spec.schema import ExperimentSpec
 
@@ -157,7 +156,3 @@ def check_spec(spec: ExperimentSpec) -> Problems:
 def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(max(n, 0)) + 1) if n % d == 0]
     return sorted({*small, *(n // d for d in small)})
-
-
-def section_names() -> list[str]:
-    return [a.name for a in attrs.fields(ExperimentSpec)]
