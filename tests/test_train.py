@@ -388,3 +388,160 @@ def test_vocabulary_padding_and_layer_spec_choice():
     fp8 = load_spec(TINY, ['train.precision="fp8-hybrid"'])
     with pytest.raises(SpecError, match="train.precision"):
         choose_layer_spec(fp8, Layout(), "cuda")  # no Transformer Engine here
+
+
+# -- system metrics (mcx.train.system) -------------------------------------------------------------
+
+SMI_FIXTURE = ROOT / "tests" / "fixtures" / "nvidia_smi" / "query_h200.csv"
+H200_GPU0 = {"gpu_0_utilization_percentage": 97.0, "gpu_0_memory_usage_megabytes": 62000 * 1.048576,
+             "gpu_0_memory_usage_percentage": 100 * 62000 / 143771, "gpu_0_power_usage_watts": 612.45,
+             "gpu_0_temperature_celsius": 55.0, "gpu_0_sm_clock_mhz": 1980.0}
+HOST_KEYS = {"cpu_utilization_percentage", "system_memory_usage_megabytes", "system_memory_usage_percentage",
+             "process_rss_megabytes"}
+
+
+def fake_nvidia_smi(tmp_path: Path, body: str) -> Path:
+    """An executable named nvidia-smi (this machine has no GPU) that logs its argv and runs ``body``."""
+    exe = tmp_path / "bin" / "nvidia-smi"
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    exe.write_text(f'#!/bin/sh\necho "$@" >> "{tmp_path}/argv.log"\n{body}\n')
+    exe.chmod(0o755)
+    return exe
+
+
+def test_system_nvidia_smi_output_parses_to_mlflow_names():
+    from mcx.train.system import parse_nvidia_smi
+
+    text = SMI_FIXTURE.read_text()
+    every = parse_nvidia_smi(text, None)
+    assert every == pytest.approx({**H200_GPU0, **{k.replace("gpu_0", "gpu_1"): v for k, v in {
+        "gpu_0_utilization_percentage": 95.0, "gpu_0_memory_usage_megabytes": 61876 * 1.048576,
+        "gpu_0_memory_usage_percentage": 100 * 61876 / 143771, "gpu_0_power_usage_watts": 598.12,
+        "gpu_0_temperature_celsius": 53.0, "gpu_0_sm_clock_mhz": 1980.0}.items()}})
+    # Numbered as CUDA numbers them for this process: CUDA_VISIBLE_DEVICES by index or UUID prefix, in order.
+    second = parse_nvidia_smi(text, "1")
+    assert set(second) == set(H200_GPU0)
+    assert second["gpu_0_power_usage_watts"] == 598.12
+    assert parse_nvidia_smi(text, "GPU-a7e04b19,0")["gpu_1_power_usage_watts"] == 612.45
+    assert parse_nvidia_smi(text, "") == {}
+    # What a GPU cannot report is left out, not guessed; a line that is not a GPU row is skipped.
+    na = parse_nvidia_smi("0, GPU-x, [N/A], 1024, 143771, [Not Supported], 40, 1755\nNo devices were found\n", None)
+    assert na == pytest.approx({"gpu_0_memory_usage_megabytes": 1024 * 1.048576,
+                                "gpu_0_memory_usage_percentage": 100 * 1024 / 143771,
+                                "gpu_0_temperature_celsius": 40.0, "gpu_0_sm_clock_mhz": 1755.0})
+
+
+def test_system_sampler_writes_gpu_and_host_lines_and_stops_cleanly(tmp_path):
+    from mcx.train.system import SMI_FIELDS, SmiProbe, SystemSampler, host_probe
+
+    exe = fake_nvidia_smi(tmp_path, f'cat "{SMI_FIXTURE}"')
+    path = tmp_path / "system.jsonl"
+    sampler = SystemSampler(path, [SmiProbe("0", executable=str(exe)), host_probe()], interval_s=0.05, node=0,
+                            nodes=1, host="h200-node")
+    steps = iter(range(1000))
+    sampler.step_of = lambda: next(steps)
+    sampler.start()
+    deadline = time.monotonic() + 30
+    while sampler.samples < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    sampler.stop()
+    assert time.monotonic() - t0 < 5 and not sampler._thread.is_alive()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert len(lines) == sampler.samples >= 4  # three or more while running, one more on stop
+    assert sampler.failures == 0
+    for line in lines:
+        assert set(line) == {"time", "node", "nodes", "host", "step", *H200_GPU0, *HOST_KEYS}
+        assert {k: line[k] for k in H200_GPU0} == pytest.approx(H200_GPU0)
+        assert line["node"] == 0 and line["nodes"] == 1 and line["host"] == "h200-node"
+        assert 0 <= line["cpu_utilization_percentage"] <= 100 and line["process_rss_megabytes"] > 1
+    assert [line["step"] for line in lines] == sorted(line["step"] for line in lines)
+    assert [line["time"] for line in lines] == sorted(line["time"] for line in lines)
+    argv = (tmp_path / "argv.log").read_text().splitlines()
+    assert argv[0] == f"--query-gpu={','.join(SMI_FIELDS)} --format=csv,noheader,nounits"
+    size = path.stat().st_size
+    time.sleep(0.2)
+    assert path.stat().st_size == size  # stopped means stopped
+
+
+def test_system_sampler_never_raises(tmp_path, caplog):
+    from mcx.train.system import SmiProbe, SystemSampler, gpu_probe, host_probe, system_metrics
+
+    broken = SmiProbe(None, executable=str(fake_nvidia_smi(tmp_path, 'echo "NVIDIA-SMI has failed" >&2; exit 9')))
+    sampler = SystemSampler(tmp_path / "system.jsonl", [broken, host_probe()], interval_s=0.05)
+    sampler.step_of = lambda: 1 / 0  # even a step that cannot be read
+    sampler.start()
+    time.sleep(0.4)
+    sampler.stop()
+    lines = [json.loads(line) for line in (tmp_path / "system.jsonl").read_text().splitlines()]
+    assert lines and all(set(line) == {"time", "node", "nodes", "host", "step", *HOST_KEYS} for line in lines)
+    assert all(line["step"] is None for line in lines)
+    assert sampler.failures >= 2 * len(lines)
+    said = [r.getMessage() for r in caplog.records if "system metrics" in r.getMessage()]
+    assert len(said) == 2 and any("NVIDIA-SMI has failed" in m for m in said)  # each kind said once
+
+    # Nowhere to write: the thread ends, nothing raises.
+    lost = SystemSampler(tmp_path / "no-such-dir" / "system.jsonl", [host_probe()], interval_s=0.05).start()
+    time.sleep(0.2)
+    lost.stop()
+    assert lost.failures == 1 and lost.samples == 0 and not lost._thread.is_alive()
+
+    # Nothing to read: no thread, no file.
+    class Empty:
+        name = "empty"
+
+        def sample(self):
+            return {}
+
+        def close(self):
+            pass
+
+    empty = SystemSampler(tmp_path / "empty.jsonl", [Empty()], interval_s=0.05).start()
+    time.sleep(0.15)
+    empty.stop()
+    assert empty.samples == 0 and not (tmp_path / "empty.jsonl").read_text()
+    assert gpu_probe(None) is None  # no NVML, no nvidia-smi on this machine: said in the log, not raised
+    with system_metrics(tmp_path, 0, "cpu") as off:
+        assert off is None
+
+
+def test_system_sampler_runs_on_each_nodes_local_rank_zero(tmp_path, monkeypatch):
+    from mcx.train.system import node_place, system_file, system_metrics
+
+    torchrun = {"RANK": "9", "LOCAL_RANK": "1", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "16",
+                "SLURM_NODEID": "0", "SLURM_NNODES": "2"}
+    assert node_place(torchrun) == (1, 2, 1)
+    assert node_place({"SLURM_NODEID": "3", "SLURM_NNODES": "4", "SLURM_LOCALID": "0"}) == (3, 4, 0)
+    assert node_place({}) == (0, 1, 0)
+    assert system_file(0) == "system.jsonl" and system_file(3) == "system.3.jsonl"
+    for name, value in torchrun.items():
+        monkeypatch.setenv(name, value)
+    with system_metrics(tmp_path, 1.0, "cpu") as sampler:
+        assert sampler is None  # local rank 1: the node's local rank 0 samples
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with system_metrics(tmp_path, 1.0, "cpu") as sampler:
+        assert sampler is not None and sampler.node == 1 and sampler.nodes == 2
+    assert [json.loads(x)["node"] for x in (tmp_path / "system.1.jsonl").read_text().splitlines()] == [1]
+
+
+def test_system_metrics_of_a_real_cpu_stage(tmp_path, dataset):
+    stage = make_stage(tmp_path / "full", dataset, "full", ["tracking.system_metrics_interval_s=1.0"])
+    result = run(stage)
+    assert result["status"] == "finished", result["error"]
+    lines = [json.loads(x) for x in (stage / "system.jsonl").read_text().splitlines()]
+    assert len(lines) >= 1 and all(set(x) == {"time", "node", "nodes", "host", "step", *HOST_KEYS} for x in lines)
+    assert lines[-1]["step"] == 20  # the last sample is taken when the stage ends
+    steps = [x["step"] for x in lines if x["step"] is not None]
+    assert steps == sorted(steps) and all(0 <= s <= 20 for s in steps)
+    log = (stage / "worker.log").read_text()
+    assert "system metrics every 1s from psutil into system.jsonl" in log
+
+
+def test_system_metrics_interval_is_checked_by_key():
+    from mcx.errors import SpecError
+
+    assert load_spec(TINY).tracking.system_metrics_interval_s == 10.0
+    assert load_spec(TINY, ["tracking.system_metrics_interval_s=0"]).tracking.system_metrics_interval_s == 0
+    for bad in ("0.01", "-5", "1e9"):
+        with pytest.raises(SpecError, match="tracking.system_metrics_interval_s"):
+            load_spec(TINY, [f"tracking.system_metrics_interval_s={bad}"])

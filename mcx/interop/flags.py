@@ -291,6 +291,8 @@ FLAGS: tuple[Row, ...] = (
     _r("tracking.experiment", "mcx", (), NA, "MLflow experiment; unset means the spec's name.", _TRACK),
     _r("tracking.dvc_remote", "mcx", (), NA, "DVC remote for checkpoints and data; unset means the embedded local remote.", _TRACK),
     _r("tracking.log_checkpoints", "mcx", (), NA, "Record checkpoints as DVC-tracked artifacts.", _TRACK),
+    _r("tracking.system_metrics_interval_s", "mcx", (), NA,
+       "Seconds between GPU and host samples on every node (system/* metrics in MLflow); 0 turns them off.", _TRACK),
     _r("baseline.run", "mcx", (), NA, "Run ID or named baseline this run is compared against.",
        "regression gates are mcx's"),
     _r("baseline.tolerances", "mcx", (), NA, "Metric -> allowed relative increase over the baseline.",

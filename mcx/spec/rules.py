@@ -81,6 +81,9 @@ def _range_rules(spec: ExperimentSpec) -> Problems:
         out.append(("train.loss_spike_factor", f"must be above 1.0 (a multiple of the recent mean loss), got {spec.train.loss_spike_factor}"))
     if not 0.0 < spec.model.rotary_percent <= 1.0:
         out.append(("model.rotary_percent", f"must be in (0, 1], got {spec.model.rotary_percent}"))
+    every = spec.tracking.system_metrics_interval_s
+    if every != 0 and not 1.0 <= every <= 86400.0:
+        out.append(("tracking.system_metrics_interval_s", f"must be 0 (off) or 1 to 86400 seconds, got {every}"))
     return out
 
 

@@ -193,6 +193,7 @@ class TrackingSpec:
     experiment: str | None = None  # None: the spec's name
     dvc_remote: str | None = None  # None: the embedded local remote under .mcx/
     log_checkpoints: bool = True
+    system_metrics_interval_s: float = 10.0  # GPU and host sampling on every node (mcx.train.system); 0: off
 
 
 @frozen(kw_only=True)

@@ -126,6 +126,7 @@ class Trainer:
                                          global_batch_size=t.global_batch_size, seq_length=self.spec.model.seq_length)
         self.peak_flops = peak_flops
         self.saved_step: int | None = None
+        self.step: int | None = None  # the last step finished (the system-metrics sampler reads it, no lock)
 
     # -- data ---------------------------------------------------------------------------------------
 
@@ -180,6 +181,7 @@ class Trainer:
         latest = self.store.latest()
         if latest is None:
             self.metrics.truncate_after(0, final=False)
+            self.step = 0
             return 0, 0
         meta = self.store.read_meta(latest)
         want = self.meta(meta["step"], meta["consumed_samples"])
@@ -189,7 +191,7 @@ class Trainer:
                                  "resume with the same layout, or delete the stage's checkpoints to start over.")
         self.backend.load(latest)
         step, consumed = int(meta["step"]), int(meta["consumed_samples"])
-        self.saved_step = step
+        self.saved_step = self.step = step
         # Evaluations at the last step run after its checkpoint: a resume there runs them again.
         self.metrics.truncate_after(step, final=step >= self.spec.train.train_iters)
         if self.world.is_main:
@@ -251,6 +253,7 @@ class Trainer:
             step += 1
             consumed += t.global_batch_size
             outcome.step, outcome.consumed_samples = step, consumed
+            self.step = step
             rec = self.step_record(step, out, step_time)
             self.metrics.append(rec)
             self.progress.record(rec)

@@ -2,7 +2,8 @@
 
 ``run_stage`` is the in-process entry (the local launcher and the tests call it); ``python -m
 mcx.train STAGE_DIR`` wraps it and exits with ``result["exit_code"]``. Every rank runs it; rank 0
-writes metrics.jsonl and result.json, all ranks log to worker.log (ranks other than 0 at WARNING).
+writes metrics.jsonl and result.json, all ranks log to worker.log (ranks other than 0 at WARNING), and
+each node's local rank 0 samples system metrics into system.jsonl (mcx.train.system).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _peak_flops(job: Job) -> tuple[float | None, str | None]:
     return (mfu_peak_flops(gpu) if gpu else None), name
 
 
-def _train(job: Job, world, stage_dir: Path, stop) -> dict[str, Any]:
+def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, Any]:
     from mcx.train import smoke
     from mcx.train.data import datasets_from_spec
     from mcx.train.loop import Trainer
@@ -113,6 +114,8 @@ def _train(job: Job, world, stage_dir: Path, stop) -> dict[str, Any]:
     trainer = Trainer(job, world, backend, data, stage_dir, metrics, progress,
                       padded_vocab=backend.details["padded_vocab_size"], peak_flops=peak,
                       pinned_steps={smoke.resume_check_step(job)} if is_smoke else set())
+    if sampler is not None:
+        sampler.step_of = lambda: trainer.step
     try:
         outcome = trainer.run(stop)
     finally:
@@ -158,9 +161,11 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
         _import_worker(job.device)
         from mcx.train.loop import StopFlag
         from mcx.train.runtime import distributed
+        from mcx.train.system import system_metrics
 
-        with StopFlag() as stop, distributed(job) as world:
-            result = _train(job, world, stage_dir, stop)
+        with StopFlag() as stop, distributed(job) as world, \
+                system_metrics(stage_dir, job.spec.tracking.system_metrics_interval_s, job.device) as sampler:
+            result = _train(job, world, stage_dir, stop, sampler)
     except McxError as exc:
         log.error("%s", exc)
         result = make_result(status="failed", passed=False, error=str(exc), exit_code=exc.exit_code)
