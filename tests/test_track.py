@@ -788,3 +788,153 @@ def test_control_plane_import_stays_light() -> None:
             "         if m.split('.')[0] in ('mlflow', 'dvc', 'dvc_data', 'torch', 'sqlalchemy')]\n"
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# --- system metrics (system*.jsonl, written by mcx.train.system) -------------------------------------------
+
+T0 = 1_764_470_000.0
+
+
+def system_line(t: float, step: int | None, *, node: int = 0, nodes: int = 1) -> str:
+    """One sample as the worker writes it (docs/architecture.md): host and one GPU."""
+    return json.dumps({"time": T0 + t, "node": node, "nodes": nodes, "host": f"gpu-node-{node}", "step": step,
+                       "cpu_utilization_percentage": 10.0 + t, "system_memory_usage_megabytes": 64_000.0 + t,
+                       "process_rss_megabytes": 3_000.0 + node, "gpu_0_utilization_percentage": 90.0 + node,
+                       "gpu_0_power_usage_watts": 600.0 + t / 100}, sort_keys=True)
+
+
+def append_system(stage_dir: Path, lines: list[str], name: str = "system.jsonl") -> None:
+    with open(stage_dir / name, "a", encoding="utf-8") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def expected_system(lines: list[str], prefix: str = "system/") -> dict[str, list[tuple[int, float, int]]]:
+    """(step, value, timestamp ms) per key, computed independently of mcx.track: a line before the loop
+    (step null) takes the step of the line before it, 0 at first."""
+    out: dict[str, list[tuple[int, float, int]]] = {}
+    step = 0
+    for line in lines:
+        rec = json.loads(line)
+        step = rec["step"] if rec["step"] is not None else step
+        for field, value in rec.items():
+            if field not in ("time", "node", "nodes", "host", "step"):
+                out.setdefault(prefix + field, []).append((step, float(value), int(rec["time"] * 1000)))
+    return out
+
+
+def assert_system_once(client, run_uuid: str, expected: dict[str, list[tuple[int, float, int]]]) -> None:
+    for key, want in expected.items():
+        got = sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run_uuid, key))
+        assert got == sorted(want), f"{key}: {got} != {want}"
+
+
+def test_system_metrics_reach_the_stage_run_exactly_once_per_node(mlflow_project: Path) -> None:
+    project = mlflow_project
+    rdir = make_run_dir(project)
+    rec = RunRecorder.for_run(project, rdir)
+    rec.start()
+    client = client_for(rec.target.uri)
+
+    # One node: samples before the loop started (step null), then two at one step, beside training lines.
+    rec.start_stage("smoke")
+    smoke = rdir / "smoke"
+    one = [system_line(0, None), system_line(10, None), system_line(20, 3), system_line(30, 7), system_line(40, 7)]
+    append_system(smoke, one)
+    append_lines(smoke, stage_lines(1, 12))
+    fwd = rec.forwarder("smoke")
+    first = fwd.drain()
+    assert first.error is None and first.pending_bytes == 0
+    assert first.metrics == 12 * 7 + 2 + 5 * 5
+    smoke_uuid = rec.record_uuid("stage:smoke")
+    assert_system_once(client, smoke_uuid, expected_system(one))
+    assert_exactly_once(client, runs_of(client, RID)["smoke"], stage_lines(1, 12))
+    assert fwd.drain().metrics == 0
+    more = [system_line(50, None), system_line(60, 12)]  # a resumed worker's samples before its loop resumed
+    append_system(smoke, more)
+    assert fwd.drain().metrics == 2 * 5
+    assert_system_once(client, smoke_uuid, expected_system(one + more))
+    cursor = json.loads((smoke / "tracked.system.json").read_text())
+    assert cursor["lines"] == 7 and cursor["last_step"] == 12 and cursor["sent_through"] == {"time_ms": int((T0 + 60) * 1000)}
+    # Rewritten from the top in other bytes (no worker does this; a copy-back could): nothing already
+    # sent goes again.
+    compact = [json.dumps(json.loads(ln), separators=(",", ":")) for ln in one + more + [system_line(70, 12)]]
+    (smoke / "system.jsonl").write_text("".join(ln + "\n" for ln in compact))
+    again = fwd.drain()
+    assert again.error is None and again.metrics == 5 and again.lines == 8
+    assert json.loads((smoke / "tracked.system.json").read_text())["rescans"] == 1
+    assert_system_once(client, smoke_uuid, expected_system(one + more + [system_line(70, 12)]))
+
+    # Two nodes: one file each; every key names its node.
+    rec.start_stage("full")
+    full = rdir / "full"
+    node0 = [system_line(t, t // 10, node=0, nodes=2) for t in (0, 10, 20)]
+    node1 = [system_line(t + 1, t // 10, node=1, nodes=2) for t in (0, 10)]
+    append_system(full, node0)
+    append_system(full, node1, "system.1.jsonl")
+    live = rec.forwarder("full", poll_s=0.05).start()
+    deadline = time.monotonic() + 60
+    while not (live.last and live.last.pending_bytes == 0 and live.last.metrics) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    append_system(full, [system_line(31, 3, node=1, nodes=2)], "system.1.jsonl")
+    last = live.stop()
+    assert last.error is None and last.pending_bytes == 0
+    full_uuid = rec.record_uuid("stage:full")
+    assert_system_once(client, full_uuid, {**expected_system(node0, "system/node_0/"),
+                                           **expected_system(node1 + [system_line(31, 3, node=1, nodes=2)],
+                                                             "system/node_1/")})
+    keys = set(client.get_run(full_uuid).data.metrics)
+    assert keys == {f"system/node_{n}/{k}" for n in (0, 1) for k in (
+        "cpu_utilization_percentage", "system_memory_usage_megabytes", "process_rss_megabytes",
+        "gpu_0_utilization_percentage", "gpu_0_power_usage_watts")}
+    assert {p.name for p in full.glob("tracked*.json")} == {"tracked.system.json", "tracked.system.1.json"}
+    assert sync(project).metrics_sent == 0
+
+
+def test_system_metrics_wait_for_a_stopped_server_and_sync_sends_them_once(tmp_path: Path, mlflow_server) -> None:
+    if mlflow_server.proc is not None:
+        mlflow_server.stop()
+    project = tmp_path / "p"
+    rid = "00000000000c"
+    rdir = make_run_dir(project, rid)
+    samples = {stage: [system_line(t, None if t == 0 else t) for t in range(0, 40, 10)] for stage in STEPS}
+    for stage, lines in samples.items():
+        append_system(rdir / stage, lines)
+    rec, entry = record_run(project, rdir, tracking_uri=mlflow_server.uri)
+    assert entry.state == "pending"
+    assert entry.pending_bytes == sum((rdir / s / n).stat().st_size for s in STEPS for n in ("metrics.jsonl", "system.jsonl"))
+
+    mlflow_server.start()
+    report = sync(project)
+    assert report.ok, report
+    client = client_for(mlflow_server.uri)
+    runs = runs_of(client, rid)
+    for stage, lines in samples.items():
+        assert_system_once(client, runs[stage].info.run_id, expected_system(lines))
+        assert_exactly_once(client, runs[stage], stage_lines(1, STEPS[stage], test_at=STEPS[stage]))
+    again = sync(project)
+    assert again.ok and again.metrics_sent == 0
+
+
+@pytest.mark.slow
+def test_system_metrics_of_a_real_cpu_mcx_run(tmp_path: Path) -> None:
+    from conftest import make_e2e_project, mcx_subprocess
+
+    project = make_e2e_project(tmp_path / "project")
+    fast = ["--set", "train.train_iters=12", "--set", "train.lr_warmup_iters=2", "--set", "train.eval_interval=6",
+            "--set", "checkpoint.interval=6", "--set", "tracking.system_metrics_interval_s=1"]
+    res = mcx_subprocess(project, "run", "experiments/tiny.toml", *fast, "--skip-smoke", "--json")
+    assert res.code == 0, res
+    run_id = res.json()["run_id"]
+    stage = project / ".mcx" / "runs" / run_id / "full"
+    lines = (stage / "system.jsonl").read_text().splitlines()
+    assert lines and not (stage / "system.1.jsonl").exists()
+    client = client_for(f"sqlite:///{project / '.mcx' / 'mlflow.db'}")
+    full = runs_of(client, run_id)["full"]
+    expected = expected_system(lines)
+    assert set(expected) == {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
+                             "system/system_memory_usage_percentage", "system/process_rss_megabytes"}  # no GPU
+    assert_system_once(client, full.info.run_id, expected)
+    assert max(step for step, _, _ in expected["system/cpu_utilization_percentage"]) == 12
+    assert {k for k in full.data.metrics if k.startswith("system/")} == set(expected)
+    report = sync(project)
+    assert report.ok and report.metrics_sent == 0

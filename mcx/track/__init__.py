@@ -6,7 +6,8 @@ functions that talk to them, so ``mcx plan``, ``ls`` and ``compare`` never pay f
 Modules, by what they hold:
 
 - ``recorder``: RunRecorder, everything recorded about one run directory (journal first, then sent)
-- ``forward``: MetricsForwarder, a stage's metrics.jsonl tailed into MLflow from a thread
+- ``forward``: MetricsForwarder, a stage's metrics.jsonl and system*.jsonl tailed into MLflow from a thread
+- ``lines``: how a line of those files becomes MLflow metrics (``train/loss``, ``system/gpu_0_...``)
 - ``journal``: the spool (append-only operations + acknowledged sequence number)
 - ``sync``: ``sync(project_root) -> SyncReport`` replays every spool and unsent metrics
 - ``mlflow_store``: idempotent MLflow writes and lookups by mcx identity tags

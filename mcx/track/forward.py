@@ -1,4 +1,4 @@
-"""MetricsForwarder: a stage's metrics.jsonl -> MLflow, from a thread of the control plane.
+"""MetricsForwarder: a stage's metrics.jsonl and system.jsonl -> MLflow, from a thread of the control plane.
 
 The worker only appends lines to ``<stage>/metrics.jsonl``; it never waits for tracking. A thread in
 the control-plane process polls the file, turns every complete new line into metrics and sends them
@@ -16,6 +16,12 @@ When a resumed worker truncates the file (docs/architecture.md), the cursor noti
 shorter, or the bytes before the offset are not the line it last sent), rescans from the top and
 skips every identity already sent; MLflow then keeps the first value sent for a re-run step, while
 metrics.jsonl holds the surviving timeline (they agree for deterministic runs).
+
+System metrics (mcx.train.system) go the same way, one file per node (``system.jsonl``,
+``system.<node>.jsonl``), each with its own cursor (``tracked.system.json``, ``tracked.system.<node>.json``)
+and the names of mcx.track.lines (``system/gpu_0_utilization_percentage``). The MLflow step is the
+training step the line names (the previous line's while the loop has not started, 0 at first), the
+timestamp its ``time``. These files are only appended to; a line's identity is (file, time).
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +40,14 @@ from attrs import frozen
 
 from mcx.hashing import digest_bytes
 from mcx.track import paths
+from mcx.track.lines import (
+    SYSTEM,
+    SYSTEM_FILE,
+    TRAINING,
+    LineRule,
+    line_metrics,
+    system_metrics,
+)
 from mcx.track.mlflow_store import METRICS_PER_BATCH
 from mcx.track.target import describe_error, is_transient
 
@@ -46,21 +62,6 @@ MAX_BACKOFF_S = 30.0
 # for 1 metric or 1000), so the thread sends at most every POLL_S: metrics appear in MLflow a few
 # seconds late, and forwarding costs well under 1 % of a core.
 POLL_S = 5.0
-_NOT_METRICS = frozenset({"kind", "step", "time"})
-
-
-def line_metrics(rec: dict[str, Any]) -> list[tuple[str, float]]:
-    """``(key, value)`` of one metrics.jsonl object: every numeric field but step and time."""
-    kind = rec.get("kind")
-    if type(kind) is not str:
-        return []
-    out = []
-    for name, value in rec.items():
-        if name in _NOT_METRICS or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        out.append((f"{kind}/{name}", float(value)))
-    out.sort()
-    return out
 
 
 @frozen
@@ -69,14 +70,14 @@ class ForwardResult:
 
     metrics: int  # metric values sent
     lines: int  # lines consumed (sent or skipped as already sent)
-    pending_bytes: int  # bytes of metrics.jsonl not yet consumed
+    pending_bytes: int  # bytes of the stage's files (metrics.jsonl, system*.jsonl) not yet consumed
     error: str | None = None
     transient: bool = False
     busy: bool = False
 
 
 class Cursor:
-    """``<stage>/tracked.json``: how much of metrics.jsonl the tracking store holds."""
+    """``<stage>/tracked*.json``: how much of one file (metrics.jsonl, system.jsonl) the tracking store holds."""
 
     def __init__(self, path: Path, target: str, run_uuid: str) -> None:
         self.path = path
@@ -90,6 +91,7 @@ class Cursor:
         self.tail_sha: str | None = data.get("tail_sha")
         self.tail_len: int = int(data.get("tail_len", 0))
         self.last_time_ms: int = int(data.get("last_time_ms", 0))
+        self.last_step: int = int(data.get("last_step", 0))
         self.metrics: int = int(data.get("metrics", 0))
         self.rescans: int = int(data.get("rescans", 0))
 
@@ -97,7 +99,8 @@ class Cursor:
         paths.write_json_atomic(self.path, {
             "target": self.target, "mlflow_run": self.run_uuid, "offset": self.offset, "lines": self.lines,
             "sent_through": self.sent_through, "tail_sha": self.tail_sha, "tail_len": self.tail_len,
-            "last_time_ms": self.last_time_ms, "metrics": self.metrics, "rescans": self.rescans,
+            "last_time_ms": self.last_time_ms, "last_step": self.last_step, "metrics": self.metrics,
+            "rescans": self.rescans,
         })
 
     def check(self, metrics_file: Path) -> None:
@@ -112,16 +115,26 @@ class Cursor:
                 f.seek(self.offset - self.tail_len)
                 rewritten = digest_bytes(f.read(self.tail_len)) != self.tail_sha
         if rewritten:
-            self.offset, self.lines, self.tail_sha, self.tail_len, self.last_time_ms = 0, 0, None, 0, 0
+            self.offset, self.lines, self.tail_sha, self.tail_len = 0, 0, None, 0
+            self.last_time_ms = self.last_step = 0
             self.rescans += 1
 
 
+@frozen
+class Stream:
+    """One file of the stage that is forwarded: where its cursor is and which rule reads its lines."""
+
+    file: Path
+    cursor: Path
+    rule: LineRule
+
+
 class MetricsForwarder:
-    """Tails one stage's metrics.jsonl into its MLflow child run; use as a context manager.
+    """Tails one stage's metrics.jsonl and system*.jsonl into its MLflow child run; use as a context manager.
 
     ``start()`` runs :meth:`drain` every ``poll_s`` seconds in a daemon thread (backing off up to
     30 s while the store is unreachable; a poll that finds neither new lines nor new journal
-    operations costs two ``stat`` calls); ``stop()`` drains once more and returns the last result.
+    operations costs a few ``stat`` calls); ``stop()`` drains once more and returns the last result.
     :meth:`drain` may also be called directly (``mcx sync`` does).
     """
 
@@ -134,9 +147,21 @@ class MetricsForwarder:
         self.last: ForwardResult | None = None
         self.busy_s = 0.0  # wall time the thread spent draining (for the overhead benchmark)
         self.cycles = 0
-        self._idle: tuple | None = None  # (metrics file, journal) stat when everything was sent
+        self._idle: tuple | None = None  # (files, journal) stat when everything was sent
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def streams(self) -> list[Stream]:
+        """metrics.jsonl, then every node's system metrics file present now."""
+        out = [Stream(self.metrics_file, self.stage_dir / paths.CURSOR_FILE, TRAINING)]
+        try:
+            names = sorted(e.name for e in os.scandir(self.stage_dir) if SYSTEM_FILE.fullmatch(e.name))
+        except FileNotFoundError:
+            names = []
+        for name in names:  # system.jsonl -> tracked.system.json, system.1.jsonl -> tracked.system.1.json
+            cursor = self.stage_dir / f"tracked.{name.removesuffix('.jsonl')}.json"
+            out.append(Stream(self.stage_dir / name, cursor, SYSTEM))
+        return out
 
     # the thread --------------------------------------------------------------------------------
     def start(self) -> MetricsForwarder:
@@ -172,10 +197,10 @@ class MetricsForwarder:
 
     def _files_stat(self) -> tuple:
         out = []
-        for path in (self.metrics_file, self.recorder.journal.path):
+        for path in [*(s.file for s in self.streams()), self.recorder.journal.path]:
             try:
                 st = path.stat()
-                out.append((st.st_size, st.st_mtime_ns))
+                out.append((path.name, st.st_size, st.st_mtime_ns))
             except FileNotFoundError:
                 out.append(None)
         return tuple(out)
@@ -189,7 +214,8 @@ class MetricsForwarder:
             result = self.drain()
         except Exception as exc:  # noqa: BLE001 - the thread must outlive anything the store does
             log.warning("metrics forwarding for %s paused: %s", self.stage, describe_error(exc))
-            result = ForwardResult(0, 0, self._pending_bytes(None), describe_error(exc), is_transient(exc))
+            left = sum(self._pending(s, None) for s in self.streams())
+            result = ForwardResult(0, 0, left, describe_error(exc), is_transient(exc))
         self.busy_s += time.perf_counter() - t0
         self.cycles += 1
         self.last = result
@@ -198,19 +224,22 @@ class MetricsForwarder:
         return result
 
     # one pass ----------------------------------------------------------------------------------
-    def _pending_bytes(self, cursor: Cursor | None) -> int:
+    @staticmethod
+    def _pending(stream: Stream, cursor: Cursor | None) -> int:
         try:
-            size = self.metrics_file.stat().st_size
+            size = stream.file.stat().st_size
         except FileNotFoundError:
             return 0
         return max(0, size - (cursor.offset if cursor else 0))
 
     def pending_bytes(self) -> int:
-        """Bytes of metrics.jsonl the store does not hold yet, as far as the cursor knows."""
+        """Bytes of the stage's files the store does not hold yet, as far as the cursors know."""
         uuid = self.recorder.record_uuid(f"stage:{self.stage}")
-        if uuid is None:
-            return self._pending_bytes(None)
-        return self._pending_bytes(Cursor(self.stage_dir / paths.CURSOR_FILE, self.recorder.target.name, uuid))
+        total = 0
+        for stream in self.streams():
+            cursor = None if uuid is None else Cursor(stream.cursor, self.recorder.target.name, uuid)
+            total += self._pending(stream, cursor)
+        return total
 
     def drain(self) -> ForwardResult:
         """Send every complete line not yet sent (journal first, so the stage run exists)."""
@@ -222,47 +251,56 @@ class MetricsForwarder:
             return ForwardResult(0, 0, left, flushed.error or "the stage run is not recorded yet",
                                  flushed.transient or flushed.error is None, flushed.busy)
         with rec.sending() as mine:
-            cursor = Cursor(self.stage_dir / paths.CURSOR_FILE, rec.target.name, uuid)
             if not mine:
-                return ForwardResult(0, 0, self._pending_bytes(cursor), None, busy=True)
-            if not self.metrics_file.exists():
-                return ForwardResult(0, 0, 0)
-            cursor.check(self.metrics_file)
-            return self._send_from(cursor, uuid)
+                return ForwardResult(0, 0, self.pending_bytes(), None, busy=True)
+            sent_metrics = sent_lines = pending = 0
+            error, transient = None, False
+            for stream in self.streams():
+                cursor = Cursor(stream.cursor, rec.target.name, uuid)
+                if error is not None or not stream.file.exists():
+                    pending += self._pending(stream, cursor)
+                    continue
+                cursor.check(stream.file)
+                part = self._send_from(stream, cursor, uuid)
+                sent_metrics, sent_lines, pending = sent_metrics + part.metrics, sent_lines + part.lines, \
+                    pending + part.pending_bytes
+                error, transient = part.error, part.transient
+            return ForwardResult(sent_metrics, sent_lines, pending, error, transient)
 
-    def _send_from(self, cursor: Cursor, uuid: str) -> ForwardResult:
+    def _send_from(self, stream: Stream, cursor: Cursor, uuid: str) -> ForwardResult:
         store = self.recorder.store()
         sent_metrics = sent_lines = 0
-        with open(self.metrics_file, "rb") as f:
+        with open(stream.file, "rb") as f:
             while True:
                 f.seek(cursor.offset)
                 data = f.read(READ_CHUNK)
                 end = data.rfind(b"\n")
                 if end < 0:
                     break  # nothing complete yet (a line longer than READ_CHUNK is not a metrics line)
-                for batch in _batches(data[: end + 1], cursor):
+                for batch in _batches(data[: end + 1], cursor, stream.rule):
                     if batch.metrics:
                         try:
                             store.log_metrics(uuid, batch.metrics)
                         except Exception as exc:  # noqa: BLE001 - left in the file, sent next time
-                            return ForwardResult(sent_metrics, sent_lines, self._pending_bytes(cursor),
+                            return ForwardResult(sent_metrics, sent_lines, self._pending(stream, cursor),
                                                  describe_error(exc), is_transient(exc))
                     batch.commit(cursor)
                     cursor.save()
                     sent_metrics += len(batch.metrics)
                     sent_lines += batch.lines
-        return ForwardResult(sent_metrics, sent_lines, self._pending_bytes(cursor))
+        return ForwardResult(sent_metrics, sent_lines, self._pending(stream, cursor))
 
 
 class _Batch:
     """Whole lines whose metrics fit one log_batch call, and the cursor state after them."""
 
-    def __init__(self, sent_through: dict[str, int], last_time_ms: int) -> None:
+    def __init__(self, sent_through: dict[str, int], last_time_ms: int, last_step: int) -> None:
         self.metrics: list[tuple[str, float, int, int]] = []
         self.lines = 0
         self.nbytes = 0
         self.sent_through = dict(sent_through)
         self.last_time_ms = last_time_ms
+        self.last_step = last_step
         self.tail = b""
 
     def commit(self, cursor: Cursor) -> None:
@@ -270,31 +308,40 @@ class _Batch:
         cursor.lines += self.lines
         cursor.sent_through = self.sent_through
         cursor.last_time_ms = self.last_time_ms
+        cursor.last_step = self.last_step
         cursor.tail_sha, cursor.tail_len = digest_bytes(self.tail), len(self.tail)
         cursor.metrics += len(self.metrics)
 
 
-def _batches(data: bytes, cursor: Cursor):
+def _batches(data: bytes, cursor: Cursor, rule: LineRule) -> Iterator[_Batch]:
     """Split complete lines into batches; each batch's state builds on the previous one's."""
-    batch = _Batch(cursor.sent_through, cursor.last_time_ms)
+    batch = _Batch(cursor.sent_through, cursor.last_time_ms, cursor.last_step)
     for raw in data.splitlines(keepends=True):
         rec = _parse(raw)
-        kind, step = (rec.get("kind"), rec.get("step")) if rec is not None else (None, None)
-        last = batch.sent_through.get(kind) if type(kind) is str else None
-        fresh = type(kind) is str and type(step) is int and (last is None or step > last)
-        values = line_metrics(rec) if fresh else []  # stale: this (stage, kind, step) was already sent
+        if rec is not None:
+            t, step = rec.get("time"), rec.get("step")
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
+                batch_time = int(t * 1000)  # eval lines carry no time: the train line's before them
+            else:
+                batch_time = batch.last_time_ms
+            batch_step = step if type(step) is int else batch.last_step  # system lines before the loop
+            ident = rule.identity(rec, batch_step, batch_time)
+        else:
+            ident = None
+        last = batch.sent_through.get(ident[0]) if ident else None
+        fresh = ident is not None and (last is None or ident[1] > last)
+        values = rule.metrics(rec) if fresh else []  # stale: this identity was already sent
         if len(batch.metrics) + len(values) > METRICS_PER_BATCH and batch.lines:
             yield batch
-            batch = _Batch(batch.sent_through, batch.last_time_ms)
+            batch = _Batch(batch.sent_through, batch.last_time_ms, batch.last_step)
         batch.lines += 1
         batch.nbytes += len(raw)
         batch.tail = raw
-        t = rec.get("time") if rec is not None else None
-        if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
-            batch.last_time_ms = int(t * 1000)
+        if rec is not None:
+            batch.last_time_ms, batch.last_step = batch_time, batch_step
         if fresh:
-            batch.sent_through[kind] = step
-            batch.metrics.extend((key, value, batch.last_time_ms, step) for key, value in values)
+            batch.sent_through[ident[0]] = ident[1]
+            batch.metrics.extend((key, value, batch.last_time_ms, batch_step) for key, value in values)
     if batch.lines:
         yield batch
 
@@ -306,3 +353,6 @@ def _parse(raw: bytes) -> dict[str, Any] | None:
         log.warning("skipping a metrics line that is not JSON: %r", raw[:80])
         return None
     return rec if isinstance(rec, dict) else None
+
+
+__all__ = ["Cursor", "ForwardResult", "MetricsForwarder", "Stream", "line_metrics", "system_metrics"]

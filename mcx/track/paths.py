@@ -7,6 +7,7 @@
         track/                            the spool: journal.jsonl, acked.json, ids.json, target.json,
                                           artifacts/ (redacted copies of what is uploaded), lock
         <stage>/tracked.json              metrics cursor: what of <stage>/metrics.jsonl MLflow holds
+        <stage>/tracked.system[.N].json   the same for <stage>/system[.N].jsonl (system metrics of node N)
 """
 
 from __future__ import annotations
