@@ -549,3 +549,12 @@ def test_system_metrics_interval_is_checked_by_key():
     for bad in ("0.01", "-5", "1e9"):
         with pytest.raises(SpecError, match="tracking.system_metrics_interval_s"):
             load_spec(TINY, [f"tracking.system_metrics_interval_s={bad}"])
+
+
+def test_checkpoint_final_false_saves_only_at_the_interval(tmp_path, dataset):
+    stage = make_stage(tmp_path / "s", dataset, "full", ["checkpoint.final=false", "checkpoint.interval=4",
+                                                         "train.train_iters=6", "train.lr_warmup_iters=1"])
+    assert run(stage)["status"] == "finished"
+    ck = stage / "checkpoints"
+    assert (ck / "latest").read_text().strip() == "iter_0000004"  # step 4, not the last step (6)
+    assert sorted(p.name for p in ck.glob("iter_*")) == ["iter_0000004"]

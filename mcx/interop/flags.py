@@ -235,6 +235,9 @@ FLAGS: tuple[Row, ...] = (
     _r("checkpoint.interval", "rule", "--save-interval", 0, "Save every this many steps; 0 saves only at the end of a stage.",
        "--save-interval >= train_iters imports as 0; the export writes train_iters for 0 (Megatron-LM requires the "
        "flag with --save)", when="saving"),
+    _r("checkpoint.final", "mcx", (), NA, "Save a checkpoint when the stage ends; false saves only every "
+       "checkpoint.interval steps and on preemption (for models whose checkpoint outweighs a short run).",
+       "Megatron-LM always saves after the last iteration when --save is given"),
     _r("checkpoint.async_save", "rule", ("--async-save", "--use-persistent-ckpt-worker"), False,
        "Write checkpoints in the background.",
        "megatron-core 0.19 honours --async-save only with --use-persistent-ckpt-worker; the export writes both"),

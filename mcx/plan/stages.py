@@ -159,7 +159,7 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
                       expert=deg["ep"] if experts is not None else None, virtual_pipeline=vpp,
                       sequence_parallel=tp > 1 and (layout.sequence_parallel or moe_tp))
     checkpoint = evolve(spec.checkpoint, dir=None, interval=max(1, iters - sm.resume_check_iters),
-                        track_intermediate=False)
+                        final=True, track_intermediate=False)
     smoke = evolve(spec, model=model, train=train, parallel=parallel, checkpoint=checkpoint,
                    hardware=evolve(hw, nodes=nodes, gpus_per_node=gpn))
 

@@ -130,6 +130,7 @@ class DataSpec:
 class CheckpointSpec:
     dir: str | None = None  # None: <run dir>/checkpoints
     interval: int = 0  # 0: only at the end of a stage
+    final: bool = True  # save when the stage ends (false: only every `interval` steps, on preemption and in the smoke stage)
     async_save: bool = True
     keep: int = 2
     track_intermediate: bool = False  # add intermediate checkpoints to DVC too

@@ -267,11 +267,13 @@ class Trainer:
             self.backend.finalize_saves(blocking=False)
             if t.eval_interval > 0 and step % t.eval_interval == 0 and step < t.train_iters:
                 outcome.evals["valid"] = self.evaluate("valid", step, step // t.eval_interval - 1) or {}
-            if (interval and step % interval == 0) or step in self.pinned or step == t.train_iters:
+            final = step == t.train_iters and self.spec.checkpoint.final
+            if (interval and step % interval == 0) or step in self.pinned or final:
                 self.save(step, consumed)
         if self.world.any(stop.signal is not None):
             return self._preempt(outcome, step, consumed)
-        self.save(step, consumed)  # no-op when the last step saved already (e.g. resumed at the end)
+        if self.spec.checkpoint.final:
+            self.save(step, consumed)  # no-op when the last step saved already (e.g. resumed at the end)
         # The final validation continues after the (train_iters - 1) // eval_interval in-loop ones.
         final_index = (t.train_iters - 1) // t.eval_interval if t.eval_interval > 0 else 0
         outcome.evals["valid"] = self.evaluate("valid", step, final_index) or {}
