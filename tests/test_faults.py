@@ -814,6 +814,31 @@ def test_tracking_server_down_for_the_whole_run_then_sync_records_every_metric_o
     assert again["ok"] and again["ops_sent"] == 0 and again["metrics_sent"] == 0, again
 
 
+def test_training_machine_without_mlflow_or_dvc_trains_then_sync_records_every_metric_once(
+        new_project, reference, tmp_path):
+    """A GPU node that has the worker's packages but not the tracking extra (no mlflow, no dvc
+    importable): `mcx run` trains to the end (exit 0) and says why nothing was recorded; where mlflow
+    is installed, `mcx sync` then sends every metric exactly once."""
+    blocker = tmp_path / "no-tracking-extra"
+    for name in ("mlflow", "dvc"):
+        (blocker / name).mkdir(parents=True)
+        (blocker / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed')\n")
+    project = new_project()
+    proc = mcx_popen(project, *RUN, env=fault_env(PYTHONPATH=str(blocker)))
+    code, out, err = finish(proc)
+    assert code == 0, err
+    assert "MLflow is not importable here" in flat(err) and "records are spooled: run `mcx sync`" in flat(err)
+    assert "checkpoint not added to DVC: DVC is not importable here" in flat(err)
+    assert flat(err).count("stays spooled") <= 1, err  # said once, not at every flush
+    record = run_json(project)
+    stage = project / ".mcx" / "runs" / record["run_id"] / "full"
+    assert record["status"] == "finished"
+    assert_matches_reference(stage, reference.stage, "trained without the tracking extra")
+    report = sync_all(project)
+    assert report["ok"] and report["metrics_sent"] > 0, report
+    assert_recorded_once(server_client(f"sqlite:///{project / '.mcx' / 'mlflow.db'}"), record["run_id"], stage)
+
+
 def test_tracking_server_stopped_mid_run_then_sync_records_every_metric_once(
         new_project, reference, mlflow_server, reaper):
     """A real server that goes away while the worker trains: some metrics reached it, the rest are

@@ -16,6 +16,10 @@ in git-ignored places, so checkpoint operations open the repository without its 
 (``md5``, ``nfiles``, ``size``) goes into MLflow (``mcx.checkpoint.<stage>.md5``), from where any
 clone that reaches the same remote restores it by hash. ``dvc gc --workspace`` does not see these
 ``.dvc`` files: the remote, not the local cache, is where checkpoints are kept.
+
+Datasets: ``mcx run`` keeps the version it trains on in the cache and on the remote
+(``keep_version``), and ``mcx reproduce`` brings a recorded version back into the reproduction's own
+git worktree (``restore_into``), never over the user's workspace.
 """
 
 from __future__ import annotations
@@ -56,7 +60,17 @@ class DvcRecord:
         return asdict(self)
 
 
+def _require_dvc() -> None:
+    try:
+        import dvc.repo  # noqa: F401
+    except ImportError as exc:
+        raise EnvironmentProblem(f"DVC is not importable here ({exc})",
+                                 "install the tracking extra (`pip install 'mcx[track]'`, or ./dev env); until then "
+                                 "datasets and checkpoints are not versioned by DVC.") from None
+
+
 def _root(project_root: Path) -> Path:
+    _require_dvc()
     root = Path(project_root).resolve()
     if not (root / ".dvc").is_dir():
         raise EnvironmentProblem(f"{root} is not a DVC repository (no .dvc/)",
@@ -203,6 +217,97 @@ def restore(
         if target is None:
             stage = repo.stage.load_one(str(pointer))
             target = Path(stage.outs[0].fs_path)
+    return target
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """DVC's own warnings (missing cache files, progress) stay out of mcx's output: mcx says it once."""
+    import logging
+
+    logger = logging.getLogger("dvc")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def keep_version(project_root: Path, path: Path, *, md5: str, remote: str | None = None, push: bool = True) -> bool:
+    """Make version ``md5`` of ``path`` (a DVC-tracked dataset in the workspace) restorable by hash.
+
+    ``mcx run`` calls this for the dataset it trains on, so that ``mcx reproduce`` can bring that
+    version back after ``path`` changed. When the DVC cache lacks the version, DVC hashes the
+    workspace (its state database makes a repeat cheap) and saves it to the cache only if it *is*
+    that version: DataError otherwise. Then, with ``push``, the version goes to the remote. The
+    project's own ``.dvc`` files are never written (a pointer under ``.mcx/restore/`` is used).
+    Returns whether the cache had to be filled.
+    """
+    root = _root(project_root)
+    target = _inside(root, Path(path), "dataset")
+    pointer = _pointer(root, md5, target)
+    name = ensure_remote(root, remote) if push else None
+    try:
+        with _repo(root, git_view=False) as repo, _quiet():
+            out = repo.stage.load_one(str(pointer)).outs[0]
+            filled = out.changed_cache()
+            if filled:
+                out.save()
+                if out.hash_info.value != md5:
+                    raise DataError(f"{target} hashes to {out.hash_info.value}, but DVC records {md5} for it "
+                                    "(a change that kept every file's size);",
+                                    f"record the new version with `dvc add {target}` (or `dvc commit`), or "
+                                    "restore the recorded one with `dvc checkout`.")
+                _locked(out.commit, relink=False)
+            if name is not None:
+                _locked(repo.push, targets=[str(pointer)], remote=name)
+    finally:
+        pointer.unlink(missing_ok=True)
+    return filled
+
+
+def restore_into(project_root: Path, checkout: Path, *, md5: str, path: Path, remote: str | None = None) -> Path:
+    """Bring version ``md5`` of ``path`` (project-relative) into ``checkout``, another working tree of
+    this project (a reproduction's git worktree), from the project's DVC cache, else its remote.
+
+    The project's workspace is not touched: the checkout is opened as a DVC repository of its own
+    that uses the project's cache directory and remotes. DataError naming the fix when neither the
+    cache nor the remote holds the version. Returns the restored path inside ``checkout``.
+    """
+    from dvc.exceptions import DvcException
+    from dvc.scm import SCM
+
+    root = _root(project_root)
+    rel = Path(path)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise ValueError(f"restore_into needs a project-relative path, not {path}")
+    name = ensure_remote(root, remote)
+    with _repo(root, git_view=False) as repo:
+        cache_dir = str(Path(repo.cache.local.path).parents[1])  # <cache dir>/files/md5
+        remotes = {k: dict(v) for k, v in repo.config.get("remote", {}).items()}
+        url = remotes.get(name, {}).get("url", name)
+    dest = Path(checkout).resolve()
+    (dest / ".dvc").mkdir(exist_ok=True)  # a commit made before `dvc init` has none
+    target = dest / rel
+    pointer = _pointer(dest, md5, target)
+    from dvc.repo import Repo
+
+    config = {"cache": {"dir": cache_dir}, "remote": remotes, "core": {"remote": name}}
+    missing = None
+    with Repo(str(dest), scm=SCM(str(dest), no_scm=True), config=config) as other, _quiet():
+        try:
+            _locked(other.fetch, targets=[str(pointer)], remote=name)
+        except DvcException as exc:  # the remote cannot be read; the cache alone may still hold it
+            missing = str(exc)
+        out = other.stage.load_one(str(pointer)).outs[0]
+        if out.changed_cache():
+            raise DataError(f"version {md5} of {rel} is neither in the DVC cache ({cache_dir}) nor on the remote "
+                            f"{name!r} ({url}){f': {missing}' if missing else ''};",
+                            "push it there from a machine that has it (`dvc push` with that version checked out), "
+                            "or point tracking.dvc_remote (or `dvc remote add -d`) at the remote that holds it, "
+                            f"or put that version back at {rel} yourself.")
+        _locked(other.checkout, targets=[str(pointer)], force=True)
     return target
 
 

@@ -100,6 +100,7 @@ class RunRecorder:
         self.journal = Journal(self.track_dir)
         self.stager = Stager(self.run_dir)
         self._send_lock = threading.RLock()
+        self._last_send_error: str | None = None  # a failure is logged once at warning level, not per flush
         self._store: MlflowStore | None = None
         self._bind_target()
 
@@ -327,7 +328,8 @@ class RunRecorder:
             except Exception as exc:  # noqa: BLE001 - every failure leaves the op spooled
                 transient = is_transient(exc)
                 msg = describe_error(exc)
-                level = logging.DEBUG if transient else logging.WARNING
+                level = logging.DEBUG if transient or msg == self._last_send_error else logging.WARNING
+                self._last_send_error = msg
                 log.log(level, "tracking operation %s of run %s stays spooled: %s", op["seq"], self.run_id, msg)
                 return FlushResult(sent, len(pending) - sent, msg, transient)
             self.journal.ack(op["seq"])

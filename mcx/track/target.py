@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from attrs import frozen
 
-from mcx.errors import InputError
+from mcx.errors import EnvironmentProblem, InputError
 from mcx.track import paths
 from mcx.track.redact import redact_text
 
@@ -105,7 +105,12 @@ def open_client(target: Target) -> MlflowClient:
     for key, value in CLIENT_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     with _client_lock:  # mlflow's first import and its store registry are not thread-safe
-        from mlflow.tracking import MlflowClient
+        try:
+            from mlflow.tracking import MlflowClient
+        except ImportError as exc:
+            raise EnvironmentProblem(f"MLflow is not importable here ({exc})",
+                                     "install the tracking extra (`pip install 'mcx[track]'`, or ./dev env), then "
+                                     "`mcx sync` sends the records kept in the run's journal.") from None
 
         if target.embedded:
             paths.state_dir(target.project_root).mkdir(parents=True, exist_ok=True)
