@@ -148,8 +148,8 @@ def test_degrees_must_divide_the_world_size():
 def test_pipeline_must_divide_layers_and_virtual_pipeline_rules():
     path, msg = one_problem(spec(model={"num_layers": 6}, parallel={"pipeline": 4}))
     assert path == "parallel.pipeline" and "does not divide model.num_layers = 6; use 1, 2, 3 or 6" in msg
-    path, msg = one_problem(spec(parallel={"pipeline": 2, "virtual_pipeline": 2}))
-    assert path == "parallel.virtual_pipeline" and "needs parallel.pipeline > 2" in msg
+    path, msg = one_problem(spec(parallel={"pipeline": 1, "virtual_pipeline": 2}))
+    assert path == "parallel.virtual_pipeline" and "needs parallel.pipeline >= 2" in msg
     path, msg = one_problem(spec(model={"num_layers": 12}, parallel={"pipeline": 4, "virtual_pipeline": 2}))
     assert path == "parallel.virtual_pipeline" and "4 x 2 does not divide model.num_layers = 12" in msg
     path, msg = one_problem(spec(parallel={"pipeline": 4, "virtual_pipeline": 2}, train={"global_batch_size": 6}))

@@ -171,10 +171,11 @@ def layout_problems(spec: ExperimentSpec, layout: Layout, te_available: bool | N
         out.append(("parallel.pipeline", f"{pp} does not divide model.num_layers = {m.num_layers}; use "
                     f"{_listing([d for d in divisors(m.num_layers) if d <= world])}"))
     if vpp is not None and vpp > 1:
-        if pp <= 2:
-            out.append(("parallel.virtual_pipeline", f"{vpp} needs parallel.pipeline > 2 (the interleaved schedule "
-                        f"without P2P overlap, as Megatron-LM checks); got pipeline = {pp}; remove virtual_pipeline "
-                        "or raise pipeline"))
+        if pp < 2:
+            # mcx runs the interleaved schedule with overlapped P2P (Megatron-LM's default), for
+            # which Megatron-LM asks only for pipelining (> 2 stages is its rule without overlap).
+            out.append(("parallel.virtual_pipeline", f"{vpp} needs parallel.pipeline >= 2 (interleaving splits each "
+                        f"pipeline stage); got pipeline = {pp}; remove virtual_pipeline or raise pipeline"))
         elif m.num_layers % (pp * vpp):
             out.append(("parallel.virtual_pipeline", f"pipeline x virtual_pipeline = {pp} x {vpp} does not divide "
                         f"model.num_layers = {m.num_layers}; use a virtual_pipeline that divides "

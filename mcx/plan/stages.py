@@ -145,7 +145,7 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
 
     world = nodes * gpn
     dp = world // (tp * pp * deg["cp"]) if world % (tp * pp * deg["cp"]) == 0 else 1
-    vpp = layout.vpp if (layout.vpp and pp > 2 and layers % (pp * layout.vpp) == 0) else None
+    vpp = layout.vpp if (layout.vpp and pp > 1 and layers % (pp * layout.vpp) == 0) else None
     gbs = sm.global_batch_size or t.micro_batch_size * dp * (pp if pp > 1 else 1)
     lr = sm.lr if sm.lr is not None else t.lr
     iters = sm.train_iters
