@@ -91,3 +91,57 @@ def _verify_quickstart(project: Path) -> None:
         raise DataError(f"the rebuilt quickstart dataset hashes to {check.actual.md5}, but data.dvc records "
                         f"{check.expected.md5};", "install the environment from the lockfile (./dev env) so megatron-core "
                         "and tokenizers match, then run `mcx data prepare --force`.")
+
+
+def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
+    """The spec's data paths by their name in the fingerprint's data component: name -> (key, value)."""
+    named = {"dataset": ("data.path", data.path), "tokenizer": ("data.tokenizer.path", data.tokenizer.path),
+             "merges": ("data.tokenizer.merges", data.tokenizer.merges)}
+    return {name: (key, value) for name, (key, value) in named.items() if value is not None}
+
+
+def tracked_outputs(project: Path, data: DataSpec, data_id: dict[str, Any]) -> dict[Path, tuple[str, str]]:
+    """The DVC outputs that hold the recorded data: project-relative output path -> (md5, spec key).
+
+    A data identity ``{"source": "dvc", "value": md5, "subpath": "quickstart"}`` for
+    ``data.path = "data/quickstart"`` names version md5 of the output ``data``.
+    """
+    from mcx.fingerprint.dvcfiles import norm
+
+    root = norm(project)
+    outs: dict[Path, tuple[str, str]] = {}
+    for name, (key, value) in data_paths(data).items():
+        ident = data_id.get(name) or {}
+        if ident.get("source") != "dvc" or not ident.get("value"):
+            continue
+        full = norm(root / value)
+        out = full
+        sub = ident.get("subpath")
+        for _ in Path(sub).parts if sub else ():
+            out = out.parent
+        if (sub and out / sub != full) or (out != root and root not in out.parents):
+            continue  # not where the record says; the identity check after a restore reports it
+        outs.setdefault(out.relative_to(root), (ident["value"], key))
+    return outs
+
+
+def keep_dataset(project: Path, data: DataSpec, data_id: dict[str, Any], *, remote: str | None,
+                 console: Any) -> None:
+    """Keep the DVC-tracked data a run trains on in the DVC cache and on the remote, by hash, so that
+    `mcx reproduce` can restore it after the workspace moved on.
+
+    DataError when the workspace is not the version DVC records (a same-size edit the fingerprint's
+    size check cannot see); any other failure (an unreachable remote) is a warning: the run goes on.
+    """
+    from rich.markup import escape
+
+    from mcx.track.dvc_store import keep_version
+
+    for rel, (md5, key) in tracked_outputs(project, data, data_id).items():
+        try:
+            keep_version(project, project / rel, md5=md5, remote=remote)
+        except DataError:
+            raise
+        except Exception as exc:  # an McxError or one of DVC's own: the data stays usable, the run goes on
+            console.print(escape(f"{key}: version {md5} of {rel} not saved to DVC ({exc}); `mcx reproduce` can "
+                                 "restore it only from where it is already kept"), style="yellow")

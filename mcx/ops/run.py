@@ -55,11 +55,13 @@ def stages_for(options: RunOptions, spec: ExperimentSpec) -> list[str]:
 
 def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, console: Any,
              run_dir: Path | None = None, reproduces: str | None = None, reproduction: str | None = None,
-             code_path: Path | None = None) -> dict[str, Any]:
+             code_path: Path | None = None, data_root: Path | None = None) -> dict[str, Any]:
     """Train ``spec`` (or find it already trained).
 
-    ``run_dir``, ``reproduces``, ``reproduction`` and ``code_path`` are for reproductions: the
-    fingerprint is taken over ``code_path`` (the recorded code state) and the worker runs from there.
+    ``run_dir``, ``reproduces``, ``reproduction``, ``code_path`` and ``data_root`` are for
+    reproductions: the fingerprint is taken over ``code_path`` (the recorded code state) and the
+    worker runs from there; ``data_root`` (the worktree, where the recorded data was restored) is
+    where ``data.path`` is read, instead of the project.
     """
     from mcx.plan.cost import check_budget
     from mcx.track import paths
@@ -81,13 +83,16 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
         if not (prior and prior.get("passed")):  # refused before anything is written
             raise TrainingFailed("the smoke stage of this run has not passed;",
                                  "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
-    from mcx.ops.data import ensure_dataset
+    from mcx.ops.data import ensure_dataset, keep_dataset
     from mcx.track.errors import RunLocked
     from mcx.track.runcache import acquire
 
-    data_dir = ensure_dataset(project, spec.data, remote=spec.tracking.dvc_remote)
+    data_dir = ensure_dataset(data_root or project, spec.data, remote=spec.tracking.dvc_remote)
     if "smoke" in stages:
         _smoke_limit(pr, data_dir)  # data too small for the smoke stage is bad input: said before anything is written
+    if reproduces is None:  # kept by hash for `mcx reproduce` (a reproduction's data came from there)
+        keep_dataset(project, spec.data, pr.record.data.get("id") or {}, remote=spec.tracking.dvc_remote,
+                     console=console)
     try:
         lock = acquire(rdir, wait=options.wait)
     except RunLocked as exc:

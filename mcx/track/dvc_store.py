@@ -225,13 +225,15 @@ def _quiet() -> Iterator[None]:
     """DVC's own warnings (missing cache files, progress) stay out of mcx's output: mcx says it once."""
     import logging
 
-    logger = logging.getLogger("dvc")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    loggers = [logging.getLogger(name) for name in ("dvc", "dvc_data", "dvc_objects")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
 
 
 def keep_version(project_root: Path, path: Path, *, md5: str, remote: str | None = None, push: bool = True) -> bool:
