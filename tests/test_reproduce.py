@@ -5,7 +5,9 @@ The module's project records one run, O, made with an uncommitted change (an unt
 then moves on (a new commit), so a reproduction has to restore the recorded commit *and* patch.
 O is reproduced twice: as it is (bitwise on CPU), and with a fault injected into the rerun
 (mcx/train/loop.py's test hook MCX_TEST_PERTURB_PARAMS_AT_STEP), which must be reported as a
-divergence at that step.
+divergence at that step. Then with its dataset edited, and deleted with the DVC cache emptied: the
+recorded version comes back by hash (from the cache, then from the embedded remote) into the
+reproduction's worktree, and the rerun is bitwise again; with neither holding it, reproduce refuses.
 """
 
 from __future__ import annotations
@@ -149,37 +151,45 @@ def test_a_perturbed_rerun_diverges_at_the_perturbed_step(original, perturbed):
     assert "diverged" in perturbed.err
 
 
-def _corrupt_corpus(project: Path) -> str:
-    corpus = project / "data" / "quickstart" / "corpus.bin"
-    corpus.write_bytes(corpus.read_bytes() + b"\0")
-    return "changed since DVC recorded it"
+DATA_MD5 = "78bb169363dc0c20b2eb38a954710a26.dir"  # data.dvc's version of data/ (the quickstart)
 
 
-def _another_data_version(project: Path) -> str:
-    """data.dvc names another version of data/ (a teammate's `dvc add`, pulled with git, not checked out)."""
+def dvc_objects(store: Path, md5: str) -> list[Path]:
+    """The objects of directory version ``md5`` in a DVC cache or remote (its .dir listing, then each file)."""
+    files = store / "files" / "md5"
+    listing = files / md5[:2] / md5[2:]
+    return [listing, *(files / e["md5"][:2] / e["md5"][2:] for e in json.loads(listing.read_text()))]
+
+
+def test_the_run_kept_its_data_version_in_the_dvc_cache_and_remote(project, original):
+    """What makes the data restorable by hash later: the version trained on, in the cache and pushed."""
+    for store in (project / ".dvc" / "cache", project / ".mcx" / "dvc-remote"):
+        objects = dvc_objects(store, DATA_MD5)
+        assert len(objects) == 5 and all(p.is_file() for p in objects), store  # .dir + 4 files
+    assert "78bb169363dc0c20b2eb38a954710a26.dir" in (project / "data.dvc").read_text()  # not rewritten
+    assert not list((project / ".mcx" / "restore").glob("*.dvc"))  # the pointer was only a vehicle
+    status = subprocess.run(["git", "-C", str(project), "status", "--porcelain"], capture_output=True, text=True)
+    assert status.stdout == ""  # nothing in the git work tree changed
+
+
+def test_data_in_another_version_is_seen_as_changed(project, original):
+    """data.dvc names another version (a teammate's `dvc add`, pulled with git, not checked out)."""
+    from mcx.fingerprint.record import load_record
+    from mcx.ops.reproduce import data_changes
+    from mcx.spec import loads_spec
+
+    spec = loads_spec((original["dir"] / "spec.toml").read_text())
+    record = load_record(project, original["run_id"])
+    assert data_changes(project, spec, record) == []
     dvc = project / "data.dvc"
-    dvc.write_text(dvc.read_text().replace("78bb169363dc0c20b2eb38a954710a26.dir", "0123456789abcdef0123456789abcdef.dir"))
-    return "does not match the recorded one"
-
-
-@pytest.mark.parametrize("change", [_corrupt_corpus, _another_data_version], ids=["corrupt-corpus", "data-dvc-moved"])
-def test_changed_data_is_refused_and_nothing_is_written(project, original, perturbed, change):
-    saved = {p: p.read_bytes() for p in (project / "data.dvc", project / "data" / "quickstart" / "corpus.bin")}
-    assert "78bb169363dc0c20b2eb38a954710a26.dir" in saved[project / "data.dvc"].decode()
-    before = tree(project / ".mcx")
-    runs_before = len(client(project).search_runs([e.experiment_id for e in client(project).search_experiments()]))
+    saved = dvc.read_bytes()
     try:
-        shown = change(project)
-        res = mcx_subprocess(project, "reproduce", original["run_id"], "--json")
+        dvc.write_text(saved.decode().replace(DATA_MD5, "0123456789abcdef0123456789abcdef.dir"))
+        changes = data_changes(project, spec, record)
     finally:
-        for path, data in saved.items():
-            path.write_bytes(data)
-    assert res.code == 2, res
-    assert "Traceback" not in res.err and res.out == ""
-    assert shown in res.err
-    assert tree(project / ".mcx") == before
-    assert len(client(project).search_runs([e.experiment_id for e in client(project).search_experiments()])) == runs_before
-    assert worktrees(project) == 1
+        dvc.write_bytes(saved)
+    assert [c["key"] for c in changes] == ["data.path"]
+    assert f"is version 0123456789abcdef0123456789abcdef.dir here; the run trained on {DATA_MD5}" in changes[0]["reason"]
 
 
 def test_a_new_reproduction_never_reuses_a_label(project, original, perturbed, tmp_path):
@@ -238,3 +248,91 @@ def test_a_bad_run_id_exits_2_and_writes_nothing(project, original, run_id, show
     assert res.err.startswith("mcx: error:") and shown in res.err and "Traceback" not in res.err
     assert res.out == ""
     assert tree(project) == before
+
+
+# --- data restored by hash (after the label test: these take r3 and r4) ---
+
+def _same_as_original(v: dict, original: dict) -> None:
+    rep = Path(v["reproduction_dir"])
+    for stage in ("smoke", "full"):
+        assert losses(rep / stage / "metrics.jsonl") == losses(original["dir"] / stage / "metrics.jsonl")
+        job = json.loads((rep / stage / "job.json").read_text())
+        assert Path(job["data_dir"]) == Path(v["code"]["worktree"]).resolve() / "data" / "quickstart"  # not the project's
+
+
+def test_changed_data_is_restored_by_hash_and_the_edit_is_kept(project, original, perturbed, tmp_path):
+    """An edited dataset: the recorded version comes back from the DVC cache into the reproduction's
+    worktree; the user's edited copy stays as it is."""
+    data, corpus = project / "data", project / "data" / "quickstart" / "corpus.bin"
+    shutil.copytree(data, tmp_path / "data")
+    edited = corpus.read_bytes() + b"\0"
+    corpus.write_bytes(edited)
+    try:
+        res = mcx_inprocess(project, "reproduce", original["run_id"], "--json")
+        kept = corpus.read_bytes()
+    finally:
+        shutil.rmtree(data)
+        shutil.copytree(tmp_path / "data", data)
+    assert res.code == 0, res
+    v = res.json()
+    assert v["verdict"] == "bitwise" and v["status"] == "finished" and v["reproduction"] == "r3"
+    assert v["data_restored"] == [{"key": "data.path", "path": "data", "md5": DATA_MD5}]
+    assert [c["key"] for c in v["data_changes"]] == ["data.path"]
+    assert "changed since DVC recorded it" in v["data_changes"][0]["reason"]
+    assert kept == edited
+    _same_as_original(v, original)
+    said = " ".join(res.err.split())  # Rich wraps long lines
+    assert "restored data " + DATA_MD5 in said and "the workspace's copy is left as it is" in said
+    assert not Path(v["code"]["worktree"]).exists() and worktrees(project) == 1
+
+
+def test_deleted_data_is_restored_by_hash_from_the_remote(project, original, perturbed, tmp_path):
+    """data/ deleted and the DVC cache emptied: the version comes from the embedded remote."""
+    data, cache = project / "data", project / ".dvc" / "cache"
+    shutil.move(data, tmp_path / "data")
+    shutil.move(cache, tmp_path / "cache")
+    try:
+        res = mcx_inprocess(project, "reproduce", original["run_id"], "--json")
+        still_gone = not data.exists()
+        refetched = all(p.is_file() for p in dvc_objects(cache, DATA_MD5))
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.move(tmp_path / "data", data)
+        shutil.move(tmp_path / "cache", cache)
+    assert res.code == 0, res
+    v = res.json()
+    assert v["verdict"] == "bitwise" and v["status"] == "finished" and v["reproduction"] == "r4"
+    assert v["data_restored"] == [{"key": "data.path", "path": "data", "md5": DATA_MD5}]
+    assert "is missing" in v["data_changes"][0]["reason"]
+    assert still_gone and refetched  # fetched into the project's cache, checked out only in the worktree
+    _same_as_original(v, original)
+
+
+def test_data_in_neither_cache_nor_remote_is_refused_with_the_fix(project, original, perturbed, tmp_path):
+    corpus = project / "data" / "quickstart" / "corpus.bin"
+    saved = corpus.read_bytes()
+    cache, remote = project / ".dvc" / "cache", project / ".mcx" / "dvc-remote"
+    shutil.move(cache, tmp_path / "cache")
+    shutil.move(remote, tmp_path / "remote")
+    runs_before = tree(project / ".mcx" / "runs")
+    c = client(project)
+    mlflow_before = len(c.search_runs([e.experiment_id for e in c.search_experiments()]))
+    try:
+        corpus.write_bytes(saved + b"\0")
+        res = mcx_subprocess(project, "reproduce", original["run_id"], "--json")
+    finally:
+        corpus.write_bytes(saved)
+        for moved, back in ((tmp_path / "cache", cache), (tmp_path / "remote", remote)):
+            shutil.rmtree(back, ignore_errors=True)
+            shutil.move(moved, back)
+    assert res.code == 2, res
+    assert res.out == "" and "Traceback" not in res.err and res.err.startswith("mcx: error:")
+    assert "changed since DVC recorded it" in res.err  # why a restore was needed
+    assert f"version {DATA_MD5} of data is neither in the DVC cache" in res.err and str(remote) in res.err
+    assert "dvc push" in res.err and "tracking.dvc_remote" in res.err  # the fixes
+    assert "WARNING" not in res.err  # DVC's own complaint is not printed beside mcx's
+    assert tree(project / ".mcx" / "runs") == runs_before  # no reproduction label taken
+    assert len(c.search_runs([e.experiment_id for e in c.search_experiments()])) == mlflow_before
+    assert worktrees(project) == 1
+

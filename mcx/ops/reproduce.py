@@ -4,6 +4,10 @@ The recorded code state is re-created as a git worktree at the recorded commit w
 patch applied, and the worker runs from there (PYTHONPATH), so the training code is the recorded
 one even when the project has moved on. The reproduction is its own run directory
 (.mcx/runs/<id>/reproductions/<n>/) and its own MLflow run, tagged with the ID it reproduces.
+
+Data: when the workspace's dataset is not the recorded version (missing, edited, or another
+version checked out), the recorded version is restored by its DVC hash from the project's cache or
+remote into the worktree, and the rerun reads it there; the workspace is never overwritten.
 """
 
 from __future__ import annotations
@@ -89,10 +93,68 @@ def _drift(recorded: dict[str, Any], now: dict[str, Any]) -> list[dict[str, Any]
     return [{"key": k, "recorded": a.get(k), "now": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
+def data_changes(project: Path, spec: Any, record: Any) -> list[dict[str, Any]]:
+    """The spec's data paths that are not, here, the version the run trained on (missing, changed
+    since their DVC record, or another version): ``{"key", "path", "reason"}`` each."""
+    from mcx.fingerprint.data import content_identity
+    from mcx.ops.data import data_paths
+
+    recorded = record.data.get("id") or {}
+    changes = []
+    for name, (key, value) in data_paths(spec.data).items():
+        try:
+            now = content_identity(project.resolve(), value, key, [], require_data=True)["id"]
+        except DataError as exc:
+            changes.append({"key": key, "path": value, "reason": exc.message.rstrip(";")})
+            continue
+        if now != recorded.get(name):
+            was = (recorded.get(name) or {}).get("value")
+            changes.append({"key": key, "path": value,
+                            "reason": f"{key} = {value!r} is version {now.get('value')} here; the run trained on {was}"})
+    return changes
+
+
+def restore_data(project: Path, worktree: Path, spec: Any, record: Any, run_id: str,
+                 changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Bring the recorded data versions back into the reproduction's worktree, by DVC hash.
+
+    The user's workspace is left as it is (see docs/decisions.md); the rerun reads the worktree's
+    copy. DataError when a version cannot be brought back or does not match the record after.
+    """
+    from mcx.fingerprint.data import collect_data
+    from mcx.ops.data import data_paths, tracked_outputs
+    from mcx.track.dvc_store import restore_into
+
+    recorded = record.data.get("id") or {}
+    why = "; ".join(c["reason"] for c in changes)
+    untracked = [key for name, (key, _) in data_paths(spec.data).items()
+                 if (recorded.get(name) or {}).get("source") != "dvc"]
+    if untracked:
+        raise DataError(f"{why}; {', '.join(untracked)} was not tracked by DVC when run {run_id} was recorded, "
+                        "so its version cannot be restored by hash;",
+                        "put the recorded version back (its sha256 is in the run's fingerprint.json) and run "
+                        "reproduce again; `dvc add` datasets so that future runs can be restored.")
+    restored = []
+    for rel, (md5, key) in tracked_outputs(project, spec.data, recorded).items():
+        try:
+            restore_into(project, worktree, md5=md5, path=rel, remote=spec.tracking.dvc_remote)
+        except DataError as exc:
+            raise DataError(f"{why}; so the recorded version must be restored, but {exc.message}", exc.hint) from None
+        restored.append({"key": key, "path": rel.as_posix(), "md5": md5})
+    now = collect_data(spec, worktree)["id"]
+    if now != recorded:
+        raise DataError(f"{why}; the data restored into the recorded commit's worktree is {now}, not the "
+                        f"recorded {recorded};", "the record and the commit's .dvc files disagree: restore the data "
+                        "yourself (dvc checkout at the recorded commit) and run reproduce again.")
+    return restored
+
+
 def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[str, Any]:
+    from rich.markup import escape
+
     from mcx.fingerprint.environment import collect_environment
     from mcx.fingerprint.hardware import collect_hardware
-    from mcx.fingerprint.record import collect, load_record
+    from mcx.fingerprint.record import load_record
     from mcx.ops.run import RunOptions, run_spec
     from mcx.report.rundata import load_run_dir
     from mcx.report.verdict import verdict, verdict_to_dict
@@ -103,17 +165,7 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     spec = loads_spec((rdir / "spec.toml").read_text(encoding="utf-8"), str(rdir / "spec.toml"))
     env_drift = _drift(record.environment, collect_environment(project, (record.environment.get("info") or {}).get("lockfile")))
     hw_drift = _drift(record.hardware, collect_hardware(spec))
-    now = collect(spec, project, require_data=False)
-    data_same = now.data.get("id") == record.data.get("id")
-    if not data_same:
-        _restore_data(project, record, spec)
-        now = collect(spec, project)
-        data_same = now.data.get("id") == record.data.get("id")
-        if not data_same:
-            raise DataError(f"the dataset at {spec.data.path} does not match the recorded one;",
-                            "restore it (dvc checkout / dvc pull at the recorded commit) and run reproduce again.")
-    from rich.markup import escape
-
+    changes = data_changes(project, spec, record)
     for drift in env_drift:
         console.print(escape(f"environment drift: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}"),
                       style="yellow")
@@ -121,26 +173,36 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
         console.print(escape(f"hardware differs: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}"),
                       style="yellow")
     reps = rdir / "reproductions"
-    reps.mkdir(exist_ok=True)
-    # The next free label: counting directories would reuse a label after one is deleted, and
-    # run_spec would then take that reproduction's finished stages for a rerun.
-    label = next_label(reps)
-    rep_dir = reps / label
     original = load_run_dir(rdir)
     stages = list(original.stages) or ["full"]
     options = RunOptions(stage="all" if stages == ["smoke", "full"] else stages[0], skip_smoke="smoke" not in stages,
                          yes=True, output=output if output in ("bar", "quiet", "json") else "quiet")
+    restored: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix=f"mcx-repro-{run_id}-") as tmp:
         code = code_worktree(project, record, Path(tmp) / "code")
-        code["drift"] = mcx_drift(record, Path(code["worktree"]))
-        for drift in code["drift"]:
-            console.print(f"[yellow]mcx differs from the recorded one: {drift['key']}: recorded {drift['recorded']}, "
-                          f"now {drift['now']} (the rerun uses the installed mcx)[/]")
+        worktree = Path(code["worktree"])
         try:
+            if changes:  # before a label is taken: data that cannot be restored leaves nothing behind
+                restored = restore_data(project, worktree, spec, record, run_id, changes)
+                for c in changes:
+                    console.print(escape(f"data: {c['reason']}"), style="yellow")
+                console.print(escape("data: restored " + ", ".join(f"{r['path']} {r['md5']}" for r in restored)
+                                     + " by hash into the reproduction's worktree; the workspace's copy is left as "
+                                     "it is"), style="yellow")
+            code["drift"] = mcx_drift(record, worktree)
+            for drift in code["drift"]:
+                console.print(f"[yellow]mcx differs from the recorded one: {drift['key']}: recorded {drift['recorded']}, "
+                              f"now {drift['now']} (the rerun uses the installed mcx)[/]")
+            reps.mkdir(exist_ok=True)
+            # The next free label: counting directories would reuse a label after one is deleted, and
+            # run_spec would then take that reproduction's finished stages for a rerun.
+            label = next_label(reps)
+            rep_dir = reps / label
             console.print(f"[bold]reproducing {run_id}[/] at commit {code['commit'][:12]}"
                           f"{' + recorded diff' if code['patched'] else ''} -> {rep_dir}")
             summary = run_spec(spec, project=project, options=options, console=console, run_dir=rep_dir,
-                               reproduces=run_id, reproduction=label, code_path=Path(code["worktree"]))
+                               reproduces=run_id, reproduction=label, code_path=worktree,
+                               data_root=worktree if changes else None)
         finally:
             _git(project, "worktree", "remove", "--force", code["worktree"], ok=True)
     rerun = load_run_dir(rep_dir)
@@ -150,24 +212,12 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source)
     out = {"run_id": run_id, "reproduction": label, "reproduction_dir": str(rep_dir),
            "mlflow_run": summary.get("tracking", {}).get("mlflow_run"), **verdict_to_dict(v),
-           "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code, "data_identical": data_same,
+           "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code,
+           "data_identical": True, "data_changes": changes, "data_restored": restored,
            "status": summary.get("status")}
     if v.divergence is not None:
         d = v.divergence
         out["diverged_at"] = {"step": d.step, "metric": d.metric, "original": d.original, "reproduction": d.rerun}
     (rep_dir / "verdict.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str), encoding="utf-8")
-    console.print(f"[bold]verdict: {v.kind}[/] ({v.describe()})")
+    console.print(f"[bold]verdict: {v.kind}[/] ({escape(v.describe())})")
     return out
-
-
-def _restore_data(project: Path, record: Any, spec: Any) -> None:
-    ident = record.data.get("id") or {}
-    md5 = ident.get("value") if ident.get("source") == "dvc" and not ident.get("relpath") else None
-    if not md5:
-        return
-    from mcx.track.dvc_store import restore
-
-    try:
-        restore(project, md5=md5, path=project / spec.data.path, force=False)
-    except Exception:  # reported by the caller as a data mismatch with the fix
-        return
