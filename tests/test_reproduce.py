@@ -8,6 +8,10 @@ O is reproduced twice: as it is (bitwise on CPU), and with a fault injected into
 divergence at that step. Then with its dataset edited, and deleted with the DVC cache emptied: the
 recorded version comes back by hash (from the cache, then from the embedded remote) into the
 reproduction's worktree, and the rerun is bitwise again; with neither holding it, reproduce refuses.
+
+A second project records one config with two seeds as if on another machine
+(mcx/fingerprint/hardware.py's test hook MCX_TEST_CPU_MODEL); reproduced here, the rerun is judged
+by the spread between those seeds.
 """
 
 from __future__ import annotations
@@ -336,3 +340,94 @@ def test_data_in_neither_cache_nor_remote_is_refused_with_the_fix(project, origi
     assert len(c.search_runs([e.experiment_id for e in c.search_experiments()])) == mlflow_before
     assert worktrees(project) == 1
 
+
+# --- other hardware: the band is the spread between recorded seeds ---
+
+OTHER_CPU = "mcx-test CPU of another machine"
+SEEDS = (1234, 7)
+NUDGE_STEP, NUDGE = 11, 1e-4  # a rerun that strays a little: equivalent, not bitwise
+
+
+@pytest.fixture(scope="module")
+def seeds_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_e2e_project(tmp_path_factory.mktemp("seeds") / "project")
+
+
+@pytest.fixture(scope="module")
+def seeded(seeds_project: Path) -> dict[int, str]:
+    """One config trained with two seeds (full stage only), recorded as if on another machine."""
+    env = e2e_env(MCX_TEST_CPU_MODEL=OTHER_CPU)
+    ids = {}
+    for seed in SEEDS:
+        res = mcx_subprocess(seeds_project, "run", "experiments/tiny.toml", *FAST, "--skip-smoke",
+                             "--set", f"train.seed={seed}", "--json", "--quiet", env=env)
+        assert res.code == 0, res
+        ids[seed] = res.json()["run_id"]
+    return ids
+
+
+@pytest.fixture(scope="module")
+def elsewhere(seeds_project: Path, seeded: dict[int, str]):
+    """The first seed's run reproduced here (another CPU), nudged a little after step 10."""
+    env = e2e_env(MCX_TEST_PERTURB_PARAMS_AT_STEP=f"{NUDGE_STEP}:{NUDGE}")
+    return mcx_subprocess(seeds_project, "reproduce", seeded[SEEDS[0]], "--json", env=env)
+
+
+def test_seed_runs_are_the_runs_that_differ_only_in_the_seed(seeds_project, seeded):
+    """Copies of a real record changed in one more place than the seed are not seed runs."""
+    from mcx.fingerprint.record import record_from_dict, record_to_dict
+    from mcx.report.seeds import seed_runs
+
+    a, b = (seeded[s] for s in SEEDS)
+    runs = seeds_project / ".mcx" / "runs"
+    made = {}
+    for what in ("seed only", "lr too", "hardware too"):
+        fp = json.loads((runs / b / "fingerprint.json").read_text())
+        fp["config"]["id"]["train"]["seed"] = 99
+        if what == "lr too":
+            fp["config"]["id"]["train"]["lr"] = 1e-3
+        if what == "hardware too":
+            fp["hardware"]["id"]["cpu"] = "a third CPU"
+        rec = record_to_dict(record_from_dict({k: v for k, v in fp.items() if k != "run_id"}))
+        shutil.copytree(runs / b, runs / rec["run_id"])
+        (runs / rec["run_id"] / "fingerprint.json").write_text(json.dumps(rec))
+        made[what] = rec["run_id"]
+    try:
+        found = [(s.run_id, s.seed) for s in seed_runs(seeds_project, a)]
+        from_b = [(s.run_id, s.seed) for s in seed_runs(seeds_project, b)]
+    finally:
+        for rid in made.values():
+            shutil.rmtree(runs / rid)
+    assert found[:2] == [(a, 1234), (b, 7)] and found[2:] == [(made["seed only"], 99)]
+    assert from_b[0] == (b, 7) and set(from_b[1:]) == {(a, 1234), (made["seed only"], 99)}
+    assert [(s.run_id, s.seed) for s in seed_runs(seeds_project, a)] == [(a, 1234), (b, 7)]
+
+
+def test_on_other_hardware_the_rerun_is_judged_by_the_seed_spread(seeds_project, seeded, elsewhere):
+    from mcx.fingerprint.hardware import cpu_model
+
+    assert elsewhere.code == 0, elsewhere
+    v = elsewhere.json()
+    a, b = (seeded[s] for s in SEEDS)
+    assert v["hardware_drift"] == [{"key": "cpu", "recorded": OTHER_CPU, "now": cpu_model()}]
+    assert v["band_source"] == "seed spread" and v["band_sources"] == "seed spread"
+    assert v["seed_runs"] == [{"run_id": a, "seed": 1234}, {"run_id": b, "seed": 7}]
+    assert v["verdict"] == "equivalent" and v["status"] == "finished" and v["divergence"] is None
+    said = " ".join(elsewhere.err.split())
+    assert f"band: the seed spread of {a} (seed 1234), {b} (seed 7)" in said and "verdict: equivalent" in said
+    # The band is the spread between the two seeds' losses (a rolling max over 5 steps), found here
+    # from their metrics files; the nudged rerun stayed inside it.
+    runs = seeds_project / ".mcx" / "runs"
+    la, lb = dict(losses(runs / a / "full" / "metrics.jsonl")), dict(losses(runs / b / "full" / "metrics.jsonl"))
+    spread = [abs(la[s] - lb[s]) for s in range(1, 13)]
+    want = [max(spread[max(0, i - 2): i + 3]) for i in range(12)]
+    band = v["bands"]["train/loss"]
+    assert band["source"] == "seed spread" and band["rel"] == 0.0
+    assert band["abs_per_step"] == {"steps": list(range(1, 13)), "values": want}
+    assert v["bands"]["train/lr"]["abs_per_step"]["values"] == [0.0] * 12  # the schedule must match exactly
+    first = v["first_difference"]
+    assert first["metric"] == "train/loss" and first["step"] == NUDGE_STEP and first["within"] is True
+    assert first["band"]["abs_per_step"] == band["abs_per_step"]
+    rerun = dict(losses(Path(v["reproduction_dir"]) / "full" / "metrics.jsonl"))
+    assert all(rerun[s] == la[s] for s in range(1, NUDGE_STEP))  # identical up to the nudge
+    assert all(abs(rerun[s] - la[s]) <= want[s - 1] for s in range(NUDGE_STEP, 13))

@@ -17,6 +17,10 @@ Hashed (``id``):
   ``hardware.gpu = "any"`` then names no model; the record warns.
 
 The interconnect between nodes (InfiniBand, RoCE) is not probed: nodes > 1 is in the hash.
+
+Test hook: ``MCX_TEST_CPU_MODEL`` replaces the probed CPU model, so that a test on one machine can
+record runs as if on another (tests/test_reproduce.py: a reproduction on other hardware). Never set
+it in use.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     from mcx.spec import ExperimentSpec
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
+CPU_MODEL_ENV = "MCX_TEST_CPU_MODEL"  # test hook: see the module docstring
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # nvidia-smi underlines the topo header, even into a pipe
 _QUERY = ("nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.total", "--format=csv,noheader,nounits")
 
@@ -126,7 +131,7 @@ def probe() -> dict[str, Any]:
         "gpus": gpus,
         "visible": [g["index"] for g in seen],
         "interconnect": parse_topology(topo or "", [g["index"] for g in seen]),
-        "cpu": cpu_model(),
+        "cpu": os.environ.get(CPU_MODEL_ENV) or cpu_model(),
         "cpu_cores": cores,
     }
 

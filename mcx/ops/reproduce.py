@@ -8,6 +8,11 @@ one even when the project has moved on. The reproduction is its own run director
 Data: when the workspace's dataset is not the recorded version (missing, edited, or another
 version checked out), the recorded version is restored by its DVC hash from the project's cache or
 remote into the worktree, and the rerun reads it there; the workspace is never overwritten.
+
+Bands: on the recorded hardware a correct rerun is expected to be bitwise. On other hardware or
+topology the band is the spread between recorded runs that differ only in their seed
+(``mcx.report.seeds``), else the spec's ``[baseline] tolerances``, else the defaults; the verdict
+names its source.
 """
 
 from __future__ import annotations
@@ -157,7 +162,8 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     from mcx.fingerprint.record import load_record
     from mcx.ops.run import RunOptions, run_spec
     from mcx.report.rundata import load_run_dir
-    from mcx.report.verdict import verdict, verdict_to_dict
+    from mcx.report.seeds import seed_runs
+    from mcx.report.verdict import seed_spread_band, verdict, verdict_to_dict
     from mcx.spec import loads_spec
 
     rdir = _record_dir(project, run_id)
@@ -172,6 +178,20 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     for drift in hw_drift:
         console.print(escape(f"hardware differs: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}"),
                       style="yellow")
+    # The band a rerun is held to where bitwise is not expected (other hardware or topology): the
+    # spread between recorded seeds, else the spec's tolerances, else the default.
+    band_source, tolerances, seeds = "default", None, []
+    if hw_drift:
+        seeds = seed_runs(project, run_id)
+        if len(seeds) >= 2:
+            band_source, tolerances = "seed spread", seed_spread_band([s.data.curves for s in seeds])
+            console.print(escape("band: the seed spread of " + ", ".join(f"{s.run_id} (seed {s.seed})" for s in seeds)))
+        elif spec.baseline.tolerances:
+            band_source, tolerances = "spec tolerances", dict(spec.baseline.tolerances)
+        if band_source != "seed spread":
+            console.print(escape(f"band: {band_source}; no run of this config with another seed is recorded (record "
+                                 "some on the original hardware with `mcx run SPEC --set train.seed=N` to judge by "
+                                 "the seed spread)"), style="yellow")
     reps = rdir / "reproductions"
     original = load_run_dir(rdir)
     stages = list(original.stages) or ["full"]
@@ -206,14 +226,12 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
         finally:
             _git(project, "worktree", "remove", "--force", code["worktree"], ok=True)
     rerun = load_run_dir(rep_dir)
-    band_source, tolerances = "default", None
-    if hw_drift and spec.baseline.tolerances:
-        band_source, tolerances = "spec tolerances", dict(spec.baseline.tolerances)
     v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source)
     out = {"run_id": run_id, "reproduction": label, "reproduction_dir": str(rep_dir),
            "mlflow_run": summary.get("tracking", {}).get("mlflow_run"), **verdict_to_dict(v),
            "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code,
            "data_identical": True, "data_changes": changes, "data_restored": restored,
+           "seed_runs": [{"run_id": s.run_id, "seed": s.seed} for s in seeds] if band_source == "seed spread" else [],
            "status": summary.get("status")}
     if v.divergence is not None:
         d = v.divergence
