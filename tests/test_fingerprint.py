@@ -476,3 +476,30 @@ def test_this_machine_probe(dvc_project: Path) -> None:
         assert hw["id"]["device"] == "cpu" and hw["id"]["cpu"] == cpu_model()
         assert hw["info"]["probe"]["nvidia_smi"] is False
     assert hw["info"]["probe"]["cpu_cores"] >= 1
+
+
+# nvidia-smi as probed on the two-H200 machine (fingerprint.json of a run there, 2026-11-30).
+H200_PROBE = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_cores": 32, "interconnect": "single", "nvidia_smi": True,
+              "visible": [0], "gpus": [
+                  {"driver": "580.159.04", "index": 0, "memory_mib": 143771, "name": "NVIDIA H200",
+                   "uuid": "GPU-9a4e1411-771b-c05e-3b61-ed163a008243"},
+                  {"driver": "580.159.04", "index": 1, "memory_mib": 143771, "name": "NVIDIA H200",
+                   "uuid": "GPU-ace0c60b-b916-e7a0-c228-23c554d83224"}]}
+
+
+def test_mcx_run_trains_on_the_gpu_its_hardware_fingerprint_probed():
+    """The worker's device follows the hardware fingerprint: a visible GPU -> cuda (a run on the
+    H200 machine once went to the CPU backend because this read the wrong key)."""
+    from types import SimpleNamespace
+
+    from mcx.fingerprint.hardware import identity
+    from mcx.ops.run import _device
+
+    spec = load_spec(REPO / "experiments" / "h200_1gpu.toml")
+
+    def device(probed):
+        hw = {"id": identity(spec, probed, []), "info": {"probe": probed}}
+        return _device(spec, SimpleNamespace(record=SimpleNamespace(hardware=hw)))
+
+    assert device(H200_PROBE) == "cuda"
+    assert device({**H200_PROBE, "gpus": [], "visible": [], "nvidia_smi": False, "interconnect": None}) == "cpu"

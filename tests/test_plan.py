@@ -400,6 +400,7 @@ def test_smoke_stage_shrinks_the_model_and_passes_its_own_rules():
     assert (m.num_layers, m.hidden_size, m.seq_length, m.num_attention_heads, m.num_query_groups) == (2, 256, 256, 4, 2)
     assert m.ffn_hidden_size == 896 and m.vocab_size == 128256 and m.preset is None
     assert (smoke.train.train_iters, smoke.train.lr_warmup_iters, smoke.train.eval_interval) == (30, 3, 30)
+    assert smoke.train.deterministic and not s.train.deterministic  # its bitwise resume check needs it on GPUs
     assert smoke.train.global_batch_size == smoke_layout.dp  # smallest valid: micro batch 1 x DP
     assert (smoke_layout.tp, smoke_layout.sequence_parallel) == (2, True)
     assert check_spec(smoke) == [] and resolve_layout(smoke, te_available=True)[0] == smoke_layout

@@ -214,8 +214,8 @@ def _device(spec: ExperimentSpec, pr: PlanResult) -> str:
         return "cpu"
     if spec.launch.kind == "slurm":
         return "cuda"
-    probed = (pr.record.hardware.get("info") or {}).get("gpus") or []
-    return "cuda" if probed else "cpu"
+    # The hardware fingerprint says "cuda" when a GPU is visible here and the spec wants one.
+    return "cuda" if (pr.record.hardware.get("id") or {}).get("device") == "cuda" else "cpu"
 
 
 def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages: list[str], options: RunOptions,

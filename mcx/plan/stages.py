@@ -153,7 +153,10 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
                    lr_warmup_iters=min(t.lr_warmup_iters, iters // 10), lr_decay_iters=None,
                    eval_interval=iters, eval_iters=min(t.eval_iters, 4), log_interval=1,
                    recompute_num_layers=max(1, min(t.recompute_num_layers, layers // max(pp, 1))),
-                   loss_spike_window=min(t.loss_spike_window, iters))
+                   loss_spike_window=min(t.loss_spike_window, iters),
+                   # Its resume check compares losses bit for bit: that needs Megatron's deterministic
+                   # mode on GPUs (non-deterministic kernels differ in the last bits on replay).
+                   deterministic=True)
     moe_tp = experts is not None and tp > 1
     parallel = evolve(spec.parallel, tensor=tp, pipeline=pp, context=deg["cp"],
                       expert=deg["ep"] if experts is not None else None, virtual_pipeline=vpp,

@@ -35,9 +35,12 @@ def versions() -> dict[str, str | None]:
         import torch
 
         out["cuda"] = torch.version.cuda
-        out["cudnn"] = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else None
     except ImportError:
-        pass
+        return out
+    try:
+        out["cudnn"] = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else None
+    except RuntimeError as exc:  # e.g. another cuDNN already loaded (Transformer Engine's): recorded, not fatal
+        out["cudnn"] = f"unknown ({str(exc).split('.')[0]})"
     return out
 
 
