@@ -74,6 +74,7 @@ LAYOUTS: dict[str, tuple[list[str], int, str | None]] = {
     "ref": ([], 1, None),
     "ref-long": (LONG, 1, None),
     "ref-moe": (MOE, 1, None),
+    "ref-local": (['model.transformer_impl="local"'], 1, "ref"),
     "det-1gpu": (["train.deterministic=true"], 1, None),
     "dp2": (["hardware.gpus_per_node=2"], 2, "ref"),
     "det-dp2": (["hardware.gpus_per_node=2", "train.deterministic=true"], 2, None),
