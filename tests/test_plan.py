@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 import json
 
 import attrs
@@ -21,7 +22,7 @@ from mcx.plan.params import count_params
 from mcx.plan.planner import make_plan, plan_to_dict
 from mcx.plan.stages import stage_spec
 from mcx.report.plan_view import render_plan
-from mcx.spec import loads_spec
+from mcx.spec import load_spec, loads_spec
 from mcx.spec.load import deep_merge
 from mcx.spec.rules import check_spec
 from mcx.spec.schema import ModelSpec
@@ -449,7 +450,7 @@ def test_plan_dict_is_json_ready_deterministic_and_complete():
                 "step_time_s", "wall_time_h", "gpu_hours", "cost", "warnings", "recommendations", "smoke"):
         assert key in d1
     assert d1["memory_per_gpu_bytes"] == sum(d1["memory"]["breakdown"].values())
-    assert set(d1["smoke"]) == {"layout", "shapes"} and d1["smoke"]["shapes"]["num_layers"] == 2
+    assert set(d1["smoke"]) == {"layout", "shapes", "memory_per_gpu_bytes"} and d1["smoke"]["shapes"]["num_layers"] == 2
     assert d1["params"]["total"] == count_params(s.model, 128256).total
     assert d1["tokens_per_step"] == 64 * 4096
     assert Layout(**{k: v for k, v in d1["layout"].items()}).job_dict() == \
@@ -475,3 +476,28 @@ def test_render_plan_fits_100_columns():
     for needle in ("run 3f9c0a12b4de", "Parallel layout", "Memory per GPU", "does not fit", "fix: parallel.tensor = 2",
                    "over budget: needs --yes", "Smoke stage:", "Warnings"):
         assert needle in text, needle
+
+
+# Peaks measured on H200 by `mcx run` (docs/benchmarks.md, 2026-11-30): smoke stage, then full stage.
+REPO = Path(__file__).resolve().parents[1]
+H200_PEAKS = {"h200_1gpu.toml": (1722171392, 65997631488), "h200_2gpu.toml": (1115399680, 117957791744)}
+
+
+@pytest.mark.parametrize("name", sorted(H200_PEAKS))
+def test_smoke_measurement_predicts_the_full_stage_peak_measured_on_h200(name):
+    """The smoke stage's check: the planner's full-model estimate corrected by its error on the
+    smoke model. On the two H200 specs it predicted the measured full-stage peaks within 0.1%."""
+    from types import SimpleNamespace
+
+    from mcx.ops.run import _memory_prediction
+    from mcx.plan.planner import make_plan, plan_to_dict
+
+    smoke_peak, full_peak = H200_PEAKS[name]
+    plan = plan_to_dict(make_plan(load_spec(REPO / "experiments" / name), te_available=True))
+    check = _memory_prediction(SimpleNamespace(plan_dict=plan),
+                               {"final": {"mem_peak_bytes": smoke_peak}, "details": {"device": "cuda"}})
+    assert check["passed"] and abs(check["predicted_full_bytes"] / full_peak - 1) < 0.001, check
+    assert abs(plan["memory_per_gpu_bytes"] / full_peak - 1) < 0.10  # the planner alone: within 10%
+    cpu = _memory_prediction(SimpleNamespace(plan_dict=plan), {"final": {"mem_peak_bytes": smoke_peak},
+                                                                "details": {"device": "cpu"}})
+    assert "not comparable" in cpu["detail"]

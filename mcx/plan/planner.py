@@ -25,6 +25,7 @@ from mcx.spec.schema import ExperimentSpec
 class SmokePlan:
     spec: ExperimentSpec  # the shrunk spec the smoke stage trains
     layout: Layout
+    memory: MemoryEstimate  # the planner's estimate for the smoke model (checked against its measured peak)
 
 
 @frozen(kw_only=True)
@@ -68,7 +69,9 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
     smoke = None
     if spec.smoke.enabled:
         smoke_spec, smoke_layout = stage_spec(spec, layout, "smoke", te_available=te_available, vocab_size=vocab)
-        smoke = SmokePlan(spec=smoke_spec, layout=smoke_layout)
+        smoke = SmokePlan(spec=smoke_spec, layout=smoke_layout,
+                          memory=estimate_memory(smoke_spec, smoke_layout, vocab_size=vocab, transformer_impl=impl,
+                                                 suggest_fixes=False))
     return Plan(spec=spec, layout=layout, transformer_impl=impl, transformer_impl_known=impl_known, vocab_size=vocab,
                 params=counts, params_per_gpu=per_gpu, memory=memory, flops_per_step=flops,
                 flops_per_token=flops_per_token(m, padded_vocab=counts.padded_vocab),
@@ -139,5 +142,6 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "warnings": list(plan.warnings),
         "recommendations": list(plan.recommendations),
         "smoke": None if plan.smoke is None else {"layout": plan.smoke.layout.to_dict(),
-                                                  "shapes": _smoke_shapes(plan.smoke.spec)},
+                                                  "shapes": _smoke_shapes(plan.smoke.spec),
+                                                  "memory_per_gpu_bytes": plan.smoke.memory.total},
     }
