@@ -436,6 +436,32 @@ def test_smoke_moe_keeps_experts_within_ep():
     assert smoke.model.num_experts == 4 and sl.ep == 4 and smoke.model.num_experts % sl.ep == 0
 
 
+def test_smoke_on_cpu_trains_what_the_cpu_backend_runs():
+    """smoke.gpu = "cpu" (a cluster without GPUs): data parallel over smoke.gpus_per_node processes,
+    fp32, the local layer spec; the full stage keeps its GPUs, layout and precision."""
+    s = spec(model={"transformer_impl": "transformer_engine"}, parallel={"tensor": 8, "sequence_parallel": True},
+             train={"precision": "bf16", "recompute_granularity": "full"}, hardware={"nodes": 2, "gpu": "H200"},
+             smoke={"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"})
+    layout, _, _ = resolve_layout(s, te_available=True)
+    smoke, sl = stage_spec(s, layout, "smoke", te_available=True)
+    assert (sl.tp, sl.pp, sl.cp, sl.ep, sl.dp, sl.world_size, sl.sequence_parallel) == (1, 1, 1, 1, 2, 2, False)
+    assert (smoke.hardware.gpu, smoke.hardware.nodes, smoke.hardware.gpus_per_node) == ("cpu", 1, 2)
+    assert (smoke.train.precision, smoke.train.recompute_granularity, smoke.model.transformer_impl) == (
+        "fp32", "none", "auto")
+    assert check_spec(smoke) == [] and resolve_layout(smoke, te_available=False)[0] == sl
+    plan = plan_to_dict(make_plan(s, te_available=True))
+    assert plan["layout"]["tp"] == 8 and plan["smoke"]["shapes"]["gpu"] == "cpu"
+    console = Console(width=100, record=True, force_terminal=False)
+    console.print(render_plan(plan, None))
+    text = console.export_text()
+    assert "on 1x2 CPU processes (fp32): TP 1 PP 1 CP 1 EP 1 DP 2" in " ".join(text.split())
+    pinned = spec(hardware={"gpu": "H200"}, smoke={"gpu": "cpu", "tensor": 2, "pipeline": 2})
+    with pytest.raises(SpecError) as exc:
+        stage_spec(pinned, resolve_layout(pinned, te_available=True)[0], "smoke", te_available=True)
+    found = dict(exc.value.problems)
+    assert {"smoke.tensor", "smoke.pipeline"} <= set(found) and 'smoke.gpu = "cpu"' in found["smoke.tensor"]
+
+
 # --- the plan as a whole -----------------------------------------------------------------------------
 
 

@@ -261,6 +261,8 @@ FLAGS: tuple[Row, ...] = (
     _r("smoke.min_loss_drop", "mcx", (), NA, "Required drop of the last window's mean loss below the first window's.", _SMOKE),
     _r("smoke.nodes", "mcx", (), NA, "Nodes of the smoke stage; unset means hardware.nodes, shrunk to fit.", _SMOKE),
     _r("smoke.gpus_per_node", "mcx", (), NA, "GPUs per node of the smoke stage; unset means hardware.gpus_per_node.", _SMOKE),
+    _r("smoke.gpu", "mcx", (), NA, "GPU model of the smoke stage; unset means hardware.gpu; \"cpu\" runs it as CPU processes "
+       "(data parallel, fp32), e.g. on a cluster without GPUs.", _SMOKE),
     _r("smoke.tensor", "mcx", (), NA, "Tensor-parallel degree of the smoke stage; unset follows the full stage, shrunk to fit.", _SMOKE),
     _r("smoke.pipeline", "mcx", (), NA, "Pipeline-parallel degree of the smoke stage; unset follows the full stage, shrunk to fit.", _SMOKE),
     _r("smoke.context", "mcx", (), NA, "Context-parallel degree of the smoke stage; unset follows the full stage, shrunk to fit.", _SMOKE),

@@ -70,7 +70,8 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
     if spec.smoke.enabled:
         smoke_spec, smoke_layout = stage_spec(spec, layout, "smoke", te_available=te_available, vocab_size=vocab)
         smoke = SmokePlan(spec=smoke_spec, layout=smoke_layout,
-                          memory=estimate_memory(smoke_spec, smoke_layout, vocab_size=vocab, transformer_impl=impl,
+                          memory=estimate_memory(smoke_spec, smoke_layout, vocab_size=vocab,
+                                                 transformer_impl=transformer_impl(smoke_spec, te_available)[0],
                                                  suggest_fixes=False))
     return Plan(spec=spec, layout=layout, transformer_impl=impl, transformer_impl_known=impl_known, vocab_size=vocab,
                 params=counts, params_per_gpu=per_gpu, memory=memory, flops_per_step=flops,
@@ -103,7 +104,8 @@ def _smoke_shapes(s: ExperimentSpec) -> dict[str, Any]:
             "num_query_groups": m.num_query_groups, "ffn_hidden_size": m.ffn_hidden_size, "seq_length": m.seq_length,
             "num_experts": m.num_experts, "micro_batch_size": t.micro_batch_size,
             "global_batch_size": t.global_batch_size, "train_iters": t.train_iters, "lr": t.lr,
-            "lr_warmup_iters": t.lr_warmup_iters, "nodes": s.hardware.nodes, "gpus_per_node": s.hardware.gpus_per_node}
+            "lr_warmup_iters": t.lr_warmup_iters, "precision": t.precision, "nodes": s.hardware.nodes,
+            "gpus_per_node": s.hardware.gpus_per_node, "gpu": s.hardware.gpu}
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

@@ -12,6 +12,11 @@ derived from the full spec:
   layout's degrees, each shrunk (largest first, halving) until the smaller model and world accept
   it, so a 16-node TP8 x PP8 x CP2 spec smoke-tests as TP2 x PP2 x CP2 on one node;
   ``smoke.tensor`` / ``pipeline`` / ``context`` / ``expert`` pin a degree;
+* device: ``smoke.gpu`` (default ``hardware.gpu``). ``"cpu"`` runs the stage as CPU processes
+  (``smoke.gpus_per_node`` of them a node) as the CPU backend trains: data parallel only (the
+  degrees default to 1; a pinned degree above 1 is an error naming its key), fp32, the local layer
+  spec, no recomputation. It still exercises the launcher, the data, the loss and the resume
+  check, e.g. on a Slurm cluster without GPUs; the parallel kinds and precision it cannot;
 * training: ``smoke.train_iters`` steps at ``smoke.lr`` (default: the spec's), warmup at most a
   tenth of the steps, the decay over the smoke steps, one evaluation at the end, a checkpoint
   ``smoke.resume_check_iters`` before the end for the resume check, and the smallest global batch
@@ -47,7 +52,7 @@ _SMOKE_KEYS = {
     "model.ffn_hidden_size": "smoke.ffn_hidden_size", "model.num_attention_heads": "smoke.num_attention_heads",
     "model.seq_length": "smoke.seq_length", "model.num_experts": "smoke.num_experts",
     "train.global_batch_size": "smoke.global_batch_size", "train.lr": "smoke.lr", "hardware.nodes": "smoke.nodes",
-    "hardware.gpus_per_node": "smoke.gpus_per_node", "parallel": "smoke",
+    "hardware.gpus_per_node": "smoke.gpus_per_node", "hardware.gpu": "smoke.gpu", "parallel": "smoke",
 }
 
 
@@ -118,6 +123,8 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
     m, t, sm, hw = spec.model, spec.train, spec.smoke, spec.hardware
     nodes = sm.nodes or hw.nodes
     gpn = sm.gpus_per_node or hw.gpus_per_node
+    gpu = sm.gpu or hw.gpu
+    cpu = gpu == "cpu"  # the CPU backend trains data parallel only: unpinned degrees are 1
     layers = sm.num_layers
     hidden = sm.hidden_size or min(m.hidden_size, SMOKE_MAX_HIDDEN)
     seq = sm.seq_length or min(m.seq_length, SMOKE_MAX_SEQ)
@@ -125,6 +132,8 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
     pinned = {k for k, v in (("tp", sm.tensor), ("pp", sm.pipeline), ("cp", sm.context), ("ep", sm.expert)) if v}
     full = {"tp": sm.tensor or layout.tp, "pp": sm.pipeline or layout.pp, "cp": sm.context or layout.cp,
             "ep": sm.expert or layout.ep}
+    if cpu:
+        full = {k: v if k in pinned else 1 for k, v in full.items()}
     deg = _fit_degrees(nodes * gpn, layers, seq, experts, hidden, sm.num_attention_heads, full, pinned)
     tp, pp = deg["tp"], deg["pp"]
 
@@ -141,7 +150,7 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
                    num_query_groups=groups, ffn_hidden_size=ffn, kv_channels=None, seq_length=seq,
                    max_position_embeddings=max(seq, m.max_position_embeddings or m.seq_length),
                    num_experts=experts, moe_router_topk=min(m.moe_router_topk, experts) if experts else m.moe_router_topk,
-                   moe_ffn_hidden_size=moe_ffn)
+                   moe_ffn_hidden_size=moe_ffn, transformer_impl="auto" if cpu else m.transformer_impl)
 
     world = nodes * gpn
     dp = world // (tp * pp * deg["cp"]) if world % (tp * pp * deg["cp"]) == 0 else 1
@@ -157,6 +166,8 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
                    # Its resume check compares losses bit for bit: that needs Megatron's deterministic
                    # mode on GPUs (non-deterministic kernels differ in the last bits on replay).
                    deterministic=True)
+    if cpu:  # what the CPU backend trains (mcx.train.cpu.check_cpu_job)
+        train = evolve(train, precision="fp32", recompute_granularity="none", grad_reduce_in_bf16=False)
     moe_tp = experts is not None and tp > 1
     parallel = evolve(spec.parallel, tensor=tp, pipeline=pp, context=deg["cp"],
                       expert=deg["ep"] if experts is not None else None, virtual_pipeline=vpp,
@@ -164,9 +175,14 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
     checkpoint = evolve(spec.checkpoint, dir=None, interval=max(1, iters - sm.resume_check_iters),
                         final=True, track_intermediate=False)
     smoke = evolve(spec, model=model, train=train, parallel=parallel, checkpoint=checkpoint,
-                   hardware=evolve(hw, nodes=nodes, gpus_per_node=gpn))
+                   hardware=evolve(hw, nodes=nodes, gpus_per_node=gpn, gpu=gpu))
 
     problems = [(p, m_) for p, m_ in check_spec(smoke)]
+    if cpu:
+        problems += [(f"smoke.{name}", f"{deg[key]} needs GPUs: with smoke.gpu = \"cpu\" the smoke stage trains "
+                      "data parallel only; unset it (or use 1)")
+                     for key, name in (("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"), ("ep", "expert"))
+                     if deg[key] > 1]
     smoke_layout = None
     try:
         smoke_layout, _, _ = resolve_layout(smoke, te_available=te_available, vocab_size=vocab_size)

@@ -130,6 +130,12 @@ def _compute_table(p: dict[str, Any]) -> Table:
     return t
 
 
+def _smoke_devices(s: dict[str, Any]) -> str:
+    if s.get("gpu") == "cpu":  # smoke.gpu = "cpu": what the CPU backend trains
+        return f"CPU processes ({s.get('precision', 'fp32')})"
+    return "GPUs"
+
+
 def _smoke_line(p: dict[str, Any]) -> RenderableType:
     sm = p.get("smoke")
     if not sm:
@@ -140,7 +146,7 @@ def _smoke_line(p: dict[str, Any]) -> RenderableType:
     text = Text("Smoke stage: ", style="bold")
     text.append(f"{s['num_layers']} layers, hidden {s['hidden_size']}, {heads}, ffn {s['ffn_hidden_size']}{experts}, "
                 f"seq {s['seq_length']}, batch {s['global_batch_size']}, {s['train_iters']} steps at lr {s['lr']:g} "
-                f"on {s['nodes']}x{s['gpus_per_node']} GPUs: TP {lay['tp']} PP {lay['pp']} CP {lay['cp']} "
+                f"on {s['nodes']}x{s['gpus_per_node']} {_smoke_devices(s)}: TP {lay['tp']} PP {lay['pp']} CP {lay['cp']} "
                 f"EP {lay['ep']} DP {lay['dp']}")
     return text
 

@@ -156,6 +156,9 @@ class SmokeSpec:
     # they do not fit the smaller model (e.g. a 405B spec can smoke-test on one node).
     nodes: int | None = None
     gpus_per_node: int | None = None
+    # None: hardware.gpu. "cpu": the smoke stage runs as CPU processes (gpus_per_node of them a node),
+    # as the CPU backend trains: data parallel, fp32, the local layer spec (a cluster without GPUs).
+    gpu: GpuModel | None = None
     tensor: int | None = None
     pipeline: int | None = None
     context: int | None = None
