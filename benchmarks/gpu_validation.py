@@ -16,6 +16,10 @@ under torchrun for two GPUs), and writes one JSON file of results into ``--out``
                  smoothed relative difference, and the FP8 speed-up (median step time)
     faults       deterministic runs killed with SIGKILL after a checkpoint, and stopped with SIGTERM,
                  then resumed: each final curve is compared bit for bit with an uninterrupted run
+    ckpt-stall   the training stall of a checkpoint save, asynchronous against synchronous: the spec
+                 (default the one-H200 spec) saving every ``--every`` steps; a save's stall is the
+                 interval between the metrics lines around it minus the median interval of the
+                 steps without a save
     mcx-run      ``mcx run SPEC ARGS`` itself (the product path: plan, fingerprint, smoke, full),
                  collecting its --json summary, both stages' curves and the system metrics, and a
                  tarball of the run directory without checkpoints (for ``mcx sync`` elsewhere)
@@ -23,6 +27,7 @@ under torchrun for two GPUs), and writes one JSON file of results into ``--out``
     python3 benchmarks/gpu_validation.py layouts --gpus 0,1 --only ref,dp2 --out $OUT
     python3 benchmarks/gpu_validation.py fp8-curve --gpus 1 --steps 300 --out $OUT
     python3 benchmarks/gpu_validation.py faults --gpus 0 --out $OUT
+    python3 benchmarks/gpu_validation.py ckpt-stall --gpus 0 --steps 21 --every 5 --out $OUT
     python3 benchmarks/gpu_validation.py mcx-run --gpus 0,1 --out $OUT -- experiments/h200_2gpu.toml --yes
 
 ``--cpu`` runs the same code on CPU with a tiny model and one process (the script's own check).
@@ -318,6 +323,44 @@ def task_faults(args: argparse.Namespace) -> None:
     save(Path(args.out), "faults.json", results)
 
 
+def _save_stalls(stage_dir: Path, every: int) -> dict[str, Any]:
+    """Per save: the time the loop lost to it. Everything a save costs the loop (an async save's
+    finalisation lands at a later step) is the sum of the intervals beyond the median of the
+    intervals that hold no save step, divided by the number of saves."""
+    times = {r["step"]: r["time"] for r in records(stage_dir)}
+    gaps = {s: times[s + 1] - times[s] for s in times if s + 1 in times}
+    plain = [g for s, g in gaps.items() if s % every]
+    base = statistics.median(plain) if plain else None
+    saves = [s for s in gaps if s % every == 0]
+    if base is None or not saves:
+        return {"median_step_interval_s": base, "saves": len(saves), "stall_per_save_s": None}
+    return {"median_step_interval_s": base, "saves": len(saves),
+            "save_step_excess_s": [gaps[s] - base for s in sorted(saves)],
+            "stall_per_save_s": (sum(gaps.values()) - base * len(gaps)) / len(saves)}
+
+
+def task_ckpt_stall(args: argparse.Namespace) -> None:
+    work, every, steps = Path(args.work_dir) / "ckptstall", args.every, args.steps
+    common = [f"train.train_iters={steps}", f"train.lr_warmup_iters={max(1, steps // 5)}",
+              f"train.eval_interval={steps}", f"checkpoint.interval={every}", "checkpoint.keep=1",
+              "checkpoint.final=false"]
+    if args.cpu:
+        common = [*TINY_CPU, *common, "model.vocab_size=4096", 'model.transformer_impl="local"']
+    results: dict[str, Any] = {"spec": args.spec, "every": every, "steps": steps}
+    for name, flag in (("sync", "false"), ("async", "true")):
+        say(f"ckpt-stall {name}")
+        job = build_job(work / name, args.spec, [*common, f"checkpoint.async_save={flag}"], stage="full", cpu=args.cpu)
+        run = run_job(work / name, job, args.gpus, args.timeout)
+        results[name] = {**{k: run[k] for k in ("rc", "status", "error", "log_tail")}, **_save_stalls(work / name, every)}
+        say(f"  {name}: {results[name]['stall_per_save_s']} s lost per save over {results[name]['saves']} saves")
+        save(Path(args.out), "ckpt_stall.json", results)
+    a, b = results["async"].get("stall_per_save_s"), results["sync"].get("stall_per_save_s")
+    if a is not None and b:
+        results["async_over_sync"] = a / b
+        say(f"async stall / sync stall = {a / b:.3f} (target < 0.10)")
+    save(Path(args.out), "ckpt_stall.json", results)
+
+
 def task_mcx_run(args: argparse.Namespace) -> None:
     """`mcx run ARGS --json` as a user runs it; the run directory's records come back with it."""
     env = {**os.environ}
@@ -362,11 +405,12 @@ def task_mcx_run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("task", choices=["layouts", "fp8-curve", "faults", "mcx-run"])
+    p.add_argument("task", choices=["layouts", "fp8-curve", "faults", "ckpt-stall", "mcx-run"])
     p.add_argument("--gpus", default="0,1", help="CUDA device indices this task may use, in order")
     p.add_argument("--only", default="", help="layouts: comma-separated names (default: all)")
     p.add_argument("--spec", default="experiments/h200_1gpu.toml")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=300, help="fp8-curve: steps per run; ckpt-stall: steps per run")
+    p.add_argument("--every", type=int, default=5, help="ckpt-stall: save every this many steps")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     p.add_argument("--work-dir", default="/tmp/mcx-gpu-validation")
     p.add_argument("--out", required=True)
@@ -379,7 +423,8 @@ def main(argv: list[str] | None = None) -> None:
     args.gpus = args.gpus.split(",")
     args.only = [x for x in args.only.split(",") if x]
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    {"layouts": task_layouts, "fp8-curve": task_fp8_curve, "faults": task_faults, "mcx-run": task_mcx_run}[args.task](args)
+    {"layouts": task_layouts, "fp8-curve": task_fp8_curve, "faults": task_faults, "ckpt-stall": task_ckpt_stall,
+     "mcx-run": task_mcx_run}[args.task](args)
 
 
 if __name__ == "__main__":
