@@ -73,12 +73,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ask(question: str) -> bool:
+    """The budget gate's question on the terminal; anything but y/yes (or end of input) is no."""
+    sys.stderr.write(f"mcx: {question}\nRun it anyway? [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from mcx.ops.run import RunOptions, run
 
+    interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
     opts = RunOptions(stage=args.stage, force=args.force, yes=args.yes, dry_run=args.dry_run,
                       skip_smoke=args.skip_smoke, output="json" if args.json else ("quiet" if args.quiet else "bar"),
-                      wait=args.wait)
+                      wait=args.wait, confirm=_ask if interactive else None)
     summary = run(args.spec, args.overrides, project=_project(args), options=opts, console=_console(stderr=True))
     if args.json:
         _emit_json(summary)
@@ -233,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stage", choices=["smoke", "full", "all"], default="all")
     s.add_argument("--skip-smoke", action="store_true", help="run the full stage without the smoke stage (recorded)")
     s.add_argument("--force", action="store_true", help="train again even if this run ID finished")
-    s.add_argument("--yes", action="store_true", help="confirm a job above the spec's GPU-hour budget")
+    s.add_argument("--yes", action="store_true",
+                   help="confirm a job above the spec's GPU-hour budget (on a terminal mcx asks instead)")
     s.add_argument("--dry-run", action="store_true", help="show the plan and the launch scripts; run nothing")
     s.add_argument("--wait", action="store_true", help="if the run ID is training elsewhere, wait for it")
     s.add_argument("--quiet", action="store_true", help="no progress bar")

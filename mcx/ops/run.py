@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,9 @@ class RunOptions:
     skip_smoke: bool = False
     output: str = "bar"  # bar | quiet | json (the worker's progress display)
     wait: bool = False
+    # Asked when the full stage is over budget.max_gpu_hours and --yes was not given (the CLI asks
+    # on a terminal); gets the gate's message, returns whether to go on. None: refuse.
+    confirm: Callable[[str], bool] | None = None
 
 
 class RunBusy(McxError):
@@ -63,7 +67,6 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
     worker runs from there; ``data_root`` (the worktree, where the recorded data was restored) is
     where ``data.path`` is read, instead of the project.
     """
-    from mcx.plan.cost import check_budget
     from mcx.track import paths
 
     pr = plan_loaded(spec, code_path or project, require_data=False)
@@ -72,7 +75,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
     if options.dry_run:
         return _dry_run(pr, rdir, stages, console)
     if "full" in stages:
-        check_budget(pr.plan, confirmed=options.yes)
+        _budget_gate(pr, options, console, smoke_first="smoke" in stages)
     if reproduces is None:
         cached = _cached(project, pr, options, console)
         if cached is not None:
@@ -107,6 +110,27 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
                 _archive(project, rdir)
         return _train(pr, project=project, rdir=rdir, data_dir=data_dir, stages=stages, options=options,
                       console=console, reproduces=reproduces, reproduction=reproduction, code_path=code_path)
+
+
+def _budget_gate(pr: PlanResult, options: RunOptions, console: Any, *, smoke_first: bool) -> None:
+    """Over budget.max_gpu_hours: show the plan (layout, GPU-hours, cost), then go on only with --yes
+    or the user's confirmation; else BudgetError (exit 2), before anything is written or submitted."""
+    from mcx.errors import BudgetError
+    from mcx.plan.cost import check_budget
+    from mcx.report.plan_view import render_plan
+
+    if not pr.plan.cost.over_budget:
+        return
+    console.print(render_plan(pr.plan_dict, pr.run_id))
+    try:
+        check_budget(pr.plan, confirmed=options.yes)
+    except BudgetError as exc:
+        if options.confirm is None or not options.confirm(exc.message.rstrip(" ;") + "."):
+            raise
+    c = pr.plan.cost
+    console.print(f"[bold]confirmed[/]: the full stage may use about {c.gpu_hours:,.0f} GPU-hours "
+                  f"(budget.max_gpu_hours = {c.max_gpu_hours:,.0f})"
+                  + ("; the smoke stage runs first, the full stage is submitted only if it passes" if smoke_first else ""))
 
 
 def _preflight(pr: PlanResult, project: Path, stages: list[str]) -> None:
@@ -246,6 +270,9 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
         status, error, exit_code = "interrupted", "interrupted by the user; run again to resume", 130
     except McxError as exc:  # a stage could not be started or followed: the run failed, it is not still running
         status, error, exit_code = "failed", str(exc), exc.exit_code
+        if stage == "full" and (results.get("smoke") or {}).get("passed"):
+            error += (" The smoke stage passed and is kept: `mcx run` of this spec again (where the job can run) "
+                      "submits the full stage without repeating it.")
     summary = _summary(pr, results, status, error, exit_code, time.time() - started)
     if status == "finished" and "full" in results:
         _judge(summary, project, pr, results["full"])
