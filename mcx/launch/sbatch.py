@@ -131,6 +131,18 @@ def _directives(stage_dir: Path, where: Placement, slurm: SlurmSpec, warn: bool)
     return out
 
 
+def _layout_comment(layout: Mapping[str, Any], world_size: int) -> list[str]:
+    """``# layout: TP 8 x PP 8 (VPP 8) x CP 2 x EP 1 x DP 1 = 128 ranks`` for a job contract layout
+    (its integer degrees only: anything else is left out, so nothing but digits reaches the line)."""
+    deg = {k: layout.get(k) for k in ("tp", "pp", "vpp", "cp", "ep", "dp")}
+    if not all(type(deg[k]) is int for k in ("tp", "pp", "cp", "ep", "dp")):
+        return []
+    vpp = f" (VPP {deg['vpp']})" if type(deg["vpp"]) is int and deg["vpp"] > 1 else ""
+    sp = ", sequence parallel" if layout.get("sequence_parallel") is True else ""
+    return [f"# layout: TP {deg['tp']} x PP {deg['pp']}{vpp} x CP {deg['cp']} x EP {deg['ep']} x DP {deg['dp']} "
+            f"= {world_size} ranks{sp}"]
+
+
 def _words(argv: list[str], raw: Mapping[str, str]) -> str:
     """Quote each argument, except the placeholders in ``raw``, replaced by shell expressions."""
     return " ".join(raw[a] if a in raw else shlex.quote(a) for a in argv)
@@ -195,6 +207,7 @@ def render_sbatch(
     lines = [
         "#!/bin/bash",
         f"# mcx stage {q(str(stage_dir))}: {where.nodes} node(s) x {procs} {where.device} process(es).",
+        *_layout_comment(layout, where.world_size),
         "# Written by mcx (mcx.launch.sbatch); submit with: sbatch <this file>",
         *_directives(stage_dir, where, slurm, warn),
         "",

@@ -23,7 +23,16 @@ from typing import Any
 from attrs import frozen
 
 from mcx.errors import EnvironmentProblem, InputError
-from mcx.launch.base import LaunchOutcome, State, clear_result, read_result, resume_note, worker_said
+from mcx.launch.base import (
+    LaunchOutcome,
+    Placement,
+    State,
+    clear_result,
+    placement,
+    read_result,
+    resume_note,
+    worker_said,
+)
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.sbatch import LOG_PATTERN, SCRIPT_NAME, render_sbatch
 from mcx.spec.schema import LaunchSpec
@@ -60,6 +69,40 @@ SLURM_STATES: Mapping[str, State] = {
 
 # Consecutive failed queries (controller unreachable) that wait() rides out before it gives up.
 MAX_QUERY_ERRORS = 30
+
+# Why sbatch refuses a job (Slurm's own messages, slurm_errno.c) and what decides it; "{hw}" are the
+# keys that set the job's size.
+REFUSALS: tuple[tuple[str, str], ...] = (
+    ("Invalid generic resource", "the cluster cannot place it: no node of the partition has GPUs that "
+     "Slurm schedules (GRES 'gpu'); compare {hw} with `sinfo -o '%P %D %G'`"),
+    ("Requested node configuration is not available", "the cluster cannot place it: no set of nodes "
+     "of the partition has that many nodes, GPUs or CPUs; compare {hw} with `sinfo -o '%P %D %c %G'`"),
+    ("Node count specification invalid", "the cluster cannot place it: the partition has fewer nodes; "
+     "compare {hw} with `sinfo -o '%P %D'`"),
+    ("More processors requested than permitted", "the cluster cannot place it: more CPUs than its "
+     "nodes (or limits) allow; compare {hw} with `sinfo -o '%P %D %c'`"),
+    ("Invalid partition name", "launch.slurm.partition names no partition of this cluster; `sinfo -s` lists them"),
+    ("Invalid account", "launch.slurm.account is not an account of yours on that partition; "
+     "`sacctmgr show assoc user=$USER` lists them"),
+    ("Invalid qos", "launch.slurm.qos is not a QOS you may use; `sacctmgr show assoc user=$USER` lists them"),
+    ("time limit is invalid", "launch.slurm.time exceeds the partition's limit (`sinfo -o '%P %l'`)"),
+    ("Invalid --time", "launch.slurm.time is not a time Slurm reads"),
+    ("Invalid feature", "launch.slurm.constraint names a feature no node has (`sinfo -o '%P %f'`)"),
+    # Pending reasons of a job Slurm accepted but will never start as the cluster is configured
+    # (sbatch takes such a job when EnforcePartLimits=NO, Slurm's default, and keeps it pending).
+    ("reason PartitionConfig", "the cluster cannot place it: the partition has fewer nodes, or nodes with "
+     "fewer CPUs or GPUs, than it asks for; compare {hw} with `sinfo -o '%P %D %c %G'`"),
+    ("reason BadConstraints", "no node satisfies its constraints (launch.slurm.constraint, extra_sbatch); "
+     "`sinfo -o '%P %f %G'` lists what the nodes have"),
+)
+# The pending reasons above: the job is cancelled and the stage refused instead of waiting forever.
+NEVER_STARTS = frozenset({"PartitionConfig", "BadConstraints"})
+
+
+class JobRefused(InputError):
+    """sbatch refused the job (or Slurm holds it with a reason in NEVER_STARTS; mcx cancels it): the
+    cluster cannot place it, or a launch.slurm value is wrong there. Nothing of it ran; the rendered
+    script stays in the stage directory."""
 
 
 @frozen(kw_only=True)
@@ -146,27 +189,59 @@ def submit(
         message = proc.stderr.strip() or proc.stdout.strip()
         if re.search(r"contact slurm controller|Connection refused|Unable to establish", message):
             raise EnvironmentProblem(f"sbatch cannot reach the Slurm controller: {message}")
-        raise InputError(
-            f"sbatch rejected {path}: {message}",
-            "Check launch.slurm (partition, account, qos, time, constraint, extra_sbatch) "
-            "against `sinfo` and your cluster's limits.",
-        )
+        raise refused(path, message, placement(layout), launch_spec.slurm.partition)
     job_id = proc.stdout.strip().split(";", 1)[0]  # "<id>" or "<id>;<cluster>"
     if not job_id.isdigit():
         raise EnvironmentProblem(f"sbatch printed {proc.stdout.strip()!r} where a job ID was expected")
     return job_id
 
 
+def refused(script: Path, message: str, where: Placement | None, partition: str | None,
+            job_id: str | None = None) -> JobRefused:
+    """The error for Slurm's ``message`` about ``script`` (``job_id``: the job it accepted and mcx
+    cancelled): what the job asked for and, where the message is one Slurm gives for it, the key that
+    decides it and how to check the cluster."""
+    if where is None:  # a handle attached to a job submitted earlier
+        job = "the size its #SBATCH lines ask for"
+    else:
+        what = "GPU(s)" if where.device == "cuda" else "CPU process(es)"
+        job = f"{where.nodes} node(s) x {where.procs_per_node} {what} per node"
+    # mcx names stage directories after their stage (docs/architecture.md, "Run directory").
+    smoke = script.parent.name == "smoke"
+    hw = "smoke.nodes x smoke.gpus_per_node" if smoke else "hardware.nodes x hardware.gpus_per_node"
+    said = " ".join(message.split())
+    why = next((text.format(hw=hw) for fragment, text in REFUSALS if fragment.lower() in said.lower()), None)
+    part = partition if partition is not None else "the default"
+    if job_id is None:
+        head = f"sbatch refused the job {script} ({job}, partition {part}): {said};"
+    else:
+        head = (f"Slurm accepted the job {script} ({job}, partition {part}) as job {job_id} but it can never "
+                f"start there ({said}): mcx cancelled it;")
+    if why is None:
+        return JobRefused(head, "check launch.slurm (partition, account, qos, time, constraint, extra_sbatch) "
+                          "against `sinfo` and your cluster's limits.")
+    return JobRefused(head, why + ". Nothing was started; the script stays there for inspection.")
+
+
 class SlurmHandle:
     """A submitted job. Also attaches to a job submitted earlier: ``SlurmHandle(job_id, stage_dir)``."""
 
     def __init__(
-        self, job_id: str, stage_dir: Path, *, time_limit: str | None = None, poll_interval: float = 2.0
+        self,
+        job_id: str,
+        stage_dir: Path,
+        *,
+        time_limit: str | None = None,
+        poll_interval: float = 2.0,
+        where: Placement | None = None,
+        partition: str | None = None,
     ) -> None:
         self._job_id = job_id
         self._stage_dir = Path(stage_dir)
         self._time_limit = time_limit
         self.poll_interval = poll_interval
+        self._where = where  # what the job asked for, for the error when it can never start
+        self._partition = partition
         self._last: JobInfo | None = None
 
     @property
@@ -186,6 +261,8 @@ class SlurmHandle:
         return self._outcome(self._query()).state
 
     def wait(self, timeout: float | None = None) -> LaunchOutcome:
+        """The outcome once the job ended (or at ``timeout``). A job Slurm holds with a reason in
+        NEVER_STARTS is cancelled and JobRefused raised: waiting would never end."""
         deadline = None if timeout is None else time.monotonic() + timeout
         errors = 0
         while True:
@@ -197,6 +274,11 @@ class SlurmHandle:
                 if errors >= MAX_QUERY_ERRORS:
                     raise
                 outcome = self._outcome(self._last) if self._last else None
+            if outcome is not None and outcome.state == "pending" and self._last is not None \
+                    and self._last.reason in NEVER_STARTS:
+                self.cancel()
+                raise refused(self._stage_dir / SCRIPT_NAME, f"reason {self._last.reason}", self._where,
+                              self._partition, job_id=self._job_id)
             if outcome is not None and outcome.done:
                 return outcome
             if deadline is not None and time.monotonic() >= deadline:
@@ -325,5 +407,10 @@ class SlurmLauncher:
     ) -> SlurmHandle:
         job_id = submit(stage_dir, layout, launch_spec, env, python=self.python, module=self.module)
         return SlurmHandle(
-            job_id, Path(stage_dir).resolve(), time_limit=launch_spec.slurm.time, poll_interval=self.poll_interval
+            job_id,
+            Path(stage_dir).resolve(),
+            time_limit=launch_spec.slurm.time,
+            poll_interval=self.poll_interval,
+            where=placement(layout),
+            partition=launch_spec.slurm.partition,
         )
