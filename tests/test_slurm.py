@@ -264,3 +264,223 @@ def test_quickstart_worker_trains_through_sbatch_with_two_cpu_processes(tmp_path
     train = [json.loads(line) for line in (stage_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in train if m["kind"] == "train"] == list(range(1, 9))
     assert (stage_dir / "checkpoints" / "latest").exists()
+
+
+# --- the 405B recipe from a login node (issue 6's design card example) ------------------------------
+# `mcx run experiments/llama405b.toml` as written plans 16 nodes x 8 H200 and asks to confirm its
+# GPU-hours; confirmed, the smoke stage goes through sbatch first and the 16-node job only after it
+# passed. The test cluster has one partition ("debug"), one node, 2 CPUs and no GPUs: the smoke stage
+# runs there as 2 CPU processes (smoke.gpu = "cpu") with a CPU-sized model; the full stage is the
+# recipe as written, rendered for 16 x 8 GPUs, and sbatch refuses it (no such nodes).
+
+L405 = "experiments/llama405b.toml"
+ON_TEST_CLUSTER = [
+    "--set", "launch.slurm.partition=debug",
+    "--set", "smoke.gpu=cpu", "--set", "smoke.gpus_per_node=2",
+    "--set", "smoke.hidden_size=64", "--set", "smoke.seq_length=64",
+    "--set", "smoke.train_iters=15", "--set", "smoke.lr=3e-3",
+]  # fmt: skip
+
+
+@pytest.fixture
+def l405_project(tmp_path: Path) -> Path:
+    """A user's project (git, DVC, the quickstart data) with the 405B recipe committed."""
+    from conftest import make_e2e_project
+
+    project = make_e2e_project(tmp_path / "project")
+    shutil.copyfile(TESTS.parent / L405, project / L405)
+    git = ["git", "-c", "user.name=mcx-test", "-c", "user.email=mcx-test@example.invalid"]
+    subprocess.run([*git, "add", L405], cwd=project, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "405B recipe"], cwd=project, check=True)
+    return project
+
+
+def run_id_of(project: Path, *args: str) -> str:
+    from conftest import mcx_subprocess
+
+    res = mcx_subprocess(project, "plan", L405, *args, "--json")
+    assert res.code == 0, res
+    return res.json()["run_id"]
+
+
+def jobs_of(run_id: str) -> dict[str, str]:
+    """Slurm jobs of a run, any state: job ID -> job name (mcx names them mcx-<run ID>-<stage>)."""
+    out = subprocess.run(["squeue", "-h", "--states=all", "-o", "%i %j"], capture_output=True, text=True, check=True)
+    return {i: n for i, n in (line.split(" ", 1) for line in out.stdout.splitlines()) if run_id in n}
+
+
+def on_a_terminal(project: Path, args: list[str], answer: bytes, timeout: float = 120.0) -> tuple[int, str]:
+    """`mcx ARGS` with a terminal for stdin and stderr; ``answer`` is typed once mcx asks [y/N]."""
+    import pty
+    import select
+
+    from conftest import e2e_env
+
+    argv = [sys.executable, "-m", "mcx", "--project", str(project), *args]
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: mcx, run from the project
+        os.chdir(project)
+        os.execve(sys.executable, argv, e2e_env())
+    out, asked, deadline = b"", False, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 1.0)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+            if not asked and b"[y/N]" in out:
+                os.write(fd, answer)
+                asked = True
+    else:
+        os.kill(pid, 9)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def test_405b_over_budget_shows_the_plan_and_refuses_without_confirmation(l405_project: Path):
+    from conftest import mcx_subprocess
+
+    from mcx.plan.planner import make_plan
+    from mcx.spec.load import load_spec
+
+    cost = make_plan(load_spec(l405_project / L405), te_available=None).cost
+    hours = f"{cost.gpu_hours:,.0f} GPU-hours"
+    res = mcx_subprocess(l405_project, "run", L405)  # as the design card types it; no terminal: no question
+    assert res.code == 2, res
+    assert "Traceback" not in res.err
+    assert "128 (16x8)" in res.err and "over budget: needs --yes" in res.err  # the plan was shown
+    error = res.err[res.err.index("mcx: error:"):]
+    assert hours in " ".join(error.split()) and "budget.max_gpu_hours = 5,000" in error
+    assert "pass --yes" in error and "raise budget.max_gpu_hours" in error
+    run_id = run_id_of(l405_project)
+    assert f"run {run_id}" in res.err
+    assert not (l405_project / ".mcx").exists()  # nothing written: no run directory, no MLflow store
+    assert jobs_of(run_id) == {}  # nothing submitted
+
+    # On a terminal the gate asks; anything but yes is the same refusal.
+    code, out = on_a_terminal(l405_project, ["run", L405], b"n\n")
+    assert code == 2, out
+    assert "Run it anyway? [y/N]" in out and hours in " ".join(out.split())
+    assert "pass --yes" in out and "Traceback" not in out
+    assert not (l405_project / ".mcx").exists() and jobs_of(run_id) == {}
+
+
+def test_405b_confirmed_smokes_on_cpu_through_sbatch_then_submits_the_16_node_job(l405_project: Path):
+    from conftest import mcx_subprocess
+
+    run_id = run_id_of(l405_project, *ON_TEST_CLUSTER)
+    try:
+        res = mcx_subprocess(l405_project, "run", L405, *ON_TEST_CLUSTER, "--yes", "--json", timeout=900)
+        again = mcx_subprocess(l405_project, "run", L405, *ON_TEST_CLUSTER, "--yes", "--json", timeout=300)
+    finally:  # a job this run left queued (mcx timed out) must not hold the test cluster
+        for job_id in jobs_of(run_id):
+            info = query_job(job_id)
+            if info is not None and info.state in ("PENDING", "RUNNING", "REQUEUED", "CONFIGURING"):
+                subprocess.run(["scancel", job_id], check=False)
+    rdir = l405_project / ".mcx" / "runs" / run_id
+    smoke_dir, full_dir = rdir / "smoke", rdir / "full"
+    assert res.code == 2, res  # sbatch's refusal of the full job: bad input for this cluster
+    summary = res.json()
+    assert summary["run_id"] == run_id and summary["status"] == "failed"
+    assert "confirmed: the full stage may use about" in res.err and "128 (16x8)" in res.err
+
+    # 1. The smoke stage: submitted with sbatch at the smoke scale, 2 CPU processes, and it passed.
+    smoke = summary["stages"]["smoke"]
+    assert smoke["status"] == "finished" and smoke["passed"] and smoke["steps"] == 15, smoke
+    assert smoke["checks"] and all(c["passed"] for c in smoke["checks"].values())
+    result = json.loads((smoke_dir / "result.json").read_text())
+    assert result["details"]["device"] == "cpu" and result["details"]["world_size"] == 2
+    script = (smoke_dir / "sbatch.sh").read_text()
+    for line in ("#SBATCH --nodes=1", "#SBATCH --cpus-per-task=2", "#SBATCH --partition=debug",
+                 "# layout: TP 1 x PP 1 x CP 1 x EP 1 x DP 2 = 2 ranks", "--nnodes 1 --nproc-per-node 2"):
+        assert line in script, line
+    assert "--gpus-per-node" not in script
+    (log,) = smoke_dir.glob("slurm-*.out")
+    smoke_job = log.name.removeprefix("slurm-").removesuffix(".out")
+    assert f"mcx: job {smoke_job} attempt 1" in log.read_text() and "srun exited with code 0" in log.read_text()
+    assert query_job(smoke_job).state == "COMPLETED"
+
+    # 2. The full stage: rendered for 16 nodes x 8 GPUs, TP 8 x PP 8 x CP 2, and given to sbatch only
+    # after the smoke stage had passed; this cluster has no such nodes, so sbatch refused it.
+    script = (full_dir / "sbatch.sh").read_text()
+    for line in (
+        "#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=debug", "#SBATCH --time=4-00:00:00", "#SBATCH --requeue",
+        "#SBATCH --signal=B:USR1@600", f"#SBATCH --job-name=mcx-{run_id}-full",
+        "# layout: TP 8 x PP 8 (VPP 8) x CP 2 x EP 1 x DP 1 = 128 ranks, sequence parallel",
+        f"stage={full_dir}",
+        'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_ON_NODE" '
+        "--kill-on-bad-exit=1 ",
+        '--nnodes 16 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint "$head:$port" '
+        '--rdzv-id "$SLURM_JOB_ID" --max-restarts 0',
+        '-m mcx.train "$stage" &',
+    ):  # fmt: skip
+        assert line in script, line
+    assert "--cpus-per-task=" not in "".join(ln for ln in script.splitlines() if ln.startswith("#SBATCH"))
+    subprocess.run(["bash", "-n", str(full_dir / "sbatch.sh")], check=True)  # it parses as bash
+    job = json.loads((full_dir / "job.json").read_text())
+    assert job["stage"] == "full" and job["device"] == "cuda"
+    assert {k: job["layout"][k] for k in ("tp", "pp", "vpp", "cp", "dp", "world_size")} == {
+        "tp": 8, "pp": 8, "vpp": 8, "cp": 2, "dp": 1, "world_size": 128}
+    assert (full_dir / "sbatch.sh").stat().st_mtime >= (smoke_dir / "result.json").stat().st_mtime
+    assert not list(full_dir.glob("slurm-*.out"))
+    assert jobs_of(run_id) == {smoke_job: f"mcx-{run_id}-smoke"}  # the full job never entered the queue
+    error = " ".join(summary["error"].split())
+    assert error.startswith(f"sbatch refused the job {full_dir / 'sbatch.sh'} (16 node(s) x 8 GPU(s) per node, "
+                            "partition debug)")
+    assert "the cluster cannot place it" in error and "hardware.nodes x hardware.gpus_per_node" in error
+    assert "The smoke stage passed and is kept" in error
+    assert json.loads((rdir / "run.json").read_text())["status"] == "failed"
+
+    # 3. Run again: the passed smoke stage is reused, only the full stage is given to sbatch again.
+    assert again.code == 2, again
+    assert "smoke stage already finished" in " ".join(again.err.split())
+    assert again.json()["stages"]["smoke"]["passed"] and "sbatch refused the job" in again.json()["error"]
+    assert jobs_of(run_id) == {smoke_job: f"mcx-{run_id}-smoke"}
+
+
+def test_jobs_the_cluster_cannot_place_are_refused_with_the_key_that_decides_them(tmp_path: Path, handles):
+    """Real answers of the test cluster (one node, 2 CPUs, no GPUs, partition "debug"). GPUs: sbatch
+    refuses the job. Too many nodes or CPUs: sbatch accepts it and Slurm keeps it pending for ever
+    (reason PartitionConfig, as on any cluster with EnforcePartLimits=NO, Slurm's default): mcx
+    cancels it and refuses the stage, instead of waiting for ever."""
+    from mcx.launch.slurm import JobRefused
+
+    launcher = SlurmLauncher(module="launch_probe", python=sys.executable, poll_interval=0.5)
+    cases = [  # layout, launch.slurm, stage, accepted (and cancelled), what the error says
+        ({"world_size": 16, "nodes": 2, "device": "cuda"}, {"partition": "debug"}, "full", False,
+         ["2 node(s) x 8 GPU(s) per node, partition debug", "cannot place it", "hardware.nodes x hardware.gpus_per_node",
+          "GRES"]),
+        ({"world_size": 16, "nodes": 16, "device": "cpu"}, {"partition": "debug"}, "full", True,
+         ["16 node(s) x 1 CPU process(es) per node, partition debug", "reason PartitionConfig", "cannot place it",
+          "hardware.nodes x hardware.gpus_per_node"]),
+        ({"world_size": 64, "nodes": 1, "device": "cpu"}, {}, "smoke", True,
+         ["1 node(s) x 64 CPU process(es) per node, partition the default", "cannot place it",
+          "smoke.nodes x smoke.gpus_per_node"]),
+        ({"world_size": 1}, {"partition": "no-such-partition"}, "full", False,
+         ["partition no-such-partition", "launch.slurm.partition names no partition"]),
+    ]  # fmt: skip
+    for i, (layout, slurm, stage, accepted, shown) in enumerate(cases):
+        stage_dir = make_stage(tmp_path / str(i), name=stage)
+        launch = LaunchSpec(kind="slurm", slurm=SlurmSpec(time="00:10:00", **slurm))
+        handle = None
+        with pytest.raises(JobRefused) as exc:
+            handle = launcher.start(stage_dir, layout, launch, PROBE_ENV)
+            handles.append(handle)
+            handle.wait(60)
+        message = " ".join(str(exc.value).split())
+        assert exc.value.exit_code == 2 and str(stage_dir / "sbatch.sh") in message
+        for text in shown:
+            assert text in message, (text, message)
+        assert (handle is not None) == accepted, message
+        if accepted:
+            assert message.startswith(f"Slurm accepted the job {stage_dir / 'sbatch.sh'}")
+            assert f"as job {handle.job_id} but it can never start there" in message
+            assert query_job(handle.job_id).state == "CANCELLED"
+        else:
+            assert message.startswith(f"sbatch refused the job {stage_dir / 'sbatch.sh'}")
+        assert (stage_dir / "sbatch.sh").exists() and not list(stage_dir.glob("slurm-*.out"))
