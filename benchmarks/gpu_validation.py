@@ -48,10 +48,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mcx.data.dataset import read_manifest
 from mcx.launch.env import worker_env
 from mcx.plan.layout import resolve_layout
 from mcx.spec import load_spec, spec_to_dict
+from throughput import vocab_size  # benchmarks/throughput.py: the vocabulary mcx's worker uses
 
 ROOT = Path(__file__).resolve().parent.parent
 WINDOW = 10  # steps averaged at the end of a curve for the layout comparison
@@ -109,7 +109,7 @@ def build_job(stage_dir: Path, spec_path: str, overrides: list[str], *, stage: s
     if cpu:
         overrides = [*overrides, 'hardware.gpu="cpu"', "hardware.gpus_per_node=1", "train.deterministic=true"]
     spec = load_spec(spec_path, overrides)
-    vocab = spec.model.vocab_size or int(read_manifest(ROOT / spec.data.path)["tokenizer"]["vocab_size"])
+    vocab = vocab_size(spec, ROOT)
     layout, _, _ = resolve_layout(spec, te_available=te_available() and not cpu, vocab_size=vocab)
     if stage_dir.exists():
         shutil.rmtree(stage_dir)

@@ -20,6 +20,11 @@ def _git(cwd: Path, *args: str) -> None:
                    cwd=cwd, check=True, capture_output=True)
 
 
+def git_head(project: Path) -> str:
+    return subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
 def make_git_dvc_project(root: Path) -> Path:
     """A real project: git repo + `dvc init`, .mcx/ ignored, one commit."""
     root.mkdir(parents=True, exist_ok=True)

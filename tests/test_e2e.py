@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_e2e_project, mcx_inprocess, mcx_subprocess
+from conftest import git_head, make_e2e_project, mcx_inprocess, mcx_subprocess
 
 # A quickstart small enough for two CPU cores: 10 smoke steps, 12 full steps, evaluations and
 # checkpoints at 6 and 12. The smoke stage's mean loss still falls by about 0.5 (lr 3e-3).
@@ -69,11 +69,6 @@ def children(project: Path, parent) -> dict[str, object]:
 
 def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if ".git" not in p.relative_to(root).parts}
-
-
-def git_head(project: Path) -> str:
-    return subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
 
 
 # -- the shared project and trainings ---------------------------------------------------------------

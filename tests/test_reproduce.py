@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _git, e2e_env, make_e2e_project, mcx_inprocess, mcx_subprocess
+from conftest import _git, e2e_env, git_head, make_e2e_project, mcx_inprocess, mcx_subprocess
 
 FAST = ["--set", "train.train_iters=12", "--set", "train.lr_warmup_iters=2", "--set", "train.eval_interval=6",
         "--set", "checkpoint.interval=6", "--set", "smoke.train_iters=10", "--set", "smoke.loss_window=3",
@@ -54,11 +54,6 @@ def client(project: Path):
     return MlflowClient(tracking_uri=f"sqlite:///{project / '.mcx' / 'mlflow.db'}")
 
 
-def head(project: Path) -> str:
-    return subprocess.run(["git", "-C", str(project), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_e2e_project(tmp_path_factory.mktemp("repro") / "project")
@@ -67,7 +62,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def original(project: Path) -> dict:
     """O: trained from commit C plus an untracked file; then the project moves on to a new commit."""
-    commit = head(project)
+    commit = git_head(project)
     (project / "NOTES.md").write_text("uncommitted work that O was trained with\n")
     res = mcx_inprocess(project, "run", "experiments/tiny.toml", *FAST, "--json", "--quiet")
     assert res.code == 0, res
@@ -105,7 +100,7 @@ def test_a_reproduction_on_the_same_machine_is_bitwise(project, original, bitwis
     assert v["steps"] == 12 and {"train/loss", "valid/loss", "test/loss", "train/grad_norm", "train/lr"} <= set(v["compared"])
     assert v["data_identical"] is True and v["environment_drift"] == [] and v["hardware_drift"] == []
     # The recorded commit (not today's HEAD) with the recorded patch, in a worktree that is gone again.
-    assert v["code"]["commit"] == original["commit"] != head(project) and v["code"]["patched"] is True
+    assert v["code"]["commit"] == original["commit"] != git_head(project) and v["code"]["patched"] is True
     assert v["code"]["drift"] == []  # the same mcx as recorded
     assert not Path(v["code"]["worktree"]).exists()
     assert worktrees(project) == 1

@@ -308,11 +308,10 @@ def _job(stage: str, sspec: ExperimentSpec, slayout: Any, pr: PlanResult, sdir: 
 def _smoke_limit(pr: PlanResult, data_dir: Path, sspec: ExperimentSpec | None = None) -> int:
     """The smoke stage's ``train_samples_limit``; DataError when the train split holds no sample."""
     from mcx.data.dataset import smoke_samples_limit
-    from mcx.plan.stages import stage_spec
 
     if sspec is None:
-        sspec, _ = stage_spec(pr.spec, pr.plan.layout, "smoke", te_available=te_available(pr.spec),
-                              vocab_size=pr.plan.vocab_size)
+        assert pr.plan.smoke is not None, "a smoke stage is planned whenever smoke.enabled"
+        sspec = pr.plan.smoke.spec
     return smoke_samples_limit(data_dir, sspec.data.split, sspec.model.seq_length, pr.spec.smoke.data_fraction,
                                sspec.data.prefix)
 

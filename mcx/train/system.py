@@ -31,7 +31,6 @@ import logging
 import os
 import shutil
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mcx.fingerprint.hardware import visible
+from mcx.fingerprint.tools import run_tool
 
 log = logging.getLogger(__name__)
 
@@ -163,11 +163,12 @@ class SmiProbe:
         self.cuda_visible_devices = cuda_visible_devices
 
     def sample(self) -> dict[str, float]:
-        proc = subprocess.run(self.argv, check=False, capture_output=True, text=True, timeout=SMI_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+        proc = run_tool(self.argv, timeout=SMI_TIMEOUT_S)
+        if proc is None:
+            raise FileNotFoundError(f"{self.argv[0]} is gone")
         if proc.returncode != 0:
-            raise RuntimeError(f"nvidia-smi exited {proc.returncode}: {proc.stderr.strip()[:200]}")
-        return parse_nvidia_smi(proc.stdout, self.cuda_visible_devices)
+            raise RuntimeError(f"nvidia-smi exited {proc.returncode}: {proc.stderr.decode(errors='replace').strip()[:200]}")
+        return parse_nvidia_smi(proc.stdout.decode("utf-8", "replace"), self.cuda_visible_devices)
 
     def close(self) -> None:
         pass
