@@ -33,6 +33,7 @@ from mcx.track.errors import RunLocked
 LOCK_FILE = "lock"
 RUN_FILE = "run.json"
 WAIT_POLL_S = 0.5
+HOLDER_WRITE_S = 1.0  # how long a just-taken lock may show an empty holder record (taken, not yet written)
 State = Literal["finished", "running", "interrupted", "absent"]
 FINISHED_STATUSES = frozenset({"finished"})
 
@@ -140,6 +141,15 @@ class RunLock:
         self.release()
 
 
+def _settled_holder(path: Path, within_s: float = HOLDER_WRITE_S) -> LockHolder | None:
+    """The holder of a lock just found taken. A new holder writes its record right after taking the
+    lock: an empty record is read again for a moment rather than reported as "another process"."""
+    end = time.monotonic() + within_s
+    while (holder := _read_holder(path)) is None and time.monotonic() < end:
+        time.sleep(0.01)
+    return holder
+
+
 def acquire(run_dir: Path, *, wait: bool = False, timeout: float | None = None) -> RunLock:
     """Take the run's lock, or raise RunLocked naming the holder.
 
@@ -154,7 +164,7 @@ def acquire(run_dir: Path, *, wait: bool = False, timeout: float | None = None) 
     try:
         while not _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path):
             if not wait or (deadline is not None and time.monotonic() >= deadline):
-                raise RunLocked(run_dir.name, _read_holder(path))
+                raise RunLocked(run_dir.name, _settled_holder(path))
             time.sleep(WAIT_POLL_S)
     except BaseException:
         os.close(fd)
