@@ -114,6 +114,11 @@ def test_smoke_stage_passes_every_check_on_a_dense_model(tmp_path, dataset):
     assert result["checks"]["resume_bitwise"]["steps"] == [18, 19, 20]
     assert result["layer_spec"] == "local" and result["details"]["core_attention"] == "torch_sdpa"
     assert result["details"]["cpu_patches"] == ["get_emb"]
+    assert result["details"]["gradient_accumulation_fusion"] == "off" and result["details"]["cross_entropy_fusion"] is False
+    # What was built is in the log as soon as it exists (benchmarks stop workers before result.json).
+    line = next(l for l in (stage / "worker.log").read_text().splitlines() if "built: {" in l)
+    built = json.loads(line[line.index("{"):])
+    assert built.items() <= result["details"].items()
     assert result["versions"]["megatron-core"] == "0.19.2"
     train = records(stage)
     assert [r["step"] for r in train] == list(range(1, 21))
@@ -389,6 +394,47 @@ def test_vocabulary_padding_and_layer_spec_choice():
     with pytest.raises(SpecError, match="train.precision"):
         choose_layer_spec(fp8, Layout(), "cuda")  # no Transformer Engine here
 
+
+
+def test_fusions_follow_the_spec_the_device_and_the_precision():
+    from mcx.train.job import Layout
+    from mcx.train.model import cross_entropy_fusion, describe, transformer_config
+
+    fast = ["train.deterministic=false"]  # tiny.toml is deterministic and fp32
+    bf16 = load_spec(TINY, [*fast, 'train.precision="bf16"'])
+    assert cross_entropy_fusion(bf16, "cuda") and not cross_entropy_fusion(bf16, "cpu")
+    assert cross_entropy_fusion(load_spec(TINY, [*fast, 'train.precision="fp8-hybrid"']), "cuda")
+    assert not cross_entropy_fusion(load_spec(TINY, ['train.precision="bf16"']), "cuda")  # deterministic
+    assert not cross_entropy_fusion(load_spec(TINY, [*fast, 'train.precision="bf16"', "train.cross_entropy_fusion=false"]), "cuda")
+    for precision in ("fp16", "fp32"):  # Megatron's fused backward casts the gradient to bf16
+        assert not cross_entropy_fusion(load_spec(TINY, [*fast, f'train.precision="{precision}"']), "cuda")
+    config = transformer_config(load_spec(TINY), Layout(), "cpu", "local")
+    assert not config.gradient_accumulation_fusion and not config.cross_entropy_loss_fusion
+    assert config.cross_entropy_fusion_impl == "native"
+    details = describe(config, "local", 512)
+    assert details["gradient_accumulation_fusion"] == "off" and details["cross_entropy_fusion"] is False
+
+
+def test_wgrad_accumulation_is_the_fp32_reference_and_stays_off_without_a_gpu(monkeypatch):
+    import torch
+    from megatron.core.tensor_parallel import layers
+
+    from mcx.train import wgrad
+
+    gen = torch.Generator().manual_seed(3)
+    inp, out = torch.randn(40, 12, generator=gen), torch.randn(40, 20, generator=gen)
+    main_grad = torch.randn(20, 12, generator=gen)
+    want = main_grad + out.t() @ inp
+    pointer = main_grad.data_ptr()
+    wgrad._accumulate(inp, out, main_grad)  # same dtype: an in-place addmm
+    assert main_grad.data_ptr() == pointer and torch.allclose(main_grad, want, atol=1e-5)
+    # The mixed-precision GEMM (bf16 in, fp32 out) is torch's CUDA-only out_dtype path: the check
+    # refuses it on this machine, and MCore's layers keep apex's absence as it is.
+    assert not wgrad._works(torch.device("cpu"))
+    monkeypatch.setattr(wgrad, "_state", {})
+    assert layers._grad_accum_fusion_available is False
+    assert wgrad.enable(torch.device("cpu")) == "unavailable" == wgrad.current()
+    assert layers._grad_accum_fusion_available is False and not hasattr(layers, "fused_weight_gradient_mlp_cuda")
 
 # -- system metrics (mcx.train.system) -------------------------------------------------------------
 

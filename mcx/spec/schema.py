@@ -97,6 +97,8 @@ class TrainSpec:
     fp8_amax_history_len: int = 1024
     fp8_amax_compute_algo: AmaxAlgo = "max"
     grad_reduce_in_bf16: bool = False
+    gradient_accumulation_fusion: bool = True  # GPU: weight gradients accumulated into fp32 by the GEMM
+    cross_entropy_fusion: bool = True  # GPU, bf16 parameters, not deterministic: Megatron's fused loss
     recompute_granularity: RecomputeGranularity = "none"
     recompute_method: RecomputeMethod = "uniform"
     recompute_num_layers: int = 1

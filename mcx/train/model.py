@@ -14,7 +14,6 @@ can be read top to bottom against Megatron-LM's flags (docs/spec.md lists them):
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import warnings
 from typing import Literal
@@ -32,6 +31,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mcx.errors import EnvironmentProblem, SpecError
 from mcx.spec.schema import ExperimentSpec
+from mcx.train import wgrad
 from mcx.train.attention import SDPAttention
 from mcx.train.job import Layout
 
@@ -138,10 +138,14 @@ def _config(spec: ExperimentSpec, layout: Layout, *, cpu: bool, te: bool, dtype,
         bias_dropout_fusion=not cpu,
         masked_softmax_fusion=False,  # unused by SDPA and TE attention
         apply_rope_fusion=te,
-        # Needs apex's fused_weight_gradient_mlp_cuda (Megatron-LM turns it off without it, as here).
-        gradient_accumulation_fusion=not cpu and importlib.util.find_spec("fused_weight_gradient_mlp_cuda") is not None,
+        # Weight gradients accumulated into fp32 main_grad by the GEMM itself (apex's kernel, or
+        # cuBLAS through torch when apex is absent: wgrad.py); Megatron-LM's default where it can.
+        gradient_accumulation_fusion=not cpu and t.gradient_accumulation_fusion and wgrad.enable(device_of(device)) != "unavailable",
         persist_layer_norm=False,
-        cross_entropy_loss_fusion=False,  # Megatron's default; also what deterministic mode needs
+        # Megatron-LM's native (torch.compile'd) fused cross entropy; its backward casts to bf16, and
+        # Megatron-LM's deterministic mode turns it off.
+        cross_entropy_loss_fusion=cross_entropy_fusion(spec, device),
+        cross_entropy_fusion_impl="native",
         deterministic_mode=t.deterministic,
         use_cpu_initialization=cpu,
         # Activation recomputation.
@@ -157,6 +161,18 @@ def _config(spec: ExperimentSpec, layout: Layout, *, cpu: bool, te: bool, dtype,
         moe_token_dispatcher_type=moe_dispatcher(spec, device) if moe else "allgather",
         moe_grouped_gemm=moe and m.moe_grouped_gemm and te,
     )
+
+
+def cross_entropy_fusion(spec: ExperimentSpec, device: str) -> bool:
+    """``train.cross_entropy_fusion`` where it applies: on GPUs, with bf16 parameters (bf16 and the fp8
+    precisions), outside deterministic mode."""
+    t = spec.train
+    return (device == "cuda" and t.cross_entropy_fusion and not t.deterministic
+            and _PARAMS_DTYPE[t.precision] == torch.bfloat16)
+
+
+def device_of(device: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if device == "cuda" else torch.device(device)
 
 
 def moe_dispatcher(spec: ExperimentSpec, device: str) -> str:
@@ -203,6 +219,8 @@ def describe(config: TransformerConfig, layer_spec: LayerSpecName, vocab_size: i
     """What actually ran, for result.json (some spec values are substituted per device)."""
     return {
         "layer_spec": layer_spec,
+        "gradient_accumulation_fusion": wgrad.current() if config.gradient_accumulation_fusion else "off",
+        "cross_entropy_fusion": bool(config.cross_entropy_loss_fusion),
         "core_attention": "TEDotProductAttention" if layer_spec == "transformer_engine" else "torch_sdpa",
         "padded_vocab_size": vocab_size,
         "moe_token_dispatcher_type": config.moe_token_dispatcher_type if config.num_moe_experts else None,

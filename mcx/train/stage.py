@@ -8,6 +8,7 @@ each node's local rank 0 samples system metrics into system.jsonl (mcx.train.sys
 
 from __future__ import annotations
 
+import json
 import importlib
 import logging
 import os
@@ -107,6 +108,8 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
                               train_samples_limit=job.train_samples_limit)
     vocab = _vocab_size(job, data.tokenizer.vocab_size)
     backend = make_backend(job, world, vocab)
+    if world.is_main:  # what runs, for runs that end before result.json (benchmarks stop the worker)
+        log.info("built: %s", json.dumps(backend.details, sort_keys=True, default=str))
     peak, gpu_name = _peak_flops(job)
     metrics = MetricsFile(stage_dir / METRICS_FILE, enabled=world.is_main)
     progress = make_progress(job.output, world.is_main)
