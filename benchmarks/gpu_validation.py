@@ -352,6 +352,7 @@ def task_ckpt_stall(args: argparse.Namespace) -> None:
         job = build_job(work / name, args.spec, [*common, f"checkpoint.async_save={flag}"], stage="full", cpu=args.cpu)
         run = run_job(work / name, job, args.gpus, args.timeout)
         results[name] = {**{k: run[k] for k in ("rc", "status", "error", "log_tail")}, **_save_stalls(work / name, every)}
+        shutil.rmtree(work / name / "checkpoints", ignore_errors=True)  # tens of GB for the H200 spec
         say(f"  {name}: {results[name]['stall_per_save_s']} s lost per save over {results[name]['saves']} saves")
         save(Path(args.out), "ckpt_stall.json", results)
     a, b = results["async"].get("stall_per_save_s"), results["sync"].get("stall_per_save_s")

@@ -207,11 +207,21 @@ def run_mcx(spec: ExperimentSpec, layout: Layout, project: Path, stage_dir: Path
     intervals = [b["time"] - a["time"] for a, b in zip(timed, timed[1:], strict=False)]
     measured = timed[1:]
     return {"runner": "mcx", "stage_dir": str(stage_dir), "job": {k: job[k] for k in ("run_id", "layout", "data_dir")},
+            "built": built_details(stage_dir / "worker.log"),
             "step_times_s": intervals, "self_timed_step_times_s": [r["step_time_s"] for r in measured],
             "loss_first": records[min(records)]["loss"], "loss_last": measured[-1]["loss"],
             "mem_peak_bytes": max(r["mem_peak_bytes"] for r in measured),
             "self_reported_median": {k: statistics.median(r[k] for r in measured)
                                      for k in ("tokens_per_s_per_gpu", "tflops_per_gpu")}}
+
+
+def built_details(worker_log: Path) -> dict[str, Any] | None:
+    """What the worker built (layer spec, fusions), from its "built: {...}" log line."""
+    text = worker_log.read_text(encoding="utf-8", errors="replace") if worker_log.is_file() else ""
+    for line in text.splitlines():
+        if "built: {" in line:
+            return json.loads(line[line.index("built: {") + len("built: "):])
+    return None
 
 
 # -- the bare run -----------------------------------------------------------------------------------
