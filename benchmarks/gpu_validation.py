@@ -297,7 +297,8 @@ def task_faults(args: argparse.Namespace) -> None:
     results["uninterrupted"] = run_job(ref_dir, job, args.gpus, args.timeout)
     reference = results["uninterrupted"]["losses"]
     total = len(reference)
-    for name, sig, at in (("sigkill", signal.SIGKILL, max(2, total * 5 // 8)), ("sigterm", signal.SIGTERM, max(2, total // 3))):
+    cases = (("sigkill", signal.SIGKILL, max(2, total * 5 // 8)), ("sigterm", signal.SIGTERM, max(2, total // 3)))
+    for name, sig, at in (c for c in cases if not args.only or c[0] in args.only):
         d = work / name
         job = build_job(d, "experiments/tiny.toml", base, stage="full", cpu=args.cpu)
         t0 = time.time()
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("task", choices=["layouts", "fp8-curve", "faults", "ckpt-stall", "mcx-run"])
     p.add_argument("--gpus", default="0,1", help="CUDA device indices this task may use, in order")
-    p.add_argument("--only", default="", help="layouts: comma-separated names (default: all)")
+    p.add_argument("--only", default="", help="layouts, faults: comma-separated names (default: all)")
     p.add_argument("--spec", default="experiments/h200_1gpu.toml")
     p.add_argument("--steps", type=int, default=300, help="fp8-curve: steps per run; ckpt-stall: steps per run")
     p.add_argument("--every", type=int, default=5, help="ckpt-stall: save every this many steps")
