@@ -345,12 +345,16 @@ def task_ckpt_stall(args: argparse.Namespace) -> None:
     common = [f"train.train_iters={steps}", f"train.lr_warmup_iters={max(1, steps // 5)}",
               f"train.eval_interval={steps}", f"checkpoint.interval={every}", "checkpoint.keep=1",
               "checkpoint.final=false"]
+    spec, model = args.spec, []
+    if spec == "dense":  # the layout runs' small LLaMA-style model: seconds per save, not minutes
+        spec, model = "experiments/tiny.toml", DENSE
     if args.cpu:
-        common = [*TINY_CPU, *common, "model.vocab_size=4096", 'model.transformer_impl="local"']
+        model = [*model, *TINY_CPU, "model.vocab_size=4096", 'model.transformer_impl="local"']
+    common = [*model, *common]
     results: dict[str, Any] = {"spec": args.spec, "every": every, "steps": steps}
     for name, flag in (("sync", "false"), ("async", "true")):
         say(f"ckpt-stall {name}")
-        job = build_job(work / name, args.spec, [*common, f"checkpoint.async_save={flag}"], stage="full", cpu=args.cpu)
+        job = build_job(work / name, spec, [*common, f"checkpoint.async_save={flag}"], stage="full", cpu=args.cpu)
         run = run_job(work / name, job, args.gpus, args.timeout)
         results[name] = {**{k: run[k] for k in ("rc", "status", "error", "log_tail")}, **_save_stalls(work / name, every)}
         shutil.rmtree(work / name / "checkpoints", ignore_errors=True)  # tens of GB for the H200 spec
@@ -410,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("task", choices=["layouts", "fp8-curve", "faults", "ckpt-stall", "mcx-run"])
     p.add_argument("--gpus", default="0,1", help="CUDA device indices this task may use, in order")
     p.add_argument("--only", default="", help="layouts, faults: comma-separated names (default: all)")
-    p.add_argument("--spec", default="experiments/h200_1gpu.toml")
+    p.add_argument("--spec", default="experiments/h200_1gpu.toml", help='ckpt-stall: "dense" for the layout runs\' small model')
     p.add_argument("--steps", type=int, default=300, help="fp8-curve: steps per run; ckpt-stall: steps per run")
     p.add_argument("--every", type=int, default=5, help="ckpt-stall: save every this many steps")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
