@@ -30,6 +30,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mcx.errors import EnvironmentProblem, SpecError
+from mcx.plan import fusions
 from mcx.spec.schema import ExperimentSpec
 from mcx.train import wgrad
 from mcx.train.attention import SDPAttention
@@ -164,11 +165,8 @@ def _config(spec: ExperimentSpec, layout: Layout, *, cpu: bool, te: bool, dtype,
 
 
 def cross_entropy_fusion(spec: ExperimentSpec, device: str) -> bool:
-    """``train.cross_entropy_fusion`` where it applies: on GPUs, with bf16 parameters (bf16 and the fp8
-    precisions), outside deterministic mode."""
-    t = spec.train
-    return (device == "cuda" and t.cross_entropy_fusion and not t.deterministic
-            and _PARAMS_DTYPE[t.precision] == torch.bfloat16)
+    """The planner's rule (mcx.plan.fusions), for this device."""
+    return fusions.cross_entropy_fusion(spec.train, device == "cuda")
 
 
 def device_of(device: str) -> torch.device:
