@@ -485,6 +485,20 @@ def test_export_needs_the_layout_for_open_degrees() -> None:
     assert args[tok:tok + 4] == ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "data/my data"]
 
 
+def test_fused_cross_entropy_exports_where_mcx_runs_it() -> None:
+    layout = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": 1, "world_size": 1, "sequence_parallel": False}
+    for precision, fused in (("bf16", True), ("fp8-hybrid", True), ("fp16", False), ("fp32", False)):
+        spec = _spec(_BASE)
+        spec = attrs.evolve(spec, train=attrs.evolve(spec.train, precision=precision))
+        args = export_args(spec, layout)
+        assert ("--cross-entropy-loss-fusion" in args) is fused, precision  # Megatron's fused backward is bf16
+        assert "--no-gradient-accumulation-fusion" not in args
+    spec = _spec(_BASE)
+    off = attrs.evolve(spec, train=attrs.evolve(spec.train, cross_entropy_fusion=False, gradient_accumulation_fusion=False))
+    args = export_args(off, layout)
+    assert "--cross-entropy-loss-fusion" not in args and "--no-gradient-accumulation-fusion" in args
+
+
 def test_export_takes_the_planners_layout() -> None:
     from mcx.plan.planner import make_plan
 

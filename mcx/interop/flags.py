@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from attrs import frozen
 
+from mcx.plan.fusions import BF16_PARAMS
+
 Kind = Literal["value", "switch", "negated", "rule", "launcher", "mcx"]
 
 
@@ -64,6 +66,8 @@ WHEN: dict[str, tuple[str, Callable[[Mapping[str, Any]], bool]]] = {
              lambda f: _flat_get(f, "model.position_embedding_type", "rope") == "rope"),
     "moe": ("model.num_experts is set", lambda f: _flat_get(f, "model.num_experts") is not None),
     "fp8": ("train.precision is an fp8 precision", lambda f: str(_flat_get(f, "train.precision", "")).startswith("fp8")),
+    "bf16_params": ("train.precision is bf16 or an fp8 precision",
+                    lambda f: _flat_get(f, "train.precision", "bf16") in BF16_PARAMS),
     "full_recompute": ('train.recompute_granularity = "full"',
                        lambda f: _flat_get(f, "train.recompute_granularity") == "full"),
     "pipelined": ("parallel.pipeline > 1", lambda f: (_flat_get(f, "parallel.pipeline") or 1) > 1),
@@ -198,7 +202,7 @@ FLAGS: tuple[Row, ...] = (
        "mcx runs it on cuBLAS where apex is absent; Megatron-LM turns it off without apex"),
     _r("train.cross_entropy_fusion", "switch", "--cross-entropy-loss-fusion", False,
        "On GPUs with bf16 parameters, Megatron's fused cross entropy (off in deterministic mode).",
-       "exports as --cross-entropy-loss-fusion with Megatron-LM's native implementation"),
+       "exports as --cross-entropy-loss-fusion with Megatron-LM's native implementation", when="bf16_params"),
     _r("train.recompute_granularity", "rule", ("--recompute-granularity", "--recompute-activations"), "none",
        "Activation recomputation: none, selective (attention core) or full (whole layers).",
        "\"none\" is the flag's absence; --recompute-activations (deprecated) imports as \"selective\""),
