@@ -19,6 +19,11 @@ of a multi-billion-parameter model (tens of GB) and the evaluation passes are no
 runs are scored by one function, :func:`score`: tokens per second per GPU = global-batch tokens x
 steps / the summed step times / GPUs (the time-weighted mean; median-step figures beside it).
 
+The bare loop keeps Megatron-Core's own choices where apex is absent (no gradient-accumulation
+fusion, unfused cross entropy); mcx turns both fusions on by default (docs/decisions.md, D17), so its
+overhead is measured like for like with ``--set train.gradient_accumulation_fusion=false --set
+train.cross_entropy_fusion=false``, and the fusions' gain with mcx's defaults.
+
 Printed (and written to ``--out``) as one JSON object: both runs, ``ratio`` = mcx tokens/s over
 bare tokens/s (target >= 0.99), the ratio of the medians, both MFUs and peak memories.
 
