@@ -8,8 +8,8 @@ each node's local rank 0 samples system metrics into system.jsonl (mcx.train.sys
 
 from __future__ import annotations
 
-import json
 import importlib
+import json
 import logging
 import os
 import traceback
