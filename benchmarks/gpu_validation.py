@@ -49,8 +49,10 @@ from pathlib import Path
 from typing import Any
 
 from mcx.launch.env import worker_env
+from mcx.ops.plan import te_available
 from mcx.plan.layout import resolve_layout
 from mcx.spec import load_spec, spec_to_dict
+from mcx.train.metrics import METRICS_FILE, read_records
 from throughput import vocab_size  # benchmarks/throughput.py: the vocabulary mcx's worker uses
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,14 +97,6 @@ def say(text: str) -> None:
     print(f"gpu_validation: {text}", file=sys.stderr, flush=True)
 
 
-def te_available() -> bool:
-    try:
-        from megatron.core.extensions.transformer_engine import HAVE_TE
-    except ImportError:
-        return False
-    return bool(HAVE_TE)
-
-
 def build_job(stage_dir: Path, spec_path: str, overrides: list[str], *, stage: str, cpu: bool) -> dict[str, Any]:
     """job.json for ``spec_path`` + ``overrides``, laid out as the control plane lays it out (the
     worker's environment, from the spec, under the private key ``_env``)."""
@@ -110,7 +104,7 @@ def build_job(stage_dir: Path, spec_path: str, overrides: list[str], *, stage: s
         overrides = [*overrides, 'hardware.gpu="cpu"', "hardware.gpus_per_node=1", "train.deterministic=true"]
     spec = load_spec(spec_path, overrides)
     vocab = vocab_size(spec, ROOT)
-    layout, _, _ = resolve_layout(spec, te_available=te_available() and not cpu, vocab_size=vocab)
+    layout, _, _ = resolve_layout(spec, te_available=False if cpu else te_available(spec), vocab_size=vocab)
     if stage_dir.exists():
         shutil.rmtree(stage_dir)
     stage_dir.mkdir(parents=True)
@@ -139,23 +133,13 @@ def start_worker(stage_dir: Path, job: dict[str, Any], gpus: list[str]) -> subpr
 
 
 def records(stage_dir: Path, kind: str = "train") -> list[dict[str, Any]]:
-    path = stage_dir / "metrics.jsonl"
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("kind") == kind:
-            out.append(rec)
-    return out
+    return [r for r in read_records(stage_dir / METRICS_FILE) if r.get("kind") == kind]
 
 
 def summary(stage_dir: Path, rc: int | None, wall: float) -> dict[str, Any]:
     result = json.loads((stage_dir / "result.json").read_text()) if (stage_dir / "result.json").is_file() else {}
-    train = records(stage_dir)
+    lines = read_records(stage_dir / METRICS_FILE)
+    train = [r for r in lines if r.get("kind") == "train"]
     log = (stage_dir / "worker.log").read_text(errors="replace") if (stage_dir / "worker.log").is_file() else ""
     launch = (stage_dir / "launch.log").read_text(errors="replace") if (stage_dir / "launch.log").is_file() else ""
     failed = rc not in (0, None) or result.get("status") != "finished"
@@ -164,7 +148,7 @@ def summary(stage_dir: Path, rc: int | None, wall: float) -> dict[str, Any]:
             "final": result.get("final"), "details": result.get("details"), "layer_spec": result.get("layer_spec"),
             "losses": [r["loss"] for r in train], "grad_norms": [r["grad_norm"] for r in train],
             "step_times": [r["step_time_s"] for r in train],
-            "valid": [(r["step"], r["loss"]) for r in records(stage_dir, "valid")],
+            "valid": [(r["step"], r["loss"]) for r in lines if r.get("kind") == "valid"],
             "log_tail": (log[-2500:] + "\n--- launch ---\n" + launch[-2500:]) if failed else ""}
 
 
@@ -393,11 +377,13 @@ def task_mcx_run(args: argparse.Namespace) -> None:
                 sys_lines = []
                 for f in sorted(sdir.glob("system*.jsonl")):
                     sys_lines += [json.loads(l) for l in f.read_text().splitlines() if l.strip()]
-                result[stage] = {"losses": [r["loss"] for r in records(sdir)],
-                                 "grad_norms": [r["grad_norm"] for r in records(sdir)],
-                                 "mfu": [r.get("mfu") for r in records(sdir)],
-                                 "valid": [(r["step"], r["loss"]) for r in records(sdir, "valid")],
-                                 "test": [(r["step"], r["loss"]) for r in records(sdir, "test")],
+                lines = read_records(sdir / METRICS_FILE)
+                train = [r for r in lines if r.get("kind") == "train"]
+                result[stage] = {"losses": [r["loss"] for r in train],
+                                 "grad_norms": [r["grad_norm"] for r in train],
+                                 "mfu": [r.get("mfu") for r in train],
+                                 "valid": [(r["step"], r["loss"]) for r in lines if r.get("kind") == "valid"],
+                                 "test": [(r["step"], r["loss"]) for r in lines if r.get("kind") == "test"],
                                  "system_samples": len(sys_lines), "system_last": sys_lines[-1] if sys_lines else None,
                                  "worker_log_tail": (sdir / "worker.log").read_text(errors="replace")[-2000:]
                                  if (sdir / "worker.log").is_file() else ""}

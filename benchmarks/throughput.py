@@ -61,6 +61,7 @@ from mcx.plan.layout import Layout, resolve_layout
 from mcx.plan.params import padded_vocab_size
 from mcx.plan.stages import stage_spec
 from mcx.spec import ExperimentSpec, load_spec, spec_to_dict
+from mcx.train.metrics import read_records
 
 HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 0.99
@@ -161,17 +162,7 @@ def job_dict(spec: ExperimentSpec, layout: Layout, stage_dir: Path, data_dir: Pa
 
 def train_records(path: Path) -> list[dict[str, Any]]:
     """The complete ``train`` lines of metrics.jsonl (a line being written is skipped)."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and rec.get("kind") == "train":
-            out.append(rec)
-    return out
+    return [r for r in read_records(path) if r.get("kind") == "train"]
 
 
 def run_mcx(spec: ExperimentSpec, layout: Layout, project: Path, stage_dir: Path, *, warmup: int, steps: int,

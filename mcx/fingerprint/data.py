@@ -28,6 +28,7 @@ from mcx.fingerprint.code import file_sha256
 from mcx.fingerprint.dvcfiles import DvcOut, dvc_root, dvcignore_files, find_out, has_patterns, norm
 from mcx.hashing import digest
 from mcx.spec import ExperimentSpec
+from mcx.spec.schema import DataSpec
 
 _DVC_SKIPPED_DIRS = {".git", ".hg", ".dvc"}  # DVC's default ignores inside a tracked directory
 
@@ -177,17 +178,19 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
             "info": {"path": str(full), "record": None, "size": size, "nfiles": nfiles}}
 
 
+def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
+    """The spec's data paths by their name in the data component: name -> (key, value); unset ones left out."""
+    named = {"dataset": ("data.path", data.path), "tokenizer": ("data.tokenizer.path", data.tokenizer.path),
+             "merges": ("data.tokenizer.merges", data.tokenizer.merges)}
+    return {name: (key, value) for name, (key, value) in named.items() if value is not None}
+
+
 def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = True) -> dict[str, Any]:
     """The data component: ``{"id": ..., "info": ..., "warnings": [...]}`` (see ``content_identity``)."""
     warnings: list[str] = []
-    paths = {"dataset": ("data.path", spec.data.path),
-             "tokenizer": ("data.tokenizer.path", spec.data.tokenizer.path),
-             "merges": ("data.tokenizer.merges", spec.data.tokenizer.merges)}
     ident: dict[str, Any] = {}
     info: dict[str, Any] = {}
-    for name, (key, value) in paths.items():
-        if value is None:
-            continue
+    for name, (key, value) in data_paths(spec.data).items():
         part = content_identity(project_root, value, key, warnings, require_data)
         ident[name], info[name] = part["id"], part["info"]
     return {"id": ident, "info": info, "warnings": warnings}

@@ -93,19 +93,13 @@ def _verify_quickstart(project: Path) -> None:
                         "and tokenizers match, then run `mcx data prepare --force`.")
 
 
-def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
-    """The spec's data paths by their name in the fingerprint's data component: name -> (key, value)."""
-    named = {"dataset": ("data.path", data.path), "tokenizer": ("data.tokenizer.path", data.tokenizer.path),
-             "merges": ("data.tokenizer.merges", data.tokenizer.merges)}
-    return {name: (key, value) for name, (key, value) in named.items() if value is not None}
-
-
 def tracked_outputs(project: Path, data: DataSpec, data_id: dict[str, Any]) -> dict[Path, tuple[str, str]]:
     """The DVC outputs that hold the recorded data: project-relative output path -> (md5, spec key).
 
     A data identity ``{"source": "dvc", "value": md5, "subpath": "quickstart"}`` for
     ``data.path = "data/quickstart"`` names version md5 of the output ``data``.
     """
+    from mcx.fingerprint.data import data_paths
     from mcx.fingerprint.dvcfiles import norm
 
     root = norm(project)

@@ -101,8 +101,7 @@ def _drift(recorded: dict[str, Any], now: dict[str, Any]) -> list[dict[str, Any]
 def data_changes(project: Path, spec: Any, record: Any) -> list[dict[str, Any]]:
     """The spec's data paths that are not, here, the version the run trained on (missing, changed
     since their DVC record, or another version): ``{"key", "path", "reason"}`` each."""
-    from mcx.fingerprint.data import content_identity
-    from mcx.ops.data import data_paths
+    from mcx.fingerprint.data import content_identity, data_paths
 
     recorded = record.data.get("id") or {}
     changes = []
@@ -126,8 +125,8 @@ def restore_data(project: Path, worktree: Path, spec: Any, record: Any, run_id: 
     The user's workspace is left as it is (see docs/decisions.md); the rerun reads the worktree's
     copy. DataError when a version cannot be brought back or does not match the record after.
     """
-    from mcx.fingerprint.data import collect_data
-    from mcx.ops.data import data_paths, tracked_outputs
+    from mcx.fingerprint.data import collect_data, data_paths
+    from mcx.ops.data import tracked_outputs
     from mcx.track.dvc_store import restore_into
 
     recorded = record.data.get("id") or {}
