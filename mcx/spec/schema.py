@@ -96,9 +96,11 @@ class TrainSpec:
     fp8_recipe: Fp8Recipe = "delayed"
     fp8_amax_history_len: int = 1024
     fp8_amax_compute_algo: AmaxAlgo = "max"
+    fp8_attention: bool = False  # FP8 precisions: attention (cuDNN's fused attention) in FP8 too
     grad_reduce_in_bf16: bool = False
     gradient_accumulation_fusion: bool = True  # GPU: weight gradients accumulated into fp32 by the GEMM
     cross_entropy_fusion: bool = True  # GPU, bf16 parameters, not deterministic: Megatron's fused loss
+    cuda_graphs: bool = False  # Transformer Engine: each transformer layer's forward and backward as a CUDA graph
     recompute_granularity: RecomputeGranularity = "none"
     recompute_method: RecomputeMethod = "uniform"
     recompute_num_layers: int = 1
