@@ -31,13 +31,10 @@ import numpy as np
 import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
-from megatron.core.dist_checkpointing.serialization import (
-    get_default_load_sharded_strategy,
-    get_default_save_sharded_strategy,
-)
+from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
-from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX
+from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX, TorchDistSaveShardedStrategy
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
@@ -65,7 +62,9 @@ class GpuBackend:
         # Megatron's _set_random_seed: a different seed per pipeline stage, then MCore's CUDA RNG tracker.
         seed = t.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
         seed_everything(seed)
-        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+        # CUDA graphs need Transformer Engine's RNG tracker (graph-safe generators), as in Megatron-LM.
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, te_rng_tracker=t.cuda_graphs and self.layer_spec == "transformer_engine",
+                                                        force_reset_rng=True)
         layer_spec = model_lib.gpt_layer_spec(spec, self.layer_spec)
         chunks = []
         vpp = lay.virtual_stages
@@ -124,7 +123,14 @@ class GpuBackend:
         self._pre_hook_enabled = False
         cfg.finalize_model_grads_func = finalize_model_grads
         self.forward_backward = get_forward_backward_func()
-        self.async_queue = AsyncCallsQueue() if spec.checkpoint.async_save else None
+        # Megatron-LM's --async-save --use-persistent-ckpt-worker --ckpt-assume-constant-structure: one
+        # long-lived writer process, and one save strategy whose plan and metadata are computed at the
+        # first save and reused (the state dict's structure does not change within a run).
+        self.async_queue = AsyncCallsQueue(persistent=True) if spec.checkpoint.async_save else None
+        self._save_strategy = FullyParallelSaveStrategyWrapper(
+            TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True),
+            parallel_state.get_data_parallel_group(with_context_parallel=True), do_cache_distribution=True)
+        self._saves = 0
         self.graphs = _layer_graphs(self.model, cfg, spec, self.optimizer, self.world)
         self._eager_steps = 0
         self.details = {**model_lib.describe(self.config, self.layer_spec, padded),
@@ -257,13 +263,13 @@ class GpuBackend:
 
     def save(self, directory: Path, on_done) -> None:
         self._sync_params()
-        strategy = FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy("torch_dist"),
-                                                    parallel_state.get_data_parallel_group(with_context_parallel=True))
         is_async = self.async_queue is not None
         request = dist_checkpointing.save(
-            self._sharded_state_dict(is_loading=False), str(directory), sharded_strategy=strategy,
+            self._sharded_state_dict(is_loading=False), str(directory), sharded_strategy=self._save_strategy,
+            validate_access_integrity=self._saves == 0,  # the structure is checked once, then assumed
             async_sharded_save=is_async, async_strategy="nvrx" if HAVE_NVRX else "mcore",
             content_metadata={"distrib_optim_sharding_type": _SHARDING})
+        self._saves += 1
         if not is_async:
             on_done()
             self.world.barrier()
@@ -350,6 +356,8 @@ class GpuBackend:
 
     def close(self) -> None:
         self.finalize_saves(blocking=True)
+        if self.async_queue is not None:
+            self.async_queue.close()  # stops the persistent writer process
         if self.graphs is not None and self.graphs.graphs_created():
             self.graphs.delete_cuda_graphs()
         for m in self.model:
