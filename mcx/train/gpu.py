@@ -127,6 +127,8 @@ class GpuBackend:
         # long-lived writer process, and one save strategy whose plan and metadata are computed at the
         # first save and reused (the state dict's structure does not change within a run).
         self.async_queue = AsyncCallsQueue(persistent=True) if spec.checkpoint.async_save else None
+        if self.async_queue is not None:  # start the writer now, not at the first save
+            AsyncCallsQueue.warmup_persistent_caller(world.rank)
         self._save_strategy = FullyParallelSaveStrategyWrapper(
             TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True),
             parallel_state.get_data_parallel_group(with_context_parallel=True), do_cache_distribution=True)
