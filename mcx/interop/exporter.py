@@ -83,8 +83,6 @@ def _rule(key: str, v: Any, flat: dict[str, Any]) -> list[str]:
     if key == "train.precision":
         return {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [], "fp8-hybrid": ["--bf16", "--fp8-format", "hybrid"],
                 "fp8-e4m3": ["--bf16", "--fp8-format", "e4m3"]}[v]
-    if key == "train.cuda_graphs":
-        return ["--cuda-graph-impl", "transformer_engine"] if v else []
     if key == "train.recompute_granularity":
         return [] if v == "none" else ["--recompute-granularity", v]
     if key == "data.path":

@@ -267,22 +267,6 @@ def _recompute(ctx: Ctx, row: F.Row) -> None:
         ctx.set(row.key, "selective", "--recompute-activations", "script (deprecated alias of selective)")
 
 
-def _cuda_graphs(ctx: Ctx, row: F.Row) -> None:
-    if not ctx.has("--cuda-graph-impl"):
-        ctx.set(row.key, False, "--cuda-graph-impl", "Megatron-LM default")
-        return
-    impl = ctx.one("--cuda-graph-impl")
-    if impl is None:  # unreadable: ctx.one said why
-        return
-    if impl == "none":
-        ctx.set(row.key, False, "--cuda-graph-impl")
-    elif impl == "transformer_engine":
-        ctx.set(row.key, True, "--cuda-graph-impl")
-    else:
-        ctx.problem(f"--cuda-graph-impl {impl}: mcx captures CUDA graphs with Transformer Engine per layer only; "
-                    "train.cuda_graphs = false (set it to true for --cuda-graph-impl transformer_engine)")
-
-
 def _data_path(ctx: Ctx, row: F.Row) -> None:
     values = ctx.given.get("--data-path")
     if not values:
@@ -400,7 +384,6 @@ RULES: dict[str, Callable[[Ctx, F.Row], None]] = {
     "train.lr_decay_iters": _decay_iters,
     "train.precision": _precision,
     "train.recompute_granularity": _recompute,
-    "train.cuda_graphs": _cuda_graphs,
     "data.path": _data_path,
     "data.prefix": _nothing,
     "data.tokenizer.kind": _tokenizer,

@@ -128,8 +128,6 @@ def _te_rules(spec: ExperimentSpec, layout: Layout, te_available: bool | None) -
         needs.append(("parallel.context", f"context parallel (parallel.context = {layout.cp})", "use parallel.context = 1"))
     if spec.train.precision.startswith("fp8"):
         needs.append(("train.precision", f"FP8 (train.precision = \"{spec.train.precision}\")", "use \"bf16\""))
-    if spec.train.cuda_graphs:
-        needs.append(("train.cuda_graphs", "CUDA graphs (train.cuda_graphs = true)", "set train.cuda_graphs = false"))
     if layout.sequence_parallel:
         needs.append(("parallel.sequence_parallel", f"sequence parallel with {spec.model.normalization}",
                       "set parallel.sequence_parallel = false"))

@@ -128,13 +128,6 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
     if t.fp8_attention and not t.precision.startswith("fp8"):
         out.append(("train.fp8_attention", f"true needs an fp8 train.precision (it is \"{t.precision}\"); "
                     "set precision = \"fp8-hybrid\" or fp8_attention = false"))
-    if t.cuda_graphs and t.recompute_granularity == "full":
-        out.append(("train.cuda_graphs", "true cannot capture layers that full recomputation re-runs (Megatron-Core "
-                    "allows it only for whole-iteration graphs); use recompute_granularity = \"selective\" or "
-                    "\"none\", or cuda_graphs = false"))
-    if t.cuda_graphs and spec.model.num_experts is not None:
-        out.append(("train.cuda_graphs", "true captures whole layers, and a mixture-of-experts layer routes a "
-                    "different number of tokens to each expert every step; set cuda_graphs = false"))
     if not re.fullmatch(r"\d+(\.\d+)?,\d+(\.\d+)?,\d+(\.\d+)?", spec.data.split):
         out.append(("data.split", f"{spec.data.split!r} must be three weights 'train,valid,test' such as \"969,30,1\""))
     elif sum(float(x) for x in spec.data.split.split(",")) <= 0 or float(spec.data.split.split(",")[0]) <= 0:

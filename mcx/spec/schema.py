@@ -100,7 +100,6 @@ class TrainSpec:
     grad_reduce_in_bf16: bool = False
     gradient_accumulation_fusion: bool = True  # GPU: weight gradients accumulated into fp32 by the GEMM
     cross_entropy_fusion: bool = True  # GPU, bf16 parameters, not deterministic: Megatron's fused loss
-    cuda_graphs: bool = False  # Transformer Engine: each transformer layer's forward and backward as a CUDA graph
     recompute_granularity: RecomputeGranularity = "none"
     recompute_method: RecomputeMethod = "uniform"
     recompute_num_layers: int = 1

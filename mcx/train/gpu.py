@@ -9,11 +9,10 @@
 * ``get_forward_backward_func``: no pipelining, 1F1B, or interleaved 1F1B with virtual stages;
 * ``dist_checkpointing`` (torch_dist format, fully parallel save over DP) of model + optimizer +
   scheduler + every rank's RNG states (Python, NumPy, torch, CUDA and MCore's CUDA RNG tracker);
-  async saves go through MCore's ``AsyncCallsQueue`` and are committed when every rank has written;
+  async saves go through MCore's ``AsyncCallsQueue`` with a persistent writer process and a save
+  plan cached after the first save (D19), and are committed when every rank has written;
 * FP8 (Transformer Engine spec only), recompute and deterministic mode are TransformerConfig fields
-  (model.py); the deterministic environment is set in runtime.py before CUDA starts;
-* CUDA graphs (``train.cuda_graphs``): Megatron-Core's ``TECudaGraphHelper`` captures every
-  transformer layer after the worker's first eager step, as Megatron-LM's train() does.
+  (model.py); the deterministic environment is set in runtime.py before CUDA starts.
 
 Megatron-LM details kept: forward pre-hooks (overlapped param all-gather) are off for the first
 step and during evaluation, params are force-synced before a checkpoint, the scheduler steps only
@@ -62,9 +61,7 @@ class GpuBackend:
         # Megatron's _set_random_seed: a different seed per pipeline stage, then MCore's CUDA RNG tracker.
         seed = t.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
         seed_everything(seed)
-        # CUDA graphs need Transformer Engine's RNG tracker (graph-safe generators), as in Megatron-LM.
-        tensor_parallel.model_parallel_cuda_manual_seed(seed, te_rng_tracker=t.cuda_graphs and self.layer_spec == "transformer_engine",
-                                                        force_reset_rng=True)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
         layer_spec = model_lib.gpt_layer_spec(spec, self.layer_spec)
         chunks = []
         vpp = lay.virtual_stages
@@ -133,8 +130,6 @@ class GpuBackend:
             TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True),
             parallel_state.get_data_parallel_group(with_context_parallel=True), do_cache_distribution=True)
         self._saves = 0
-        self.graphs = _layer_graphs(self.model, cfg, spec, self.optimizer, self.world)
-        self._eager_steps = 0
         self.details = {**model_lib.describe(self.config, self.layer_spec, padded),
                         "distributed_optimizer": dist_opt, "precision": t.precision,
                         "deterministic": t.deterministic, "pipeline_schedule": (
@@ -175,10 +170,6 @@ class GpuBackend:
     # -- training ---------------------------------------------------------------------------------
 
     def train_step(self, microbatches: list[Batch]) -> StepOutput:
-        if self.graphs is not None and not self.graphs.graphs_created() and \
-                self._eager_steps >= model_lib.CUDA_GRAPH_WARMUP_STEPS:
-            self._capture_graphs()
-        self._eager_steps += 1
         for m in self.model:
             m.train()
             m.zero_grad_buffer()
@@ -194,21 +185,7 @@ class GpuBackend:
                 for m in self.model:
                     m.enable_forward_pre_hook()
                 self._pre_hook_enabled = True
-                if self.graphs is not None and self.graphs.graphs_created():
-                    self.graphs.cuda_graph_set_manual_hooks()
         return StepOutput(loss=loss_sum / max(tokens, 1), grad_norm=grad_norm, lr=lr, tokens=tokens, skipped=not ok)
-
-    def _capture_graphs(self) -> None:
-        """Megatron-LM's train(): capture with the parameter all-gather hooks off, then hand the
-        hooks of the captured layers to the graphs (a replay runs them by hand)."""
-        if self._pre_hook_enabled:
-            for m in self.model:
-                m.disable_forward_pre_hook(param_sync=False)
-        self.graphs.create_cudagraphs()
-        if self._pre_hook_enabled:
-            for m in self.model:
-                m.enable_forward_pre_hook()
-            self.graphs.cuda_graph_set_manual_hooks()
 
     def _sync_params(self) -> None:
         """Bring model params up to date with the optimizer (overlapped param gather is lazy)."""
@@ -360,28 +337,8 @@ class GpuBackend:
         self.finalize_saves(blocking=True)
         if self.async_queue is not None:
             self.async_queue.close()  # stops the persistent writer process
-        if self.graphs is not None and self.graphs.graphs_created():
-            self.graphs.delete_cuda_graphs()
         for m in self.model:
             if self._pre_hook_enabled:
                 m.disable_forward_pre_hook(param_sync=False)
         self.model, self.optimizer = [], None
         torch.cuda.empty_cache()
-
-
-def _layer_graphs(model: list, config, spec, optimizer, world: World):
-    """train.cuda_graphs: Megatron-Core's helper around Transformer Engine's make_graphed_callables,
-    which captures each transformer layer's forward and backward (for one micro-batch without
-    pipelining, for every in-flight one with it). It reads the number of micro-batches from
-    Megatron's global calculator, which mcx's loop does not otherwise need."""
-    if config.cuda_graph_impl != "transformer_engine":
-        return None
-    from megatron.core import num_microbatches_calculator as nmc
-    from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
-
-    t = spec.train
-    dp = parallel_state.get_data_parallel_world_size()
-    nmc.unset_num_microbatches_calculator()
-    nmc.init_num_microbatches_calculator(world.rank, None, t.global_batch_size, t.micro_batch_size, dp)
-    return TECudaGraphHelper(model=model, config=config, seq_length=spec.model.seq_length,
-                             micro_batch_size=t.micro_batch_size, optimizers=[optimizer])

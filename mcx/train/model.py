@@ -41,7 +41,6 @@ LayerSpecName = Literal["local", "transformer_engine"]
 _PARAMS_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                  "fp8-hybrid": torch.bfloat16, "fp8-e4m3": torch.bfloat16}
 _FP8_FORMAT = {"fp8-hybrid": "hybrid", "fp8-e4m3": "e4m3"}
-CUDA_GRAPH_WARMUP_STEPS = 1  # eager training steps in a worker before layers are captured
 
 
 def te_available() -> bool:
@@ -71,8 +70,6 @@ def choose_layer_spec(spec: ExperimentSpec, layout: Layout, device: str) -> Laye
             problems.append(("parallel.context", f"{layout.cp} needs Transformer Engine's attention; use 1"))
         if layout.sequence_parallel:
             problems.append(("parallel.sequence_parallel", "needs Transformer Engine's norms; set it to false"))
-        if spec.train.cuda_graphs:
-            problems.append(("train.cuda_graphs", "needs Transformer Engine's make_graphed_callables; set it to false"))
         if problems:
             raise SpecError(problems)
     return chosen
@@ -138,11 +135,6 @@ def _config(spec: ExperimentSpec, layout: Layout, *, cpu: bool, te: bool, dtype,
         fp8_amax_history_len=t.fp8_amax_history_len,
         fp8_amax_compute_algo=t.fp8_amax_compute_algo,
         fp8_dot_product_attention=te and t.precision.startswith("fp8") and t.fp8_attention,
-        # CUDA graphs: Transformer Engine captures each whole layer (empty modules list); the backend
-        # captures after CUDA_GRAPH_WARMUP_STEPS eager steps (gpu.py).
-        cuda_graph_impl="transformer_engine" if te and t.cuda_graphs else "none",
-        cuda_graph_modules=[] if te and t.cuda_graphs else "full",
-        cuda_graph_warmup_steps=CUDA_GRAPH_WARMUP_STEPS,
         # Fusions: Megatron's defaults on GPU; off on CPU (they are torch.compile'd CUDA paths).
         bias_activation_fusion=not cpu and m.swiglu,
         bias_dropout_fusion=not cpu,
@@ -230,7 +222,6 @@ def describe(config: TransformerConfig, layer_spec: LayerSpecName, vocab_size: i
         "cross_entropy_fusion": bool(config.cross_entropy_loss_fusion),
         "core_attention": ("TEDotProductAttention" + (" (fp8)" if config.fp8_dot_product_attention else "")
                            if layer_spec == "transformer_engine" else "torch_sdpa"),
-        "cuda_graphs": "transformer_engine (whole layers)" if config.cuda_graph_impl == "transformer_engine" else "off",
         "padded_vocab_size": vocab_size,
         "moe_token_dispatcher_type": config.moe_token_dispatcher_type if config.num_moe_experts else None,
         "moe_grouped_gemm": bool(config.moe_grouped_gemm) if config.num_moe_experts else None,
