@@ -485,8 +485,11 @@ def test_export_needs_the_layout_for_open_degrees() -> None:
     assert args[tok:tok + 4] == ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "data/my data"]
 
 
+_ONE_GPU = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": 1, "world_size": 1, "sequence_parallel": False}
+
+
 def test_fused_cross_entropy_exports_where_mcx_runs_it() -> None:
-    layout = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": 1, "world_size": 1, "sequence_parallel": False}
+    layout = _ONE_GPU
     for precision, fused in (("bf16", True), ("fp8-hybrid", True), ("fp16", False), ("fp32", False)):
         spec = _spec(_BASE)
         spec = attrs.evolve(spec, train=attrs.evolve(spec.train, precision=precision))
@@ -497,6 +500,18 @@ def test_fused_cross_entropy_exports_where_mcx_runs_it() -> None:
     off = attrs.evolve(spec, train=attrs.evolve(spec.train, cross_entropy_fusion=False, gradient_accumulation_fusion=False))
     args = export_args(off, layout)
     assert "--cross-entropy-loss-fusion" not in args and "--no-gradient-accumulation-fusion" in args
+
+
+def test_fp8_attention_is_not_exported(megatron: argparse.ArgumentParser) -> None:
+    """Megatron-LM 0.19.2 has no flag for TransformerConfig.fp8_dot_product_attention: the export says
+    nothing of it (and stays a command Megatron-LM parses), and an import leaves it at mcx's default."""
+    spec, layout = _spec(_BASE), _ONE_GPU
+    fp8 = attrs.evolve(spec, train=attrs.evolve(spec.train, precision="fp8-hybrid", fp8_attention=True))
+    args = export_args(fp8, layout)
+    assert not [a for a in args if "dot-product" in a] and args[args.index("--fp8-format") + 1] == "hybrid"
+    megatron.parse_args(args)
+    again = import_script(export_script(fp8, layout), name=spec.name).spec.train
+    assert again.precision == "fp8-hybrid" and again.fp8_attention is False
 
 
 def test_export_takes_the_planners_layout() -> None:

@@ -456,6 +456,15 @@ def test_every_rule_problem_is_reported_at_once(tmp_path):
     assert "raise max_position_embeddings or shorten the sequence" in msgs["model.seq_length"]
 
 
+def test_fp8_attention_needs_an_fp8_precision(tmp_path):
+    found = dict(problems(write(tmp_path / "t.toml", tiny(train={"fp8_attention": True, "precision": "bf16"}))))
+    assert list(found) == ["train.fp8_attention"]
+    assert found["train.fp8_attention"] == ('true needs an fp8 train.precision (it is "bf16"); set precision = '
+                                            '"fp8-hybrid" or fp8_attention = false')
+    ok = load_spec(write(tmp_path / "u.toml", tiny(train={"fp8_attention": True, "precision": "fp8-hybrid"})))
+    assert ok.train.fp8_attention and ok.train.precision == "fp8-hybrid"
+
+
 def test_missing_required_sections_and_keys(tmp_path):
     found = problems(write(tmp_path / "t.toml", {"description": "only this"}))
     assert found == [(k, "required key is missing; add it") for k in ("name", "model", "train", "data")]
