@@ -12,7 +12,7 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
     print(f"== {f.name}")
     if f.name.startswith("throughput"):
         for name, r in (d.get("runs") or {}).items():
-            print(f"  {name}: tok/s/gpu {r.get('tokens_per_s_per_gpu')} tflops {r.get('tflops_per_gpu')} mfu {r.get('mfu')} mem {r.get('mem_peak_bytes')} loss {r.get('loss_first')}->{r.get('loss_last')} layer {r.get('layer_spec')} built {json.dumps({k: (r.get('built') or {}).get(k) for k in ('layer_spec', 'gradient_accumulation_fusion', 'cross_entropy_fusion', 'core_attention', 'cuda_graphs')})}")
+            print(f"  {name}: tok/s/gpu {r.get('tokens_per_s_per_gpu')} tflops {r.get('tflops_per_gpu')} mfu {r.get('mfu')} mem {r.get('mem_peak_bytes')} loss {r.get('loss_first')}->{r.get('loss_last')} layer {r.get('layer_spec')} built {json.dumps({k: (r.get('built') or {}).get(k) for k in ('layer_spec', 'gradient_accumulation_fusion', 'cross_entropy_fusion', 'core_attention')})}")
         print(f"  ratio {d.get('ratio')} mfu {d.get('mfu')}")
         continue
     for k, v in d.items():
