@@ -7,14 +7,7 @@
 #   each at its best micro-batch; 8 is planned at about 122 GiB).
 # Then both GPUs: EP 2 on Transformer Engine against its one-GPU reference.
 cd "$(dirname "$0")/../.." && source benchmarks/gpu/prelude.sh
-V=benchmarks/gpu_validation.py; T=benchmarks/throughput.py; S=experiments/h200_1gpu.toml
 (sleep 555; tar czf $OUT/res_next_a.tgz -C /tmp/res .; python3 benchmarks/gpu/summarize.py /tmp/res | tail -c 9000) &
-one() {  # one GPU NAME TIMEOUT ARGS...: one mcx run of the one-H200 spec
-  local gpu=$1 name=$2 limit=$3; shift 3
-  CUDA_VISIBLE_DEVICES=$gpu timeout $((limit + 5)) python3 $T --spec $S --steps 5 --warmup 2 --timeout $limit --impl te \
-    --runners mcx --work-dir /tmp/w/$name --out /tmp/res/throughput_1gpu_$name.json "$@" > $OUT/$name.log 2>&1
-  rm -rf /tmp/w/$name; tail -n 2 $OUT/$name.log
-}
 (
   timeout 300 python3 $V ckpt-stall --gpus 0 --spec dense --steps 101 --every 20 --out /tmp/res --work-dir /tmp/gv0 --timeout 140
 ) > $OUT/g0.log 2>&1 &

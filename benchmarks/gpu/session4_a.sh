@@ -10,14 +10,7 @@
 #   attention, bf16 with CUDA graphs, FP8 with current (tensorwise) scaling, FP8 + FP8 attention +
 #   CUDA graphs.
 cd "$(dirname "$0")/../.." && source benchmarks/gpu/prelude.sh
-V=benchmarks/gpu_validation.py; T=benchmarks/throughput.py; S=experiments/h200_1gpu.toml
 (sleep 555; tar czf $OUT/res_s4a.tgz -C /tmp/res .; python3 benchmarks/gpu/summarize.py /tmp/res | tail -c 9000) &
-one() {  # one GPU NAME TIMEOUT ARGS...: one mcx run of the one-H200 spec at micro-batch 4
-  local gpu=$1 name=$2 limit=$3; shift 3
-  CUDA_VISIBLE_DEVICES=$gpu timeout $((limit + 5)) python3 $T --spec $S --steps 5 --warmup 2 --timeout $limit --impl te \
-    --mbs 4 --runners mcx --work-dir /tmp/w/$name --out /tmp/res/throughput_1gpu_$name.json "$@" > $OUT/$name.log 2>&1
-  rm -rf /tmp/w/$name; tail -n 3 $OUT/$name.log
-}
 (
   timeout 215 python3 $V faults --only sigterm --gpus 0 --out /tmp/res --timeout 205
   timeout 230 python3 $V ckpt-stall --gpus 0 --spec dense --steps 21 --every 5 --out /tmp/res --work-dir /tmp/gv0 --timeout 110

@@ -5,14 +5,7 @@
 # levers: overlapped gradient reduce and parameter gather against neither, bf16 gradient reduction;
 # last, FP8 attention at 8192 on context parallel 2.
 cd "$(dirname "$0")/../.." && source benchmarks/gpu/prelude.sh
-T=benchmarks/throughput.py; S2=experiments/h200_2gpu.toml
 (sleep 555; tar czf $OUT/res_s4b.tgz -C /tmp/res .; python3 benchmarks/gpu/summarize.py /tmp/res | tail -c 9000) &
-two() {  # two NAME TIMEOUT ARGS...: one two-GPU mcx run of the 8B spec
-  local name=$1 limit=$2; shift 2
-  timeout $((limit + 5)) python3 $T --spec $S2 --gpus 2 --impl te --mbs 1 --steps 4 --warmup 2 --runners mcx --timeout $limit \
-    --work-dir /tmp/w/$name --out /tmp/res/throughput_2gpu_$name.json "$@" > $OUT/$name.log 2>&1
-  rm -rf /tmp/w/$name; tail -n 3 $OUT/$name.log; pkill -9 -f mcx.train; sleep 2
-}
 two te_fp8_seq8192_cp2 150 --fp8 hybrid --seq 8192 --set parallel.context=2
 two te_fp8_seq8192_tp2sp 150 --fp8 hybrid --seq 8192 --set parallel.tensor=2 --set parallel.sequence_parallel=true
 two te_no_overlap 120 --set parallel.overlap_grad_reduce=false --set parallel.overlap_param_gather=false

@@ -10,20 +10,7 @@
 # Then both GPUs: the two-GPU 8B spec as shipped (the reference for call B's overlap and bf16-reduce
 # rows), and FP8 at sequence 8192 on TP 2 + SP at micro-batch 2.
 cd "$(dirname "$0")/../.." && source benchmarks/gpu/prelude.sh
-V=benchmarks/gpu_validation.py; T=benchmarks/throughput.py; S=experiments/h200_1gpu.toml; S2=experiments/h200_2gpu.toml
 (sleep 555; tar czf $OUT/res_s4c.tgz -C /tmp/res .; python3 benchmarks/gpu/summarize.py /tmp/res | tail -c 9000) &
-one() {  # one GPU NAME TIMEOUT ARGS...: one mcx run of the one-H200 spec at micro-batch 4
-  local gpu=$1 name=$2 limit=$3; shift 3
-  CUDA_VISIBLE_DEVICES=$gpu timeout $((limit + 5)) python3 $T --spec $S --steps 5 --warmup 2 --timeout $limit --impl te \
-    --mbs 4 --runners mcx --work-dir /tmp/w/$name --out /tmp/res/throughput_1gpu_$name.json "$@" > $OUT/$name.log 2>&1
-  rm -rf /tmp/w/$name; tail -n 3 $OUT/$name.log
-}
-two() {  # two NAME TIMEOUT ARGS...: one two-GPU mcx run of the 8B spec
-  local name=$1 limit=$2; shift 2
-  timeout $((limit + 5)) python3 $T --spec $S2 --gpus 2 --impl te --steps 4 --warmup 2 --runners mcx --timeout $limit \
-    --work-dir /tmp/w/$name --out /tmp/res/throughput_2gpu_$name.json "$@" > $OUT/$name.log 2>&1
-  rm -rf /tmp/w/$name; tail -n 3 $OUT/$name.log; pkill -9 -f mcx.train; sleep 2
-}
 (
   timeout 230 python3 $V ckpt-stall --gpus 0 --spec dense --steps 21 --every 5 --out /tmp/res --work-dir /tmp/gv0 --timeout 110
   timeout 200 python3 $V faults --only sigkill --gpus 0 --out /tmp/res --timeout 190

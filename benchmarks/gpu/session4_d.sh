@@ -6,14 +6,7 @@
 # by taking one suspect away per GPU, each beside its own reference without graphs; then the
 # checkpoint stall with the persistent writer started at start-up.
 cd "$(dirname "$0")/../.." && source benchmarks/gpu/prelude.sh
-V=benchmarks/gpu_validation.py; T=benchmarks/throughput.py; S=experiments/h200_1gpu.toml
 (sleep 290; tar czf $OUT/res_s4d.tgz -C /tmp/res .; python3 benchmarks/gpu/summarize.py /tmp/res | tail -c 6000) &
-one() {  # one GPU NAME TIMEOUT ARGS...: one mcx run of the one-H200 spec at micro-batch 4
-  local gpu=$1 name=$2 limit=$3; shift 3
-  CUDA_VISIBLE_DEVICES=$gpu timeout $((limit + 5)) python3 $T --spec $S --steps 5 --warmup 2 --timeout $limit --impl te \
-    --mbs 4 --runners mcx --work-dir /tmp/w/$name --out /tmp/res/throughput_1gpu_$name.json "$@" > $OUT/$name.log 2>&1
-  rm -rf /tmp/w/$name; tail -n 2 $OUT/$name.log
-}
 NO_OVERLAP="--set parallel.overlap_grad_reduce=false --set parallel.overlap_param_gather=false"
 (
   one 0 te_graphs_nooverlap_mbs4 100 --set train.cuda_graphs=true $NO_OVERLAP
