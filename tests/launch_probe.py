@@ -3,7 +3,9 @@
 It keeps the worker's job contract (job.json in, metrics.jsonl, checkpoints/latest and
 result.json out, SIGTERM -> checkpoint and exit) around a step counter instead of a model, so
 the tests prove the launch mechanics (processes, rendezvous, signals, requeue and resume)
-without the cost of training. job.json keys: ``steps``, ``step_seconds``, ``fail_at_step``.
+without the cost of training. job.json keys: ``steps``, ``step_seconds``, ``fail_at_step``,
+``crash_at_step`` (SIGKILL itself there), ``helper`` (start a helper process first, as Megatron-Core
+starts its persistent checkpoint writer, and write its pid to ``helper.pid``).
 With WORLD_SIZE > 1 it joins a gloo process group and all-reduces every step.
 """
 
@@ -93,6 +95,12 @@ def main() -> int:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() > 0
 
+    if job.get("helper"):  # a spawned daemon that waits forever, like MCore's checkpoint writer
+        import multiprocessing
+
+        helper = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(3600,), daemon=True)
+        helper.start()
+        (stage / "helper.pid").write_text(str(helper.pid))
     start = resume_step(stage)
     metrics = stage / "metrics.jsonl"
     if rank == 0:
@@ -102,6 +110,8 @@ def main() -> int:
     status, code, step = "finished", 0, start
     for step in range(start + 1, job["steps"] + 1):
         time.sleep(job.get("step_seconds", 0.0))
+        if step == job.get("crash_at_step"):
+            os.kill(os.getpid(), signal.SIGKILL)
         if step == job.get("fail_at_step"):
             status, code = "failed", 3
             break

@@ -319,6 +319,24 @@ def test_local_failure_reports_the_exit_code(tmp_path: Path):
     assert "exited with code 3" in outcome.detail and "fail_at_step reached" in outcome.detail
 
 
+def test_a_crashed_worker_leaves_no_helper_process_behind(tmp_path: Path):
+    stage_dir = stage(tmp_path, steps=5, crash_at_step=3, helper=True)
+    outcome = local(tmp_path).start(stage_dir, {"world_size": 1}, LaunchSpec(), PROBE_ENV).wait(60)
+    assert outcome.state == "failed" and outcome.exit_code == -9, outcome.detail
+    helper = int((stage_dir / "helper.pid").read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{helper}").exists() and "Z" not in _state(helper) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{helper}").exists() or "Z" in _state(helper)  # gone, or dead and awaiting its reaper
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+    except OSError:
+        return "gone"
+
+
 def test_local_cancel_checkpoints_and_a_rerun_resumes(tmp_path: Path):
     stage_dir = stage(tmp_path, steps=6, step_seconds=0.3)
     handle = local(tmp_path).start(stage_dir, {"world_size": 1}, LaunchSpec(), PROBE_ENV)

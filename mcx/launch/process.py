@@ -105,7 +105,10 @@ class ProcessHandle:
         return self._proc.pid
 
     def poll(self) -> State:
-        return "running" if self._proc.poll() is None else self._outcome().state
+        if self._proc.poll() is None:
+            return "running"
+        self._reap_group()
+        return self._outcome().state
 
     def wait(self, timeout: float | None = None) -> LaunchOutcome:
         with self.forwarding_signals():
@@ -113,7 +116,18 @@ class ProcessHandle:
                 self._proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 return LaunchOutcome(state="running", job_id=self.job_id, log=self._log, detail=f"{self._what} running")
+        self._reap_group()
         return self._outcome()
+
+    def _reap_group(self) -> None:
+        """Once the child has exited, nothing of this launch outlives it. A worker that crashed or
+        was killed leaves its own helpers behind (Megatron-Core's persistent checkpoint writer,
+        data-loader workers), each holding memory and a CUDA context; they are in the launch's
+        process group, which this empties."""
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def interrupt(self) -> None:
         """Ask the workers to save a checkpoint and stop (SIGTERM); the launch ends 'cancelled'."""
