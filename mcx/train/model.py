@@ -134,7 +134,7 @@ def _config(spec: ExperimentSpec, layout: Layout, *, cpu: bool, te: bool, dtype,
         fp8_recipe=t.fp8_recipe if t.precision.startswith("fp8") else "delayed",
         fp8_amax_history_len=t.fp8_amax_history_len,
         fp8_amax_compute_algo=t.fp8_amax_compute_algo,
-        fp8_dot_product_attention=te and t.precision.startswith("fp8") and t.fp8_attention,
+        fp8_dot_product_attention=te and t.fp8_attention,  # the spec rule ties it to an fp8 precision
         # Fusions: Megatron's defaults on GPU; off on CPU (they are torch.compile'd CUDA paths).
         bias_activation_fusion=not cpu and m.swiglu,
         bias_dropout_fusion=not cpu,
