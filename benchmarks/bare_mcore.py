@@ -16,7 +16,12 @@ wire it, and is scored by the same function as mcx's run (``throughput.score``):
   hooks Megatron-LM sets on the config (``no_sync_func``, ``grad_sync_func``,
   ``finalize_model_grads_func``, ``grad_scale_func``); the forward pre-hooks of the overlapped
   param all-gather are off for the first step, as in Megatron-LM;
-* FP8 (``--fp8 hybrid``, delayed scaling) with the Transformer Engine spec.
+* FP8 (``--fp8 hybrid``, delayed scaling) with the Transformer Engine spec;
+* ``--compile`` (a lever under measurement, issue 7): ``rope`` torch.compiles MCore's unfused RoPE
+  (the local spec's; Transformer Engine's is fused already), ``layers`` torch.compiles every
+  transformer layer (``nn.Module.compile``; MCore's layers graph-break at each linear and around the
+  output projection, so the fused regions are the norms, RoPE, SwiGLU and residual adds between them).
+  The local spec's RMSNorm is torch's, which runs one fused kernel on CUDA (``aten._fused_rms_norm``).
 
 Data: random token ids from a fixed ``torch.Generator`` (same shapes as real data, which is all
 that speed depends on), pinned on the host and copied per micro-batch like Megatron-LM's
@@ -203,6 +208,18 @@ def gpt_model(spec: ExperimentSpec, config: TransformerConfig, te: bool, padded_
     )
 
 
+def compile_lever(model: torch.nn.Module, what: str) -> None:
+    """``--compile``: torch.compile MCore's unfused RoPE, or each whole transformer layer."""
+    if what == "rope":
+        from megatron.core.models.common.embeddings import rope_utils
+
+        rope_utils._apply_rotary_pos_emb_bshd = torch.compile(rope_utils._apply_rotary_pos_emb_bshd)
+    elif what == "layers":
+        torch._dynamo.config.recompile_limit = 64  # a compile per distinct layer at most
+        for layer in model.decoder.layers:
+            layer.compile()
+
+
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     """pretrain_gpt.py's loss: (masked token loss sum, token count, report); the schedule divides."""
     losses = output_tensor.view(-1).float()
@@ -278,6 +295,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     for p in model.parameters():
         tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(p)
     model.cuda(torch.cuda.current_device())
+    compile_lever(model, args.compile)
     if config.bf16 or config.fp16:
         model = Float16Module(config, model)
     par = spec.parallel
@@ -366,7 +384,8 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "mem_peak_bytes": mem[0], "mem_reserved_peak_bytes": mem[1],
         "mem_peak_bytes_max_rank": int(mem_max[0].item()), "mem_reserved_peak_bytes_max_rank": int(mem_max[1].item()),
         "gpu_name": name, "gpu": gpu, "peak_flops": peak,
-        "gradient_accumulation_fusion": config.gradient_accumulation_fusion, "versions": _versions(),
+        "gradient_accumulation_fusion": config.gradient_accumulation_fusion, "compile": args.compile,
+        "versions": _versions(),
     }
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
@@ -453,6 +472,7 @@ def cpu_check(args: argparse.Namespace) -> dict[str, Any]:
                                    for layer in model.decoder.layers][:1],
                    param_dtype=str(next(model.parameters()).dtype))
         assert n_params == planned, (n_params, planned)
+        compile_lever(model, args.compile)
         if config.bf16 or config.fp16:
             model = Float16Module(config, model)
         seq = m.seq_length
@@ -494,6 +514,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=5, help="untimed optimizer steps first")
     p.add_argument("--deterministic", action="store_true", help="Megatron's deterministic mode (train.deterministic)")
+    p.add_argument("--compile", choices=["none", "rope", "layers"], default="none",
+                   help="torch.compile MCore's unfused RoPE, or every transformer layer (a lever under measurement)")
     p.add_argument("--project", default=".", help="project root (data paths in the spec are relative to it)")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.add_argument("--cpu-check", action="store_true", help="check model construction on CPU instead of training")
