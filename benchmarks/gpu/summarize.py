@@ -15,6 +15,10 @@ for f in sorted(Path(sys.argv[1]).glob("*.json")):
             print(f"  {name}: tok/s/gpu {r.get('tokens_per_s_per_gpu')} tflops {r.get('tflops_per_gpu')} mfu {r.get('mfu')} mem {r.get('mem_peak_bytes')} loss {r.get('loss_first')}->{r.get('loss_last')} layer {r.get('layer_spec')} built {json.dumps({k: (r.get('built') or {}).get(k) for k in ('layer_spec', 'gradient_accumulation_fusion', 'cross_entropy_fusion', 'core_attention')})}")
         print(f"  ratio {d.get('ratio')} mfu {d.get('mfu')}")
         continue
+    if d.get("runner") == "bare_mcore":
+        print("  " + json.dumps({k: d.get(k) for k in ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mem_peak_bytes",
+                                                       "loss_first", "loss_last", "compile", "layer_spec")}))
+        continue
     for k, v in d.items():
         if isinstance(v, dict):
             keep = {kk: (short(vv) if kk in ('losses', 'grad_norms', 'step_times', 'valid', 'mfu', 'test') else vv)
