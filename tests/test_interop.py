@@ -497,9 +497,12 @@ def test_fused_cross_entropy_exports_where_mcx_runs_it() -> None:
         assert ("--cross-entropy-loss-fusion" in args) is fused, precision  # Megatron's fused backward is bf16
         assert "--no-gradient-accumulation-fusion" not in args
     spec = _spec(_BASE)
-    off = attrs.evolve(spec, train=attrs.evolve(spec.train, cross_entropy_fusion=False, gradient_accumulation_fusion=False))
+    assert "--no-rope-fusion" not in export_args(spec, layout)
+    off = attrs.evolve(spec, train=attrs.evolve(spec.train, cross_entropy_fusion=False, gradient_accumulation_fusion=False,
+                                                rope_fusion=False))
     args = export_args(off, layout)
     assert "--cross-entropy-loss-fusion" not in args and "--no-gradient-accumulation-fusion" in args
+    assert "--no-rope-fusion" in args
 
 
 def test_fp8_attention_is_not_exported(megatron: argparse.ArgumentParser) -> None:

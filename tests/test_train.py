@@ -413,6 +413,36 @@ def test_fusions_follow_the_spec_the_device_and_the_precision():
     assert config.cross_entropy_fusion_impl == "native"
     details = describe(config, "local", 512)
     assert details["gradient_accumulation_fusion"] == "off" and details["cross_entropy_fusion"] is False
+    assert not config.apply_rope_fusion and details["rope_fusion"] == "off"  # TE's kernel only
+
+
+def test_rope_fusion_compiles_mcore_rope_on_the_local_spec_and_keeps_its_values(monkeypatch):
+    """train.rope_fusion on the local spec: MCore's own RoPE, torch.compile'd (here by inductor on
+    CPU), gives MCore's values; the Transformer Engine spec and rope_fusion = false leave it alone."""
+    import torch
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from mcx.train import model
+
+    eager = rope_utils._apply_rotary_pos_emb_bshd
+    monkeypatch.setattr(rope_utils, "_apply_rotary_pos_emb_bshd", eager)  # restored after the test
+    monkeypatch.setattr(model, "_ROPE_COMPILED", False)
+    spec = load_spec(TINY)
+    assert not model.compiled_rope(spec, "transformer_engine")
+    assert not model.compiled_rope(load_spec(TINY, ["train.rope_fusion=false"]), "local")
+    assert rope_utils._apply_rotary_pos_emb_bshd is eager
+    assert model.compiled_rope(spec, "local") and model.compiled_rope(spec, "local")  # once per process
+    compiled = rope_utils._apply_rotary_pos_emb_bshd
+    assert compiled is not eager
+    gen = torch.Generator().manual_seed(0)
+    t = torch.randn(16, 2, 4, 8, generator=gen, requires_grad=True)
+    freqs = torch.randn(16, 1, 1, 8, generator=gen)
+    want = eager(t, freqs)
+    got = compiled(t, freqs)
+    assert torch.allclose(got, want, atol=1e-6)
+    g = torch.randn(want.shape, generator=gen)
+    (want_grad,), (got_grad,) = torch.autograd.grad(want, t, g), torch.autograd.grad(got, t, g)
+    assert torch.allclose(got_grad, want_grad, atol=1e-6)
 
 
 def test_wgrad_accumulation_is_the_fp32_reference_and_stays_off_without_a_gpu(monkeypatch):

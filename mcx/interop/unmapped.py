@@ -55,7 +55,6 @@ HANDLED: dict[str, str] = {
     "--no-bias-gelu-fusion": _KERNELS,
     "--no-bias-swiglu-fusion": _KERNELS,
     "--no-bias-dropout-fusion": _KERNELS,
-    "--no-rope-fusion": _KERNELS,
     "--no-persist-layer-norm": _KERNELS,
     "--cross-entropy-fusion-impl": "mcx uses the native implementation (Megatron-LM refuses \"te\" for its stability issues)",
     "--moe-permute-fusion": _KERNELS,

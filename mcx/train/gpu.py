@@ -63,6 +63,7 @@ class GpuBackend:
         seed_everything(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
         layer_spec = model_lib.gpt_layer_spec(spec, self.layer_spec)
+        model_lib.compiled_rope(spec, self.layer_spec)
         chunks = []
         vpp = lay.virtual_stages
         for i in range(vpp or 1):

@@ -41,6 +41,7 @@ LayerSpecName = Literal["local", "transformer_engine"]
 _PARAMS_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
                  "fp8-hybrid": torch.bfloat16, "fp8-e4m3": torch.bfloat16}
 _FP8_FORMAT = {"fp8-hybrid": "hybrid", "fp8-e4m3": "e4m3"}
+_ROPE_COMPILED = False  # compiled_rope() patched MCore's RoPE in this process
 
 
 def te_available() -> bool:
@@ -139,7 +140,7 @@ def _config(spec: ExperimentSpec, layout: Layout, *, cpu: bool, te: bool, dtype,
         bias_activation_fusion=not cpu and m.swiglu,
         bias_dropout_fusion=not cpu,
         masked_softmax_fusion=False,  # unused by SDPA and TE attention
-        apply_rope_fusion=te,
+        apply_rope_fusion=te and t.rope_fusion,  # the local spec's RoPE: compiled_rope() below
         # Weight gradients accumulated into fp32 main_grad by the GEMM itself (apex's kernel, or
         # cuBLAS through torch when apex is absent: wgrad.py); Megatron-LM's default where it can.
         gradient_accumulation_fusion=not cpu and t.gradient_accumulation_fusion and wgrad.enable(device_of(device)) != "unavailable",
@@ -214,12 +215,28 @@ def build_model_chunk(spec: ExperimentSpec, config: TransformerConfig, layer_spe
     )
 
 
+def compiled_rope(spec: ExperimentSpec, layer_spec: LayerSpecName) -> bool:
+    """``train.rope_fusion`` on the local spec (GPU workers only): MCore fuses RoPE with Transformer
+    Engine's kernel alone, so its unfused RoPE (about ten elementwise kernels a call) is torch.compile'd
+    into one, process-wide. Measured +2.4% tokens/s on the one-H200 spec (docs/benchmarks.md, GPU session 5)."""
+    global _ROPE_COMPILED
+    if layer_spec != "local" or not spec.train.rope_fusion or spec.model.position_embedding_type != "rope":
+        return False
+    if not _ROPE_COMPILED:
+        from megatron.core.models.common.embeddings import rope_utils
+
+        rope_utils._apply_rotary_pos_emb_bshd = torch.compile(rope_utils._apply_rotary_pos_emb_bshd)
+        _ROPE_COMPILED = True
+    return True
+
+
 def describe(config: TransformerConfig, layer_spec: LayerSpecName, vocab_size: int) -> dict:
     """What actually ran, for result.json (some spec values are substituted per device)."""
     return {
         "layer_spec": layer_spec,
         "gradient_accumulation_fusion": wgrad.current() if config.gradient_accumulation_fusion else "off",
         "cross_entropy_fusion": bool(config.cross_entropy_loss_fusion),
+        "rope_fusion": "transformer_engine" if config.apply_rope_fusion else "torch.compile" if _ROPE_COMPILED else "off",
         "core_attention": ("TEDotProductAttention" + (" (fp8)" if config.fp8_dot_product_attention else "")
                            if layer_spec == "transformer_engine" else "torch_sdpa"),
         "padded_vocab_size": vocab_size,

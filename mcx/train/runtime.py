@@ -131,6 +131,12 @@ def distributed(job: Job) -> Iterator[World]:
             os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
+        # MCore's fusions are torch.compile'd, and an MoE layer's fused SwiGLU sees a new token count
+        # every micro-batch. Past dynamo's recompile limit (8) new variants run eagerly, with other
+        # rounding, so a run and its resume would differ: keep every variant compiled.
+        import torch._dynamo
+
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     else:
         device = torch.device("cpu")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
