@@ -134,9 +134,9 @@ def distributed(job: Job) -> Iterator[World]:
         # MCore's fusions are torch.compile'd, and an MoE layer's fused SwiGLU sees a new token count
         # every micro-batch. Past dynamo's recompile limit (8) new variants run eagerly, with other
         # rounding, so a run and its resume would differ: keep every variant compiled.
-        import torch._dynamo
+        import torch._dynamo as dynamo  # (``import torch._dynamo`` would make ``torch`` local here)
 
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
     else:
         device = torch.device("cpu")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
