@@ -92,6 +92,9 @@ LAYOUTS: dict[str, tuple[list[str], int, str | None]] = {
     "pp2-vpp2": (["hardware.gpus_per_node=2", "parallel.pipeline=2", "parallel.virtual_pipeline=2"], 2, "ref"),
     "cp2-16k": ([*LONG, "hardware.gpus_per_node=2", "parallel.context=2"], 2, "ref-long"),
     "ep2": ([*MOE, "hardware.gpus_per_node=2", "parallel.expert=2"], 2, "ref-moe"),
+    # MoE in deterministic mode, once each: does the smoke stage's bitwise resume hold there?
+    "ref-moe-det": ([*MOE, "train.deterministic=true"], 1, None),
+    "ep2-det": ([*MOE, "hardware.gpus_per_node=2", "parallel.expert=2", "train.deterministic=true"], 2, "ref-moe-det"),
 }
 
 
