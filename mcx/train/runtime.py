@@ -131,9 +131,10 @@ def distributed(job: Job) -> Iterator[World]:
             os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-        # MCore's fusions are torch.compile'd, and an MoE layer's fused SwiGLU sees a new token count
-        # every micro-batch. Past dynamo's recompile limit (8) new variants run eagerly, with other
-        # rounding, so a run and its resume would differ: keep every variant compiled.
+        # MCore's fusions are torch.compile'd. Past dynamo's recompile limit (8), new variants run
+        # eagerly with other rounding, so a process's numerics would hang on the order its shapes
+        # arrived in (an MoE layer's fused SwiGLU reached 10 variants on H200: requires_grad, and
+        # experts with 0 or 1 tokens). Keep every variant compiled.
         import torch._dynamo as dynamo  # (``import torch._dynamo`` would make ``torch`` local here)
 
         dynamo.config.recompile_limit = max(dynamo.config.recompile_limit, 64)
