@@ -9,10 +9,7 @@ Each check is ``{"passed": bool, "detail": str, ...values}`` in result.json ``ch
   gives every tensor (weights, optimizer moments and steps, learning rates, schedule position)
   bit for bit; the first differing tensor is named;
 * ``resume_bitwise``: from the checkpoint ``resume_check_iters`` steps before the end, a fresh
-  model replays those steps and every loss equals the recorded one exactly. A GPU job with
-  ``train.deterministic = false`` runs kernels that differ run to run (atomics in MoE token routing,
-  for one), so there a replay within ``NONDETERMINISTIC_RTOL`` of the recorded losses passes too,
-  marked ``bitwise: false``; deterministic and CPU jobs must be bitwise;
+  model replays those steps and every loss equals the recorded one exactly;
 * ``throughput``: tokens/s, TFLOP/s and peak memory were measured (finite, positive).
 """
 
@@ -77,34 +74,17 @@ def compare_states(live: dict[str, torch.Tensor], loaded: dict[str, torch.Tensor
     return {"passed": True, "tensors": len(live), "detail": f"all {len(live)} tensors equal after save and load"}
 
 
-# Largest relative loss difference a non-deterministic GPU replay may show. On H200 the MoE layouts on
-# Transformer Engine replayed 3 steps within 6e-6 to 1.2e-5 (docs/benchmarks.md, GPU session 5); a
-# resume that loses state (optimizer steps, schedule position, RNG) moves the loss far more.
-NONDETERMINISTIC_RTOL = 2e-4
-
-
-def check_resume(expected: list[tuple[int, float]], replay: Callable[[], list[float]], *,
-                 exact: bool = True) -> Check:
-    """``replay()`` reruns the steps of ``expected`` from the checkpoint before them; unless ``exact``,
-    losses within ``NONDETERMINISTIC_RTOL`` pass as well (the job's kernels are not deterministic)."""
+def check_resume(expected: list[tuple[int, float]], replay: Callable[[], list[float]]) -> Check:
+    """``replay()`` reruns the steps of ``expected`` from the checkpoint before them."""
     got = replay()
-    steps = [s for s, _ in expected]
-    pairs = list(zip(expected, got, strict=True))
-    rel = max((abs(have - want) / max(abs(want), 1e-12) for (_, want), have in pairs), default=0.0)
-    for (step, want), have in pairs:
-        if want != have and (exact or not abs(have - want) <= NONDETERMINISTIC_RTOL * abs(want)):
-            hint = "resume is not exact" if exact else \
-                f"beyond the {NONDETERMINISTIC_RTOL:g} relative difference allowed without train.deterministic"
+    for (step, want), have in zip(expected, got, strict=True):
+        if want != have:
             return {"passed": False, "first_mismatch_step": step, "expected": want, "got": have,
                     "detail": f"after resuming, step {step} gave loss {have!r} instead of {want!r} "
-                              f"(difference {have - want:.3g}); {hint}"}
-    if rel == 0.0:
-        return {"passed": True, "bitwise": True, "steps": steps,
-                "detail": f"steps {steps[0]}-{steps[-1]} replayed from the checkpoint with bitwise-equal losses"}
-    return {"passed": True, "bitwise": False, "steps": steps, "max_relative_difference": rel,
-            "tolerance": NONDETERMINISTIC_RTOL,
-            "detail": f"steps {steps[0]}-{steps[-1]} replayed from the checkpoint within {rel:.2g} relative "
-                      f"(not bitwise: train.deterministic = false; set it to true for a bitwise check)"}
+                              f"(difference {have - want:.3g}); resume is not exact"}
+    steps = [s for s, _ in expected]
+    return {"passed": True, "steps": steps,
+            "detail": f"steps {steps[0]}-{steps[-1]} replayed from the checkpoint with bitwise-equal losses"}
 
 
 def check_throughput(measured: list[dict[str, Any]]) -> Check:
@@ -138,8 +118,7 @@ def run_checks(job: Job, world: World, train_records: list[dict[str, Any]], live
         checks["checkpoint_roundtrip"] = roundtrip
         n = job.checks.resume_check_iters
         expected = [(int(r["step"]), r["loss"]) for r in train_records[-n:]]
-        exact = job.spec.train.deterministic or job.device == "cpu"
-        checks["resume_bitwise"] = check_resume(expected, lambda: replay_from(fresh, resume_dir, n), exact=exact)
+        checks["resume_bitwise"] = check_resume(expected, lambda: replay_from(fresh, resume_dir, n))
     finally:
         fresh.close()
     # The whole timeline's steps (a stage resumed after its last step timed none itself).
