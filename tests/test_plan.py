@@ -379,6 +379,17 @@ def test_verdicts_and_fixes():
     assert any(w.startswith("memory:") and "does not fit" in w for w in plan.warnings)
     assert _mem(attrs.evolve(s, hardware=attrs.evolve(s.hardware, gpu="any"))).verdict == "unknown"
     assert [verdict(n, 100) for n in (90, 91, 100, 101)] == ["fits", "tight", "tight", "does not fit"]
+    # bf16 at micro-batch 8 on the one-H200 spec (121.5 GiB planned, 87%) ran out of memory on H200 from
+    # fragmentation: the plan still fits, and warns with the allocator setting that made it run.
+    h200 = Path(__file__).resolve().parents[1] / "experiments" / "h200_1gpu.toml"
+    te = ['model.transformer_impl="transformer_engine"']
+    mbs8 = make_plan(load_spec(h200, ["train.micro_batch_size=8", *te]), te_available=True)
+    assert mbs8.memory.verdict == "fits"
+    assert [w for w in mbs8.warnings if w.startswith("memory:")] == [
+        "memory: 121.5 GiB per GPU fits, but is over 85% of the 139.8 GiB of each H200; if it runs out of memory "
+        "with much memory reserved but unallocated, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]
+    mbs4 = make_plan(load_spec(h200, ["train.micro_batch_size=4", *te]), te_available=True)
+    assert not [w for w in mbs4.warnings if w.startswith("memory:")]
     assert verdict(1, None) == "unknown"
 
 

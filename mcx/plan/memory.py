@@ -54,6 +54,10 @@ if TYPE_CHECKING:
 LOCAL_ACTIVATION_FACTOR = 1.07
 RUNTIME_OVERHEAD_BYTES = 1 * GiB  # CUDA context (0.53 GiB measured on H200), cuBLAS/NCCL workspaces
 TIGHT_FRACTION = 0.90  # above this share of the GPU's memory the verdict is "tight"
+# Above this share the planner warns of the allocator's fragments: on H200 a run planned at 87% ran
+# out of memory with 10 GiB reserved but unallocated, and fitted with expandable segments (D23).
+FRAGMENTATION_FRACTION = 0.85
+ALLOCATOR_HINT = "if it runs out of memory with much memory reserved but unallocated, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
 LOGITS_BYTES_16BIT = 2 + 4  # bf16 logits + the fp32 softmax the cross entropy keeps for backward
 FUSED_CE_EXTRA_BYTES = 4  # the fused (compiled) cross entropy's fp32 working copy (+3.9 GiB measured on H200 at 8K tokens)
 

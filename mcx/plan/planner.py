@@ -15,7 +15,7 @@ from mcx.plan.cost import CostEstimate, estimate_cost
 from mcx.plan.flops import flops_per_iteration, flops_per_token
 from mcx.plan.hardware import GiB, gpu_info
 from mcx.plan.layout import Layout, resolve_layout, transformer_impl
-from mcx.plan.memory import MemoryEstimate, estimate_memory
+from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTION, MemoryEstimate, estimate_memory
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
 from mcx.plan.stages import stage_spec
 from mcx.spec.schema import ExperimentSpec
@@ -82,12 +82,14 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
 
 
 def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:
-    if mem.verdict not in ("tight", "does not fit") or mem.capacity is None:
+    if mem.capacity is None or mem.total <= FRAGMENTATION_FRACTION * mem.capacity:
         return []
     fix = f"; try {mem.fixes[0]}" if mem.fixes else ""
-    what = "does not fit in" if mem.verdict == "does not fit" else "is tight in (over 90% of)"
+    what = {"does not fit": "does not fit in", "tight": f"is tight in (over {TIGHT_FRACTION:.0%} of)"}.get(
+        mem.verdict, f"fits, but is over {FRAGMENTATION_FRACTION:.0%} of")
+    hint = "" if mem.verdict == "does not fit" else f"; {ALLOCATOR_HINT}"
     return [f"memory: {mem.total / GiB:.1f} GiB per GPU {what} the {mem.capacity / GiB:.1f} GiB of each "
-            f"{spec.hardware.gpu}{fix}"]
+            f"{spec.hardware.gpu}{fix}{hint}"]
 
 
 def _cost_warnings(spec: ExperimentSpec, cost: CostEstimate) -> list[str]:
