@@ -325,6 +325,19 @@ def test_a_stage_that_cannot_be_started_is_recorded_as_failed_not_running(projec
     assert {stage: k.info.status for stage, k in children(project, parent).items()} == {"smoke": "KILLED"}
 
 
+def test_a_stage_out_of_memory_fails_with_the_planners_view_and_fixes(project, a):
+    """A real allocation failure in the worker (a 64 GiB embedding on a 24 GiB machine): the run fails
+    with the allocator's message, the planner's estimate for the stage and the fixes it computes."""
+    res = mcx_inprocess(project, "run", SPEC, *FAST, "--set", "model.hidden_size=33554432", "--skip-smoke", "--yes",
+                        "--json", "--quiet")
+    assert res.code == 1, res
+    s = res.json()
+    assert s["status"] == "failed" and "can't allocate memory" in s["error"], s["error"]
+    assert "  - the planner estimated " in s["error"] and "  - lower the peak: " in s["error"]
+    full = json.loads((project / ".mcx" / "runs" / s["run_id"] / "full" / "result.json").read_text())
+    assert full["out_of_memory"]["device"] == "cpu"
+
+
 # -- compare, explain, baselines --------------------------------------------------------------------
 
 def test_compare_shows_exactly_the_changed_hyperparameter_and_both_curves(project, a, b, tmp_path):

@@ -390,6 +390,27 @@ def test_verdicts_and_fixes():
         "with much memory reserved but unallocated, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]
     mbs4 = make_plan(load_spec(h200, ["train.micro_batch_size=4", *te]), te_available=True)
     assert not [w for w in mbs4.warnings if w.startswith("memory:")]
+
+
+def test_out_of_memory_advice_sets_the_allocator_beside_the_plan():
+    """What H200 reported when bf16 at micro-batch 8 ran out (session 5): 10.7 GiB of fragments."""
+    from mcx.plan.memory import memory_fixes, oom_advice
+
+    h200 = Path(__file__).resolve().parents[1] / "experiments" / "h200_1gpu.toml"
+    p = make_plan(load_spec(h200, ["train.micro_batch_size=8", 'model.transformer_impl="transformer_engine"']),
+                  te_available=True)
+    fixes = memory_fixes(p.spec, p.layout, p.memory, p.vocab_size, p.transformer_impl)
+    facts = {"device": "cuda", "message": "CUDA out of memory. Tried to allocate 15.66 GiB.",
+             "allocated_bytes": int(105.1 * GiB), "reserved_bytes": int(115.8 * GiB), "capacity_bytes": int(139.8 * GiB)}
+    tips = oom_advice(p.memory, facts, fixes)
+    assert tips[0] == ("the planner estimated 121.5 GiB per GPU; when the worker ran out, 105.1 GiB were allocated "
+                       "and 115.8 GiB reserved of the GPU's 139.8 GiB")
+    assert tips[1].startswith("10.7 GiB were reserved but unallocated") and "expandable_segments:True" in tips[1]
+    assert tips[2].startswith("lower the peak: train.micro_batch_size = 1") and tips[2].endswith("(fits)")
+    packed = oom_advice(p.memory, {**facts, "reserved_bytes": int(105.6 * GiB)}, fixes)  # no fragments to speak of
+    assert not any("expandable_segments" in t for t in packed) and packed[1].startswith("lower the peak")
+    host = oom_advice(p.memory, {"device": "cpu", "message": "DefaultCPUAllocator: can't allocate memory"}, [])
+    assert host == ["the planner estimated 121.5 GiB per GPU of 139.8 GiB"]
     assert verdict(1, None) == "unknown"
 
 

@@ -110,6 +110,7 @@ def test_smoke_stage_passes_every_check_on_a_dense_model(tmp_path, dataset):
     result = run(stage)
     assert result["status"] == "finished" and result["passed"] and result["exit_code"] == 0, result["error"]
     assert set(result["checks"]) == {"loss_finite", "loss_falling", "checkpoint_roundtrip", "resume_bitwise", "throughput"}
+    assert result["out_of_memory"] is None
     assert all(c["passed"] for c in result["checks"].values())
     assert result["checks"]["resume_bitwise"]["steps"] == [18, 19, 20]
     assert result["layer_spec"] == "local" and result["details"]["core_attention"] == "torch_sdpa"
@@ -635,3 +636,21 @@ def test_checkpoint_final_false_saves_only_at_the_interval(tmp_path, dataset):
     assert (ck / "latest").read_text().strip() == "iter_0000004"  # step 4, not the last step (6)
     assert sorted(p.name for p in ck.glob("iter_*")) == ["iter_0000004"]
 
+
+
+def test_an_out_of_memory_crash_reports_what_the_allocator_held(tmp_path, dataset):
+    """A real allocation failure (a 64 GiB embedding on this 24 GiB machine) fails the stage with
+    the out-of-memory facts the control plane turns into advice; other crashes carry none."""
+    import torch
+
+    from mcx.train.stage import out_of_memory
+
+    stage = make_stage(tmp_path / "oom", dataset, overrides=["model.hidden_size=33554432"])
+    result = run(stage)
+    assert result["status"] == "failed" and result["exit_code"] == 1
+    facts = result["out_of_memory"]
+    assert facts["device"] == "cpu" and "can't allocate memory" in facts["message"]
+    assert "allocated_bytes" not in facts  # CUDA's counters only on a CUDA job
+    cuda = out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 15.66 GiB."), "cuda")
+    assert cuda == {"device": "cuda", "message": "CUDA out of memory. Tried to allocate 15.66 GiB."}  # no CUDA here
+    assert out_of_memory(ValueError("shapes do not match"), "cpu") is None

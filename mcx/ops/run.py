@@ -263,7 +263,7 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
             if result.get("status") != "finished" or not result.get("passed", True):
                 status = result.get("status", "failed")
                 status = status if status in ("diverged", "preempted") else "failed"
-                error = _explain_failure(stage, result)
+                error = _explain_failure(stage, result, pr)
                 exit_code = 0 if status == "preempted" else 1
                 break
     except KeyboardInterrupt:
@@ -410,7 +410,7 @@ def _memory_prediction(pr: PlanResult, smoke_result: dict[str, Any]) -> dict[str
                       + ("" if fits else f", over the {capacity / 2**30:.0f} GiB of the GPU")}
 
 
-def _explain_failure(stage: str, result: dict[str, Any]) -> str:
+def _explain_failure(stage: str, result: dict[str, Any], pr: PlanResult) -> str:
     failed = [f"{name}: {c.get('detail', '')}" for name, c in (result.get("checks") or {}).items()
               if isinstance(c, dict) and c.get("passed") is False]
     base = f"the {stage} stage {result.get('status', 'failed')}"
@@ -418,9 +418,19 @@ def _explain_failure(stage: str, result: dict[str, Any]) -> str:
         base += f": {result['error']}"
     if failed:
         base += "; failing checks: " + "; ".join(failed)
-    if result.get("advice"):
-        base += "\n" + "\n".join(f"  - {a}" for a in result["advice"])
+    if result.get("out_of_memory"):
+        base += "\n" + "\n".join(f"  - {a}" for a in _oom_advice(stage, result["out_of_memory"], pr))
     return base
+
+
+def _oom_advice(stage: str, facts: dict[str, Any], pr: PlanResult) -> list[str]:
+    """The planner's view of the stage that ran out of memory, and its fixes."""
+    from mcx.plan.memory import memory_fixes, oom_advice
+
+    plan = pr.plan
+    spec, layout, est = ((plan.smoke.spec, plan.smoke.layout, plan.smoke.memory) if stage == "smoke" and plan.smoke
+                         else (plan.spec, plan.layout, plan.memory))
+    return oom_advice(est, facts, memory_fixes(spec, layout, est, plan.vocab_size, plan.transformer_impl))
 
 
 def _judge(summary: dict[str, Any], project: Path, pr: PlanResult, full: dict[str, Any]) -> None:

@@ -176,11 +176,11 @@ def estimate_memory(spec: ExperimentSpec, layout: Layout, *, vocab_size: int, tr
     est = MemoryEstimate(**worst, capacity=capacity, verdict="unknown")
     est = attrs.evolve(est, verdict=verdict(est.total, capacity))
     if suggest_fixes and est.verdict in ("tight", "does not fit"):
-        est = attrs.evolve(est, fixes=tuple(_fixes(spec, layout, est, vocab_size, transformer_impl)))
+        est = attrs.evolve(est, fixes=tuple(memory_fixes(spec, layout, est, vocab_size, transformer_impl)))
     return est
 
 
-def _fixes(spec: ExperimentSpec, layout: Layout, est: MemoryEstimate, vocab_size: int, impl: str) -> list[str]:
+def memory_fixes(spec: ExperimentSpec, layout: Layout, est: MemoryEstimate, vocab_size: int, impl: str) -> list[str]:
     """Changes that lower the peak, each with the peak it gives; those that make it fit first."""
     t, m = spec.train, spec.model
     options: list[tuple[str, ExperimentSpec, Layout]] = []
@@ -210,3 +210,24 @@ def _fixes(spec: ExperimentSpec, layout: Layout, est: MemoryEstimate, vocab_size
         if e.total < est.total:
             scored.append((e.verdict != "fits", e.total, f"{text}: {e.total / GiB:.1f} GiB ({e.verdict})"))
     return [text for _, _, text in sorted(scored)]
+
+
+def oom_advice(est: MemoryEstimate, facts: dict, fixes: list[str]) -> list[str]:
+    """What to try after a stage ran out of memory: the worker's ``facts`` (``mcx.train.stage.
+    out_of_memory``) beside the planner's estimate ``est`` for that stage, then ``fixes``."""
+    tips = []
+    allocated, reserved = facts.get("allocated_bytes"), facts.get("reserved_bytes")
+    capacity = facts.get("capacity_bytes") or est.capacity
+    if allocated is not None and reserved is not None:
+        of = f" of the GPU's {capacity / GiB:.1f} GiB" if capacity else ""
+        tips.append(f"the planner estimated {est.total / GiB:.1f} GiB per GPU; when the worker ran out, "
+                    f"{allocated / GiB:.1f} GiB were allocated and {reserved / GiB:.1f} GiB reserved{of}")
+        unused = reserved - allocated
+        if unused >= max(GiB, 0.05 * (capacity or 0)):
+            tips.append(f"{unused / GiB:.1f} GiB were reserved but unallocated (the allocator's fragments): "
+                        "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and run again")
+    else:
+        tips.append(f"the planner estimated {est.total / GiB:.1f} GiB per GPU"
+                    + (f" of {capacity / GiB:.1f} GiB" if capacity else ""))
+    tips += [f"lower the peak: {fix}" for fix in fixes[:3]]
+    return tips

@@ -153,11 +153,31 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
                        steps=outcome.step, layer_spec=backend.layer_spec, details=details)
 
 
+_OOM_TEXTS = ("out of memory", "can't allocate memory", "cublas_status_alloc_failed")
+
+
+def out_of_memory(exc: BaseException, device: str) -> dict[str, Any] | None:
+    """For an out-of-memory crash (CUDA's, or the host allocator's), what the allocator held when it
+    was raised: the failing frames still hold their tensors here. None for any other exception."""
+    text = str(exc)
+    if type(exc).__name__ != "OutOfMemoryError" and not any(t in text.lower() for t in _OOM_TEXTS):
+        return None
+    facts: dict[str, Any] = {"device": device, "message": text.strip().splitlines()[0][:400] if text.strip() else ""}
+    import torch
+
+    if device == "cuda" and torch.cuda.is_initialized():
+        facts.update(allocated_bytes=torch.cuda.memory_allocated(), reserved_bytes=torch.cuda.memory_reserved(),
+                     peak_allocated_bytes=torch.cuda.max_memory_allocated(),
+                     capacity_bytes=torch.cuda.mem_get_info()[1])
+    return facts
+
+
 def run_stage(stage_dir: Path | str) -> dict[str, Any]:
     """Run the stage in ``stage_dir`` in this process; returns (and, on rank 0, writes) the result."""
     stage_dir = Path(stage_dir).resolve()
     rank = _rank()
     handler = _start_logging(stage_dir, rank)
+    job: Job | None = None
     try:
         job = read_job(stage_dir)
         log.info("stage %s of run %s on %s", job.stage, job.run_id, job.device)
@@ -172,9 +192,10 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
     except McxError as exc:
         log.error("%s", exc)
         result = make_result(status="failed", passed=False, error=str(exc), exit_code=exc.exit_code)
-    except Exception as exc:  # a crash: record it, the control plane reports it
+    except Exception as exc:  # a crash: record it, the control plane reports it (and advises on memory)
         log.error("worker crashed:\n%s", traceback.format_exc())
-        result = make_result(status="failed", passed=False, error=f"{type(exc).__name__}: {exc}", exit_code=1)
+        result = make_result(status="failed", passed=False, error=f"{type(exc).__name__}: {exc}", exit_code=1,
+                             out_of_memory=out_of_memory(exc, job.device if job else "cpu"))
     finally:
         _stop_logging(handler)
     if rank == 0:
