@@ -91,6 +91,7 @@ class ProcessHandle:
             if out is not None:
                 out.close()  # the child holds its own descriptor
         self.argv = tuple(argv)
+        self._group_reaped = False
 
     @property
     def job_id(self) -> str:
@@ -123,7 +124,10 @@ class ProcessHandle:
         """Once the child has exited, nothing of this launch outlives it. A worker that crashed or
         was killed leaves its own helpers behind (Megatron-Core's persistent checkpoint writer,
         data-loader workers), each holding memory and a CUDA context; they are in the launch's
-        process group, which this empties."""
+        process group, which this empties, once (the group's id could belong to another later)."""
+        if self._group_reaped:
+            return
+        self._group_reaped = True
         try:
             os.killpg(self._proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):

@@ -57,7 +57,8 @@ TIGHT_FRACTION = 0.90  # above this share of the GPU's memory the verdict is "ti
 # Above this share the planner warns of the allocator's fragments: on H200 a run planned at 87% ran
 # out of memory with 10 GiB reserved but unallocated, and fitted with expandable segments (D23).
 FRAGMENTATION_FRACTION = 0.85
-ALLOCATOR_HINT = "if it runs out of memory with much memory reserved but unallocated, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+ALLOCATOR_SETTING = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+ALLOCATOR_HINT = f"if it runs out of memory with much memory reserved but unallocated, set {ALLOCATOR_SETTING}"
 LOGITS_BYTES_16BIT = 2 + 4  # bf16 logits + the fp32 softmax the cross entropy keeps for backward
 FUSED_CE_EXTRA_BYTES = 4  # the fused (compiled) cross entropy's fp32 working copy (+3.9 GiB measured on H200 at 8K tokens)
 
@@ -225,7 +226,7 @@ def oom_advice(est: MemoryEstimate, facts: dict, fixes: list[str]) -> list[str]:
         unused = reserved - allocated
         if unused >= max(GiB, 0.05 * (capacity or 0)):
             tips.append(f"{unused / GiB:.1f} GiB were reserved but unallocated (the allocator's fragments): "
-                        "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True and run again")
+                        f"set {ALLOCATOR_SETTING} and run again")
     else:
         tips.append(f"the planner estimated {est.total / GiB:.1f} GiB per GPU"
                     + (f" of {capacity / GiB:.1f} GiB" if capacity else ""))
