@@ -346,7 +346,11 @@ def task_ckpt_stall(args: argparse.Namespace) -> None:
         say(f"ckpt-stall {name}")
         job = build_job(work / name, spec, [*common, f"checkpoint.async_save={flag}"], stage="full", cpu=args.cpu)
         run = run_job(work / name, job, args.gpus, args.timeout)
-        results[name] = {**{k: run[k] for k in ("rc", "status", "error", "log_tail")}, **_save_stalls(work / name, every)}
+        log_file = work / name / "worker.log"
+        phases = [line.split(": ", 2)[-1] for line in log_file.read_text(errors="replace").splitlines()
+                  if "paused training" in line] if log_file.exists() else []
+        results[name] = {**{k: run[k] for k in ("rc", "status", "error", "log_tail")}, **_save_stalls(work / name, every),
+                         "save_phases": phases}
         shutil.rmtree(work / name / "checkpoints", ignore_errors=True)  # tens of GB for the H200 spec
         say(f"  {name}: {results[name]['stall_per_save_s']} s lost per save over {results[name]['saves']} saves")
         save(Path(args.out), "ckpt_stall.json", results)

@@ -21,7 +21,9 @@ after a successful update (fp16 skips), and the loss is averaged over tokens of 
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX, TorchDistSaveShardedStrategy
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -45,6 +48,8 @@ from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
 from mcx.train.job import Job
 from mcx.train.runtime import World, seed_everything
+
+log = logging.getLogger("mcx.train")
 
 _SHARDING = "dp_reshardable"  # Megatron-LM's distributed-optimizer checkpoint format (MCore >= 0.14)
 
@@ -127,6 +132,9 @@ class GpuBackend:
         self.async_queue = AsyncCallsQueue(persistent=True) if spec.checkpoint.async_save else None
         if self.async_queue is not None:  # start the writer now, not at the first save
             AsyncCallsQueue.warmup_persistent_caller(world.rank)
+            # The writer's results queue is a multiprocessing Manager, a spawned process that MCore
+            # starts at the first save: start it now too.
+            get_write_results_queue()
         self._save_strategy = FullyParallelSaveStrategyWrapper(
             TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True),
             parallel_state.get_data_parallel_group(with_context_parallel=True), do_cache_distribution=True)
@@ -242,21 +250,32 @@ class GpuBackend:
         return sd
 
     def save(self, directory: Path, on_done) -> None:
+        t0 = time.perf_counter()
         self._sync_params()
         is_async = self.async_queue is not None
+        state = self._sharded_state_dict(is_loading=False)
+        t1 = time.perf_counter()
         request = dist_checkpointing.save(
-            self._sharded_state_dict(is_loading=False), str(directory), sharded_strategy=self._save_strategy,
+            state, str(directory), sharded_strategy=self._save_strategy,
             validate_access_integrity=self._saves == 0,  # the structure is checked once, then assumed
             async_sharded_save=is_async, async_strategy="nvrx" if HAVE_NVRX else "mcore",
             content_metadata={"distrib_optim_sharding_type": _SHARDING})
+        t2 = time.perf_counter()
         self._saves += 1
         if not is_async:
             on_done()
             self.world.barrier()
-            return
-        request.add_finalize_fn(on_done)
-        request.add_finalize_fn(self.world.barrier)
-        self.async_queue.schedule_async_request(request)
+        else:
+            request.add_finalize_fn(on_done)
+            request.add_finalize_fn(self.world.barrier)
+            self.async_queue.schedule_async_request(request)  # the copy to host memory; writing goes on
+        t3 = time.perf_counter()
+        # Where a save's stall goes (docs/benchmarks.md, checkpoint stall): the state dict; the save plan
+        # (built at the first saves, then cached), with the whole write when synchronous; then the copy to
+        # host memory (asynchronous) or the commit.
+        log.info("checkpoint save %d paused training %.2f s: state dict %.2f s, %s %.2f s, %s %.2f s",
+                 self._saves, t3 - t0, t1 - t0, "plan" if is_async else "plan and write", t2 - t1,
+                 "copy to host" if is_async else "commit", t3 - t2)
 
     def finalize_saves(self, blocking: bool) -> None:
         if self.async_queue is not None:
