@@ -95,6 +95,9 @@ LAYOUTS: dict[str, tuple[list[str], int, str | None]] = {
     # MoE in deterministic mode, once each: does the smoke stage's bitwise resume hold there?
     "ref-moe-det": ([*MOE, "train.deterministic=true"], 1, None),
     "ep2-det": ([*MOE, "hardware.gpus_per_node=2", "parallel.expert=2", "train.deterministic=true"], 2, "ref-moe-det"),
+    # FP8 (delayed scaling): its checkpoints carry TE's pickled amax histories (D25); round trip and resume.
+    "fp8": (['train.precision="fp8-hybrid"', "train.deterministic=true"], 1, None),
+    "fp8-dp2": (['train.precision="fp8-hybrid"', "train.deterministic=true", "hardware.gpus_per_node=2"], 2, "fp8"),
 }
 
 

@@ -387,7 +387,10 @@ def test_verdicts_and_fixes():
     assert mbs8.memory.verdict == "fits"
     assert [w for w in mbs8.warnings if w.startswith("memory:")] == [
         "memory: 121.5 GiB per GPU fits, but is over 85% of the 139.8 GiB of each H200; if it runs out of memory "
-        "with much memory reserved but unallocated, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"]
+        "with much memory reserved but unallocated, set train.expandable_segments = true"]
+    on = make_plan(load_spec(h200, ["train.micro_batch_size=8", "train.expandable_segments=true", *te]), te_available=True)
+    assert [w for w in on.warnings if w.startswith("memory:")] == [
+        "memory: 121.5 GiB per GPU fits, but is over 85% of the 139.8 GiB of each H200"]  # already set: no hint
     mbs4 = make_plan(load_spec(h200, ["train.micro_batch_size=4", *te]), te_available=True)
     assert not [w for w in mbs4.warnings if w.startswith("memory:")]
 
@@ -405,7 +408,10 @@ def test_out_of_memory_advice_sets_the_allocator_beside_the_plan():
     tips = oom_advice(p.memory, facts, fixes)
     assert tips[0] == ("the planner estimated 121.5 GiB per GPU; when the worker ran out, 105.1 GiB were allocated "
                        "and 115.8 GiB reserved of the GPU's 139.8 GiB")
-    assert tips[1].startswith("10.7 GiB were reserved but unallocated") and "expandable_segments:True" in tips[1]
+    assert tips[1] == ("10.7 GiB were reserved but unallocated (the allocator's fragments): set "
+                       "train.expandable_segments = true and run again")
+    already = oom_advice(p.memory, {**facts, "expandable_segments": True}, fixes)  # fragments despite the setting
+    assert not any("expandable_segments" in t for t in already) and already[1].startswith("lower the peak")
     assert tips[2].startswith("lower the peak: train.micro_batch_size = 1") and tips[2].endswith("(fits)")
     packed = oom_advice(p.memory, {**facts, "reserved_bytes": int(105.6 * GiB)}, fixes)  # no fragments to speak of
     assert not any("expandable_segments" in t for t in packed) and packed[1].startswith("lower the peak")
@@ -587,3 +593,13 @@ def test_smoke_measurement_predicts_the_full_stage_peak_measured_on_h200(name):
     cpu = _memory_prediction(SimpleNamespace(plan_dict=plan), {"final": {"mem_peak_bytes": smoke_peak},
                                                                 "details": {"device": "cpu"}})
     assert "not comparable" in cpu["detail"]
+
+
+def test_expandable_segments_keeps_the_other_allocator_settings():
+    """``train.expandable_segments``: what the worker writes into PYTORCH_CUDA_ALLOC_CONF."""
+    from mcx.plan.memory import with_expandable_segments
+
+    assert with_expandable_segments(None) == "expandable_segments:True"
+    assert with_expandable_segments("max_split_size_mb:128") == "max_split_size_mb:128,expandable_segments:True"
+    assert with_expandable_segments("expandable_segments:False, garbage_collection_threshold:0.6") == \
+        "garbage_collection_threshold:0.6,expandable_segments:True"

@@ -17,6 +17,7 @@ from typing import Any
 from mcx.errors import InputError
 from mcx.interop import flags as F
 from mcx.interop.keys import flatten, spec_keys
+from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE
 from mcx.spec.schema import ExperimentSpec
 
 ENTRY = "pretrain_gpt.py"
@@ -191,7 +192,10 @@ def export_script(spec: ExperimentSpec, layout: Any = None) -> str:
     out += ["", f"# {spec.name}: {' '.join(spec.description.split())}".rstrip(),
             "# Written by `mcx export` from an mcx spec: the same experiment with Megatron-LM's pretrain_gpt.py.",
             "# Run it from the root of a Megatron-LM checkout.", "", "set -euo pipefail", "",
-            "export CUDA_DEVICE_MAX_CONNECTIONS=1", "", f"GPUS_PER_NODE={hw.gpus_per_node}"]
+            "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+    if spec.train.expandable_segments:
+        out.append(f"export {ALLOCATOR_ENV}={ALLOCATOR_VALUE}")
+    out += ["", f"GPUS_PER_NODE={hw.gpus_per_node}"]
     if slurm:
         out += ['NUM_NODES="$SLURM_NNODES"',
                 'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from attrs import frozen
 
 from mcx.plan.fusions import BF16_PARAMS
+from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE
 
 Kind = Literal["value", "switch", "negated", "rule", "launcher", "mcx"]
 
@@ -210,6 +211,10 @@ FLAGS: tuple[Row, ...] = (
     _r("train.rope_fusion", "negated", "--no-rope-fusion", True,
        "On GPUs, fused rotary embeddings: Transformer Engine's kernel, or MCore's RoPE torch.compile'd on the local spec.",
        "Megatron-LM fuses RoPE with Transformer Engine only", when="rope"),
+    _r("train.expandable_segments", "mcx", (), NA,
+       "On GPUs, torch's expandable-segments allocator: less memory lost to fragments near the GPU's capacity.",
+       f"an environment setting, not a flag: the script export writes `export {ALLOCATOR_ENV}={ALLOCATOR_VALUE}`; "
+       "the import reads no environment settings and leaves it false"),
     _r("train.recompute_granularity", "rule", ("--recompute-granularity", "--recompute-activations"), "none",
        "Activation recomputation: none, selective (attention core) or full (whole layers).",
        "\"none\" is the flag's absence; --recompute-activations (deprecated) imports as \"selective\""),

@@ -57,7 +57,8 @@ TIGHT_FRACTION = 0.90  # above this share of the GPU's memory the verdict is "ti
 # Above this share the planner warns of the allocator's fragments: on H200 a run planned at 87% ran
 # out of memory with 10 GiB reserved but unallocated, and fitted with expandable segments (D23).
 FRAGMENTATION_FRACTION = 0.85
-ALLOCATOR_SETTING = "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+ALLOCATOR_SETTING = "train.expandable_segments = true"
+ALLOCATOR_ENV, ALLOCATOR_VALUE = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"  # what the worker sets for it
 ALLOCATOR_HINT = f"if it runs out of memory with much memory reserved but unallocated, set {ALLOCATOR_SETTING}"
 LOGITS_BYTES_16BIT = 2 + 4  # bf16 logits + the fp32 softmax the cross entropy keeps for backward
 FUSED_CE_EXTRA_BYTES = 4  # the fused (compiled) cross entropy's fp32 working copy (+3.9 GiB measured on H200 at 8K tokens)
@@ -213,6 +214,12 @@ def memory_fixes(spec: ExperimentSpec, layout: Layout, est: MemoryEstimate, voca
     return [text for _, _, text in sorted(scored)]
 
 
+def with_expandable_segments(conf: str | None) -> str:
+    """``PYTORCH_CUDA_ALLOC_CONF`` with expandable segments on, the other settings in ``conf`` kept."""
+    kept = [s for s in (item.strip() for item in (conf or "").split(",")) if s and not s.startswith("expandable_segments")]
+    return ",".join([*kept, ALLOCATOR_VALUE])
+
+
 def oom_advice(est: MemoryEstimate, facts: dict, fixes: list[str]) -> list[str]:
     """What to try after a stage ran out of memory: the worker's ``facts`` (``mcx.train.stage.
     out_of_memory``) beside the planner's estimate ``est`` for that stage, then ``fixes``."""
@@ -224,7 +231,7 @@ def oom_advice(est: MemoryEstimate, facts: dict, fixes: list[str]) -> list[str]:
         tips.append(f"the planner estimated {est.total / GiB:.1f} GiB per GPU; when the worker ran out, "
                     f"{allocated / GiB:.1f} GiB were allocated and {reserved / GiB:.1f} GiB reserved{of}")
         unused = reserved - allocated
-        if unused >= max(GiB, 0.05 * (capacity or 0)):
+        if unused >= max(GiB, 0.05 * (capacity or 0)) and not facts.get("expandable_segments"):
             tips.append(f"{unused / GiB:.1f} GiB were reserved but unallocated (the allocator's fragments): "
                         f"set {ALLOCATOR_SETTING} and run again")
     else:

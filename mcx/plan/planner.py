@@ -87,7 +87,7 @@ def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:
     fix = f"; try {mem.fixes[0]}" if mem.fixes else ""
     what = {"does not fit": "does not fit in", "tight": f"is tight in (over {TIGHT_FRACTION:.0%} of)"}.get(
         mem.verdict, f"fits, but is over {FRAGMENTATION_FRACTION:.0%} of")
-    hint = "" if mem.verdict == "does not fit" else f"; {ALLOCATOR_HINT}"
+    hint = "" if mem.verdict == "does not fit" or spec.train.expandable_segments else f"; {ALLOCATOR_HINT}"
     return [f"memory: {mem.total / GiB:.1f} GiB per GPU {what} the {mem.capacity / GiB:.1f} GiB of each "
             f"{spec.hardware.gpu}{fix}{hint}"]
 

@@ -22,8 +22,10 @@ after a successful update (fp16 skips), and the loss is averaged over tokens of 
 from __future__ import annotations
 
 import logging
+import os
 import random
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank, unwrap_model
 
+from mcx.plan.memory import ALLOCATOR_ENV
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
 from mcx.train.job import Job
@@ -52,6 +55,28 @@ from mcx.train.runtime import World, seed_everything
 log = logging.getLogger("mcx.train")
 
 _SHARDING = "dp_reshardable"  # Megatron-LM's distributed-optimizer checkpoint format (MCore >= 0.14)
+_TE_PICKLE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
+
+
+@contextmanager
+def _own_te_extra_state():
+    """Let Transformer Engine read the FP8 delayed-scaling state of a checkpoint this worker's stage wrote.
+
+    TE >= 2.20 refuses to unpickle a module's ``_extra_state`` (the amax histories and scales of delayed
+    scaling, mcx's FP8 recipe) unless NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1, since a pickle from an
+    untrusted checkpoint can run code. The worker loads only checkpoints of its own stage directory,
+    written by an mcx worker of the same run ID (the smoke stage's round trip, a resume), so it allows
+    it for the load and for nothing else (D25).
+    """
+    before = os.environ.get(_TE_PICKLE_ENV)
+    os.environ[_TE_PICKLE_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(_TE_PICKLE_ENV, None)
+        else:
+            os.environ[_TE_PICKLE_ENV] = before
 
 
 class GpuBackend:
@@ -141,6 +166,7 @@ class GpuBackend:
         self._saves = 0
         self.details = {**model_lib.describe(self.config, self.layer_spec, padded),
                         "distributed_optimizer": dist_opt, "precision": t.precision,
+                        "allocator": os.environ.get(ALLOCATOR_ENV) or "default",
                         "deterministic": t.deterministic, "pipeline_schedule": (
                             "interleaved_1f1b" if vpp else "1f1b" if lay.pp > 1 else "no_pipelining")}
 
@@ -292,9 +318,10 @@ class GpuBackend:
             if isinstance(opt, DistributedOptimizer) and len(opt.optimizer.state) == 0:
                 opt._init_optimizer_states_with_dummy_values()
         sd = self._sharded_state_dict(is_loading=True)
-        loaded = dist_checkpointing.load(sd, str(directory), sharded_strategy=get_default_load_sharded_strategy(str(directory)))
-        for i, m in enumerate(self.model):
-            unwrap_model(m).load_state_dict(loaded["model" if len(self.model) == 1 else f"model{i}"], strict=True)
+        with _own_te_extra_state():
+            loaded = dist_checkpointing.load(sd, str(directory), sharded_strategy=get_default_load_sharded_strategy(str(directory)))
+            for i, m in enumerate(self.model):
+                unwrap_model(m).load_state_dict(loaded["model" if len(self.model) == 1 else f"model{i}"], strict=True)
         self.optimizer.load_state_dict(loaded["optimizer"])
         self._restore_adam_steps(loaded["optimizer"])
         self.scheduler = make_scheduler(self.optimizer, self.spec)  # MCore's load adds to num_steps

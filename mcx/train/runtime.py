@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from mcx.errors import EnvironmentProblem, InputError
+from mcx.plan.memory import ALLOCATOR_ENV, with_expandable_segments
 from mcx.train.job import Job
 
 # Megatron-LM's deterministic mode (arguments.py / initialize.py): ring all-reduce, a fixed cuBLAS
@@ -125,6 +126,8 @@ def distributed(job: Job) -> Iterator[World]:
                                      "run it on a GPU machine or plan it for hardware.gpu = \"cpu\".")
         if job.spec.train.deterministic:
             deterministic_env()
+        if job.spec.train.expandable_segments:  # read when CUDA's caching allocator starts, below
+            os.environ[ALLOCATOR_ENV] = with_expandable_segments(os.environ.get(ALLOCATOR_ENV))
         if lay.tp > 1 or lay.cp > 1:
             # Megatron-LM requires it for tensor/context parallelism: kernels are queued in issue
             # order, so asynchronous TP communication overlaps compute as its schedule assumes.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError, McxError
+from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE
 from mcx.train.job import Job, read_job
 from mcx.train.result import make_result, summarize, write_result
 
@@ -168,7 +169,8 @@ def out_of_memory(exc: BaseException, device: str) -> dict[str, Any] | None:
     if device == "cuda" and torch.cuda.is_initialized():
         facts.update(allocated_bytes=torch.cuda.memory_allocated(), reserved_bytes=torch.cuda.memory_reserved(),
                      peak_allocated_bytes=torch.cuda.max_memory_allocated(),
-                     capacity_bytes=torch.cuda.mem_get_info()[1])
+                     capacity_bytes=torch.cuda.mem_get_info()[1],
+                     expandable_segments=ALLOCATOR_VALUE in os.environ.get(ALLOCATOR_ENV, ""))
     return facts
 
 
