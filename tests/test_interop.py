@@ -547,6 +547,26 @@ def test_export_rejects_uneven_virtual_pipeline() -> None:
 # ---- argument forms the fixtures do not cover
 
 
+def test_expandable_segments_travels_as_the_allocator_variable() -> None:
+    """train.expandable_segments is PYTORCH_CUDA_ALLOC_CONF in a Megatron-LM script: exported as an
+    export line, imported from the variable where the script launches (prefix assignments too)."""
+    spec, layout = _spec(_BASE), _ONE_GPU
+    on = attrs.evolve(spec, train=attrs.evolve(spec.train, expandable_segments=True))
+    script = export_script(on, layout)
+    assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True\n" in script
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in export_script(spec, layout)
+    assert import_script(script, name=spec.name).spec.train == on.train
+    assert import_script(export_script(spec, layout), name=spec.name).spec.train.expandable_segments is False
+    prefixed = _mini("", launcher="PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64,expandable_segments:True torchrun")
+    assert prefixed.spec.train.expandable_segments is True
+    assert any("max_split_size_mb:64, which no spec key carries" in p for p in prefixed.problems)
+    off = _mini("", pre="export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
+    assert off.spec.train.expandable_segments is False and not any("ALLOC" in p for p in off.problems)
+    unknown = _mini("", pre='export PYTORCH_CUDA_ALLOC_CONF="$ALLOC"')
+    assert unknown.spec.train.expandable_segments is False
+    assert any("PYTORCH_CUDA_ALLOC_CONF is not known before run time" in p for p in unknown.problems)
+
+
 def _mini(args: str, launcher: str = "torchrun --nproc_per_node 8", pre: str = "") -> ImportResult:
     base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
             "--micro-batch-size 1 --train-iters 10 --lr 1e-3 --data-path data/c_text_document "

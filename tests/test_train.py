@@ -654,3 +654,22 @@ def test_an_out_of_memory_crash_reports_what_the_allocator_held(tmp_path, datase
     cuda = out_of_memory(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 15.66 GiB."), "cuda")
     assert cuda == {"device": "cuda", "message": "CUDA out of memory. Tried to allocate 15.66 GiB."}  # no CUDA here
     assert out_of_memory(ValueError("shapes do not match"), "cpu") is None
+
+
+def test_te_extra_state_is_allowed_for_the_load_only(monkeypatch):
+    """TE >= 2.20 unpickles FP8 delayed-scaling state only with NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1
+    (on H200 an FP8 round trip failed without it, GPU session 6). The GPU backend sets it around its
+    own loads and puts back whatever the process had, also when the load raises."""
+    import os
+
+    from mcx.train.gpu import _TE_PICKLE_ENV, _own_te_extra_state
+
+    monkeypatch.delenv(_TE_PICKLE_ENV, raising=False)
+    with _own_te_extra_state():
+        assert os.environ[_TE_PICKLE_ENV] == "1"
+    assert _TE_PICKLE_ENV not in os.environ
+    monkeypatch.setenv(_TE_PICKLE_ENV, "0")
+    with pytest.raises(RuntimeError), _own_te_extra_state():
+        assert os.environ[_TE_PICKLE_ENV] == "1"
+        raise RuntimeError("the load failed")
+    assert os.environ[_TE_PICKLE_ENV] == "0"

@@ -213,8 +213,8 @@ FLAGS: tuple[Row, ...] = (
        "Megatron-LM fuses RoPE with Transformer Engine only", when="rope"),
     _r("train.expandable_segments", "mcx", (), NA,
        "On GPUs, torch's expandable-segments allocator: less memory lost to fragments near the GPU's capacity.",
-       f"an environment setting, not a flag: the script export writes `export {ALLOCATOR_ENV}={ALLOCATOR_VALUE}`; "
-       "the import reads no environment settings and leaves it false"),
+       f"an environment setting, not a flag: the script export writes `export {ALLOCATOR_ENV}={ALLOCATOR_VALUE}`, "
+       "the import reads the variable where the script launches"),
     _r("train.recompute_granularity", "rule", ("--recompute-granularity", "--recompute-activations"), "none",
        "Activation recomputation: none, selective (attention core) or full (whole layers).",
        "\"none\" is the flag's absence; --recompute-activations (deprecated) imports as \"selective\""),

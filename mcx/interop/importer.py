@@ -20,11 +20,13 @@ from attrs import frozen
 
 from mcx.errors import InputError, SpecError
 from mcx.interop import flags as F
+from mcx.interop.expand import Unknown
 from mcx.interop.keys import nest, spec_keys
 from mcx.interop.launcher import launcher_values
 from mcx.interop.pretrain_args import Ctx, Mapped, split_args
 from mcx.interop.rules import RULES, plain
 from mcx.interop.script import Launch, read_script
+from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE
 from mcx.spec import convert
 from mcx.spec.load import apply_preset
 from mcx.spec.presets import PRESETS
@@ -84,6 +86,7 @@ def import_script(text: str, *, name: str, description: str | None = None, env: 
     given = split_args(launch, unsupported, problems)
     ctx = Ctx(given=given, problems=problems, line=launch.line, unsupported=unsupported)
     launcher_values(ctx, launch, script.sbatch, unsupported)
+    _allocator(ctx, launch)
     ctx.flat["name"] = name
     ctx.flat["description"] = description or "Imported from a Megatron-LM launch script by mcx import."
     for row in F.FLAGS:
@@ -104,6 +107,23 @@ def import_script(text: str, *, name: str, description: str | None = None, env: 
     spec_dict = nest(flat)
     spec = _structure(spec_dict, name, problems)
     return ImportResult(spec_dict=spec_dict, spec=spec, mapped=ctx.mapped, unsupported=unsupported, problems=problems)
+
+
+def _allocator(ctx: Ctx, launch: Launch) -> None:
+    """``train.expandable_segments`` from the PYTORCH_CUDA_ALLOC_CONF the launch runs with."""
+    conf = launch.allocator
+    if conf is None:
+        return
+    if isinstance(conf, Unknown):
+        ctx.problem(f"{ALLOCATOR_ENV} is not known before run time ({conf.reason}); train.expandable_segments "
+                    "stays false")
+        return
+    items = [item.strip() for item in conf.split(",") if item.strip()]
+    if ALLOCATOR_VALUE in items:
+        ctx.set("train.expandable_segments", True, f"{ALLOCATOR_ENV}={conf}", "environment")
+    others = [item for item in items if not item.startswith("expandable_segments")]
+    if others:
+        ctx.problem(f"{ALLOCATOR_ENV} sets {','.join(others)}, which no spec key carries")
 
 
 def _structure(spec_dict: dict[str, Any], name: str, problems: list[str]) -> ExperimentSpec:

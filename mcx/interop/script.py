@@ -26,6 +26,7 @@ from mcx.interop.conditions import evaluate
 from mcx.interop.expand import Expander, Field, Text, Unknown, join, settle
 from mcx.interop.lexer import ArrayWord, Op, Word
 from mcx.interop.unmapped import SBATCH_SHORT, TORCHRUN_SWITCHES
+from mcx.plan.memory import ALLOCATOR_ENV
 
 __all__ = ["Field", "Launch", "Script", "Unknown", "read_script"]
 
@@ -38,6 +39,7 @@ class Launch:
     args: tuple[Field, ...]  # its arguments
     torchrun: tuple[tuple[str, Field | None], ...] | None  # options, names with dashes; None: no torchrun
     srun: tuple[tuple[str, Field | None], ...] | None  # srun options; None: not under srun
+    allocator: Field | None = None  # PYTORCH_CUDA_ALLOC_CONF where the launch runs; None: unset
 
 
 @frozen
@@ -190,6 +192,22 @@ class _Reader(Expander):
             for tok in node.assigns:
                 self.assign(tok)
             return
+        if not node.assigns:
+            self.command(node, None)
+            return
+        # ``VAR=value cmd``: the value holds in cmd's environment only (e.g. a launch's allocator setting).
+        names = [tok.name if isinstance(tok, ArrayWord) else shell.split_assignment(tok)[0] for tok in node.assigns]
+        saved = {name: self.vars.get(name) for name in names}
+        try:
+            self.command(node, node.assigns)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    self.vars.pop(name, None)
+                else:
+                    self.vars[name] = value
+
+    def command(self, node: shell.Simple, prefix) -> None:
         head = node.words[0]
         cmd = head.literal() if isinstance(head, Word) else None
         if cmd in ("export", "declare", "typeset", "local", "readonly"):
@@ -197,7 +215,9 @@ class _Reader(Expander):
                 if shell.is_assignment(tok):
                     self.assign(tok)  # type: ignore[arg-type]
             return
-        fields = self.words(node)
+        fields = self.words(node)  # expanded before the prefix assignments take effect, as bash does
+        for tok in prefix or ():
+            self.assign(tok)
         if cmd == "unset":
             for f in fields[1:]:
                 if isinstance(f, str):
@@ -413,8 +433,11 @@ class _Reader(Expander):
         elif entry is None:
             return
         srun = self.srun_options(fields[:entry]) or (self.srun_context[-1] if self.srun_context else None)
+        conf = self.lookup(ALLOCATOR_ENV)
         self.launches.append(Launch(line=line, words=tuple(fields), entry=fields[entry], args=tuple(fields[entry + 1:]),
-                                    torchrun=torchrun, srun=srun))
+                                    torchrun=torchrun, srun=srun,
+                                    allocator=None if conf is None else Unknown(f"{ALLOCATOR_ENV} is an array")
+                                    if isinstance(conf, list) else settle(conf)))
 
 
 def _walk(bodies: Sequence[Sequence[shell.Node]]):
