@@ -3,7 +3,10 @@
 Start at micro-batch 1 and double until the worker runs out of memory (or the global batch no longer
 divides), each trial a few real optimizer steps of the full model on the real hardware through the
 spec's own launcher. Each trial reports tokens/s/GPU and peak memory; the fastest setting that fits
-is written into a new spec (`extends` the original, so the diff is one key).
+is written into a new spec (`extends` the original, so the diff is one key). A trial that ran out of
+memory with the allocator's fragments (what ``mcx.plan.memory.fragments`` counts) runs once more with
+``train.expandable_segments`` on, which stays on for the larger sizes and is written into the new spec
+when the best setting needed it (D27: on H200, micro-batch 8 ran out of memory from fragments alone).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import InputError, TrainingFailed
+from mcx.plan.memory import ALLOCATOR_SETTING, fragments
 from mcx.spec import load_spec
 
 _OOM = ("out of memory", "outofmemory", "cuda error: out of memory", "cublas_status_alloc_failed")
@@ -66,25 +70,38 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) 
     recs = _records(sdir / "metrics.jsonl")
     if len(recs) < steps + 1:
         log = "".join(p.read_text(encoding="utf-8", errors="replace")[-4000:] for p in sdir.glob("*.log"))
-        if any(s in log.lower() for s in _OOM):
-            return {"micro_batch_size": mbs, "fits": False, "reason": "out of memory"}
+        facts = _out_of_memory(sdir)
+        if facts is not None or any(s in log.lower() for s in _OOM):
+            return {"micro_batch_size": mbs, "fits": False, "reason": "out of memory",
+                    "expandable_segments": spec.train.expandable_segments, "out_of_memory": facts}
         raise TrainingFailed(f"the trial at micro_batch_size={mbs} stopped after {len(recs)} steps "
                              f"({outcome.state}: {outcome.detail});", f"see {sdir}/worker.log.")
     timed = recs[1:]  # the first step pays for warm-up
     tps = sum(r["tokens_per_s_per_gpu"] for r in timed) / len(timed)
     mfu = [r["mfu"] for r in timed if r.get("mfu") is not None]
-    return {"micro_batch_size": mbs, "fits": True, "tokens_per_s_per_gpu": tps,
+    return {"micro_batch_size": mbs, "fits": True, "expandable_segments": spec.train.expandable_segments,
+            "tokens_per_s_per_gpu": tps,
             "mfu": sum(mfu) / len(mfu) if mfu else None, "mem_peak_bytes": max(r["mem_peak_bytes"] for r in timed),
             "step_time_s": sum(r["step_time_s"] for r in timed) / len(timed)}
 
 
+def _out_of_memory(stage_dir: Path) -> dict[str, Any] | None:
+    """What the worker recorded of its allocator when it ran out of memory (result.json), if it did."""
+    try:
+        return json.loads((stage_dir / "result.json").read_text(encoding="utf-8")).get("out_of_memory")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
          console: Any) -> dict[str, Any]:
+    from attrs import evolve
+
     from mcx.ops.plan import plan_loaded
 
     if steps < 2 or max_mbs < 1:
         raise InputError("--steps must be at least 2 and --max-micro-batch at least 1;", "e.g. --steps 6.")
-    spec = load_spec(spec_path, overrides)
+    spec = original = load_spec(spec_path, overrides)
     pr = plan_loaded(spec, project)
     dp, gbs = pr.plan.layout.dp, spec.train.global_batch_size
     candidates = [m for m in (2**i for i in range(0, 16)) if m <= max_mbs and gbs % (m * dp) == 0]
@@ -97,6 +114,13 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
         for mbs in candidates:
             console.print(f"[bold]tune[/]: micro_batch_size={mbs}, {steps} measured steps")
             trial = _trial(spec, mbs, steps, project, work, pr)
+            unused = None if trial["fits"] else fragments(trial.get("out_of_memory") or {})
+            if unused is not None:
+                console.print(f"  micro_batch_size={mbs}: out of memory with {unused / 2**30:.1f} GiB reserved but "
+                              f"unallocated; again with {ALLOCATOR_SETTING}")
+                trials.append(trial)
+                spec = evolve(spec, train=evolve(spec.train, expandable_segments=True))
+                trial = _trial(spec, mbs, steps, project, work / "expandable", pr)
             trials.append(trial)
             if not trial["fits"]:
                 console.print(f"  micro_batch_size={mbs}: out of memory; stopping the sweep")
@@ -117,8 +141,9 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
     except ValueError:
         pass
     extra = "".join(f"# --set {o}\n" for o in overrides)
+    allocator = "expandable_segments = true\n" if best["expandable_segments"] and not original.train.expandable_segments else ""
     dest.write_text(f"# Written by `mcx tune` on {time.strftime('%Y-%m-%d')}: micro_batch_size={best['micro_batch_size']} "
                     f"gave {best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU.\n{extra}extends = \"{rel}\"\n\n"
-                    f"[train]\nmicro_batch_size = {best['micro_batch_size']}\n", encoding="utf-8")
+                    f"[train]\nmicro_batch_size = {best['micro_batch_size']}\n{allocator}", encoding="utf-8")
     console.print(f"best: micro_batch_size={best['micro_batch_size']}; wrote {dest}")
     return {"trials": trials, "best": best, "spec": str(dest)}

@@ -214,10 +214,25 @@ def memory_fixes(spec: ExperimentSpec, layout: Layout, est: MemoryEstimate, voca
     return [text for _, _, text in sorted(scored)]
 
 
+def allocator_items(conf: str | None) -> list[str]:
+    """The settings in a ``PYTORCH_CUDA_ALLOC_CONF`` value, e.g. ["max_split_size_mb:128", ALLOCATOR_VALUE]."""
+    return [s for s in (item.strip() for item in (conf or "").split(",")) if s]
+
+
 def with_expandable_segments(conf: str | None) -> str:
     """``PYTORCH_CUDA_ALLOC_CONF`` with expandable segments on, the other settings in ``conf`` kept."""
-    kept = [s for s in (item.strip() for item in (conf or "").split(",")) if s and not s.startswith("expandable_segments")]
-    return ",".join([*kept, ALLOCATOR_VALUE])
+    return ",".join([*(s for s in allocator_items(conf) if not s.startswith("expandable_segments")), ALLOCATOR_VALUE])
+
+
+def fragments(facts: dict) -> float | None:
+    """Bytes the CUDA allocator held reserved but unallocated when a worker ran out of memory (``facts``:
+    ``mcx.train.stage.out_of_memory``), when they are what ``train.expandable_segments`` is for: at
+    least 1 GiB and 5% of the GPU, with the setting off. None otherwise."""
+    allocated, reserved = facts.get("allocated_bytes"), facts.get("reserved_bytes")
+    if allocated is None or reserved is None or facts.get("expandable_segments"):
+        return None
+    unused = reserved - allocated
+    return unused if unused >= max(GiB, 0.05 * (facts.get("capacity_bytes") or 0)) else None
 
 
 def oom_advice(est: MemoryEstimate, facts: dict, fixes: list[str]) -> list[str]:
@@ -230,8 +245,8 @@ def oom_advice(est: MemoryEstimate, facts: dict, fixes: list[str]) -> list[str]:
         of = f" of the GPU's {capacity / GiB:.1f} GiB" if capacity else ""
         tips.append(f"the planner estimated {est.total / GiB:.1f} GiB per GPU; when the worker ran out, "
                     f"{allocated / GiB:.1f} GiB were allocated and {reserved / GiB:.1f} GiB reserved{of}")
-        unused = reserved - allocated
-        if unused >= max(GiB, 0.05 * (capacity or 0)) and not facts.get("expandable_segments"):
+        unused = fragments({**facts, "capacity_bytes": capacity})
+        if unused is not None:
             tips.append(f"{unused / GiB:.1f} GiB were reserved but unallocated (the allocator's fragments): "
                         f"set {ALLOCATOR_SETTING} and run again")
     else:

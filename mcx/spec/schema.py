@@ -101,7 +101,7 @@ class TrainSpec:
     gradient_accumulation_fusion: bool = True  # GPU: weight gradients accumulated into fp32 by the GEMM
     cross_entropy_fusion: bool = True  # GPU, bf16 parameters, not deterministic: Megatron's fused loss
     rope_fusion: bool = True  # GPU: Transformer Engine's fused RoPE, or MCore's RoPE torch.compile'd (local spec)
-    expandable_segments: bool = False  # GPU: torch's expandable-segments allocator (fewer fragments; D23, D26)
+    expandable_segments: bool = False  # GPU: torch's expandable-segments allocator (fewer fragments; D23, D27)
     recompute_granularity: RecomputeGranularity = "none"
     recompute_method: RecomputeMethod = "uniform"
     recompute_num_layers: int = 1

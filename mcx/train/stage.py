@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError, McxError
-from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE
+from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, allocator_items
 from mcx.train.job import Job, read_job
 from mcx.train.result import make_result, summarize, write_result
 
@@ -170,7 +170,7 @@ def out_of_memory(exc: BaseException, device: str) -> dict[str, Any] | None:
         facts.update(allocated_bytes=torch.cuda.memory_allocated(), reserved_bytes=torch.cuda.memory_reserved(),
                      peak_allocated_bytes=torch.cuda.max_memory_allocated(),
                      capacity_bytes=torch.cuda.mem_get_info()[1],
-                     expandable_segments=ALLOCATOR_VALUE in os.environ.get(ALLOCATOR_ENV, ""))
+                     expandable_segments=ALLOCATOR_VALUE in allocator_items(os.environ.get(ALLOCATOR_ENV)))
     return facts
 
 
