@@ -19,11 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import InputError, TrainingFailed
-from mcx.plan.memory import ALLOCATOR_SETTING, fragments
+from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
 from mcx.spec import load_spec
-
-_OOM = ("out of memory", "outofmemory", "cuda error: out of memory", "cublas_status_alloc_failed")
-
 
 def _records(metrics: Path) -> list[dict[str, Any]]:
     out = []
@@ -69,9 +66,8 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) 
         outcome = handle.wait()
     recs = _records(sdir / "metrics.jsonl")
     if len(recs) < steps + 1:
-        log = "".join(p.read_text(encoding="utf-8", errors="replace")[-4000:] for p in sdir.glob("*.log"))
         facts = _out_of_memory(sdir)
-        if facts is not None or any(s in log.lower() for s in _OOM):
+        if facts is not None or _log_says_out_of_memory(sdir):
             return {"micro_batch_size": mbs, "fits": False, "reason": "out of memory",
                     "expandable_segments": spec.train.expandable_segments, "out_of_memory": facts}
         raise TrainingFailed(f"the trial at micro_batch_size={mbs} stopped after {len(recs)} steps "
@@ -91,6 +87,12 @@ def _out_of_memory(stage_dir: Path) -> dict[str, Any] | None:
         return json.loads((stage_dir / "result.json").read_text(encoding="utf-8")).get("out_of_memory")
     except (OSError, ValueError, AttributeError):
         return None
+
+
+def _log_says_out_of_memory(stage_dir: Path) -> bool:
+    """For a worker that left no result.json (a rank other than 0 under torchrun): its logs' last words."""
+    log = "".join(p.read_text(encoding="utf-8", errors="replace")[-4000:] for p in stage_dir.glob("*.log")).lower()
+    return any(s in log for s in OOM_TEXTS)
 
 
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,

@@ -59,6 +59,9 @@ TIGHT_FRACTION = 0.90  # above this share of the GPU's memory the verdict is "ti
 FRAGMENTATION_FRACTION = 0.85
 ALLOCATOR_SETTING = "train.expandable_segments = true"
 ALLOCATOR_ENV, ALLOCATOR_VALUE = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"  # what the worker sets for it
+# How an allocation failure reads (CUDA's OutOfMemoryError, the host allocator's, cuBLAS's), lower-cased:
+# the worker classifies its crash by it, `mcx tune` a trial's logs when the worker left no result.
+OOM_TEXTS = ("out of memory", "outofmemory", "can't allocate memory", "cublas_status_alloc_failed")
 ALLOCATOR_HINT = f"if it runs out of memory with much memory reserved but unallocated, set {ALLOCATOR_SETTING}"
 LOGITS_BYTES_16BIT = 2 + 4  # bf16 logits + the fp32 softmax the cross entropy keeps for backward
 FUSED_CE_EXTRA_BYTES = 4  # the fused (compiled) cross entropy's fp32 working copy (+3.9 GiB measured on H200 at 8K tokens)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError, McxError
-from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, allocator_items
+from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
 from mcx.train.job import Job, read_job
 from mcx.train.result import make_result, summarize, write_result
 
@@ -154,14 +154,11 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
                        steps=outcome.step, layer_spec=backend.layer_spec, details=details)
 
 
-_OOM_TEXTS = ("out of memory", "can't allocate memory", "cublas_status_alloc_failed")
-
-
 def out_of_memory(exc: BaseException, device: str) -> dict[str, Any] | None:
     """For an out-of-memory crash (CUDA's, or the host allocator's), what the allocator held when it
     was raised: the failing frames still hold their tensors here. None for any other exception."""
     text = str(exc)
-    if type(exc).__name__ != "OutOfMemoryError" and not any(t in text.lower() for t in _OOM_TEXTS):
+    if type(exc).__name__ != "OutOfMemoryError" and not any(t in text.lower() for t in OOM_TEXTS):
         return None
     facts: dict[str, Any] = {"device": device, "message": text.strip().splitlines()[0][:400] if text.strip() else ""}
     import torch
