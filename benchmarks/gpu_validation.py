@@ -98,6 +98,11 @@ LAYOUTS: dict[str, tuple[list[str], int, str | None]] = {
     # FP8 (delayed scaling): its checkpoints carry TE's pickled amax histories (D25); round trip and resume.
     "fp8": (['train.precision="fp8-hybrid"', "train.deterministic=true"], 1, None),
     "fp8-dp2": (['train.precision="fp8-hybrid"', "train.deterministic=true", "hardware.gpus_per_node=2"], 2, "fp8"),
+    # train.te_op_fuser (D29): the fused MLP's ops carry their own FP8 state, which mcx checkpoints; on DP 2
+    # the overlapped parameter gather's hooks must reach them.
+    "fp8-fuser": (['train.precision="fp8-hybrid"', "train.deterministic=true", "train.te_op_fuser=true"], 1, "fp8"),
+    "fp8-fuser-dp2": (['train.precision="fp8-hybrid"', "train.deterministic=true", "train.te_op_fuser=true",
+                       "hardware.gpus_per_node=2"], 2, "fp8-fuser"),
 }
 
 

@@ -465,6 +465,16 @@ def test_fp8_attention_needs_an_fp8_precision(tmp_path):
     assert ok.train.fp8_attention and ok.train.precision == "fp8-hybrid"
 
 
+def test_te_op_fuser_needs_transformer_engine_and_a_dense_mlp(tmp_path):
+    local = dict(problems(write(tmp_path / "t.toml", tiny(model={"transformer_impl": "local"}, train={"te_op_fuser": True}))))
+    assert local == {"train.te_op_fuser": 'true needs Transformer Engine (model.transformer_impl is "local"); '
+                                          'set transformer_impl = "auto" or te_op_fuser = false'}
+    moe = dict(problems(write(tmp_path / "m.toml", tiny(model={"num_experts": 4}, train={"te_op_fuser": True}))))
+    assert list(moe) == ["train.te_op_fuser"] and "mixture-of-experts model has none" in moe["train.te_op_fuser"]
+    ok = load_spec(write(tmp_path / "u.toml", tiny(train={"te_op_fuser": True, "precision": "fp8-hybrid"})))
+    assert ok.train.te_op_fuser and load_spec(write(tmp_path / "v.toml", tiny())).train.te_op_fuser is False
+
+
 def test_missing_required_sections_and_keys(tmp_path):
     found = problems(write(tmp_path / "t.toml", {"description": "only this"}))
     assert found == [(k, "required key is missing; add it") for k in ("name", "model", "train", "data")]

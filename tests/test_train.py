@@ -394,6 +394,10 @@ def test_vocabulary_padding_and_layer_spec_choice():
     fp8 = load_spec(TINY, ['train.precision="fp8-hybrid"'])
     with pytest.raises(SpecError, match="train.precision"):
         choose_layer_spec(fp8, Layout(), "cuda")  # no Transformer Engine here
+    fused = load_spec(TINY, ["train.te_op_fuser=true"])  # Transformer Engine's fused MLP, asked for where TE is not
+    with pytest.raises(SpecError, match="train.te_op_fuser") as exc:
+        choose_layer_spec(fused, Layout(), "cpu")
+    assert [key for key, _ in exc.value.problems] == ["train.te_op_fuser"]
 
 
 

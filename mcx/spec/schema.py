@@ -97,6 +97,7 @@ class TrainSpec:
     fp8_amax_history_len: int = 1024
     fp8_amax_compute_algo: AmaxAlgo = "max"
     fp8_attention: bool = False  # FP8 precisions: attention (cuDNN's fused attention) in FP8 too
+    te_op_fuser: bool = False  # Transformer Engine: each dense MLP as one fused op sequence (D29)
     grad_reduce_in_bf16: bool = False
     gradient_accumulation_fusion: bool = True  # GPU: weight gradients accumulated into fp32 by the GEMM
     cross_entropy_fusion: bool = True  # GPU, bf16 parameters, not deterministic: Megatron's fused loss

@@ -71,6 +71,9 @@ def choose_layer_spec(spec: ExperimentSpec, layout: Layout, device: str) -> Laye
             problems.append(("parallel.context", f"{layout.cp} needs Transformer Engine's attention; use 1"))
         if layout.sequence_parallel:
             problems.append(("parallel.sequence_parallel", "needs Transformer Engine's norms; set it to false"))
+        if spec.train.te_op_fuser:
+            problems.append(("train.te_op_fuser", "needs Transformer Engine; set it to false "
+                             "or run where transformer_engine is installed"))
         if problems:
             raise SpecError(problems)
     return chosen
@@ -187,8 +190,13 @@ def moe_dispatcher(spec: ExperimentSpec, device: str) -> str:
 def gpt_layer_spec(spec: ExperimentSpec, layer_spec: LayerSpecName) -> ModuleSpec:
     m = spec.model
     if layer_spec == "transformer_engine":
-        return get_gpt_layer_with_transformer_engine_spec(
-            num_experts=m.num_experts, moe_grouped_gemm=m.moe_grouped_gemm)
+        te_spec = get_gpt_layer_with_transformer_engine_spec(
+            num_experts=m.num_experts, moe_grouped_gemm=m.moe_grouped_gemm, use_te_op_fuser=spec.train.te_op_fuser)
+        if spec.train.te_op_fuser:
+            from mcx.train.fused_mlp import checkpointed
+
+            te_spec.submodules.mlp = checkpointed(te_spec.submodules.mlp)
+        return te_spec
     local = get_gpt_layer_local_spec(num_experts=m.num_experts, moe_grouped_gemm=False,
                                      normalization=m.normalization)
     local.submodules.self_attention.submodules.core_attention = SDPAttention
