@@ -204,6 +204,16 @@ def test_transformer_engine_features_error_warn_or_pass_by_availability():
     assert path == "parallel.sequence_parallel" and "sequence parallel with RMSNorm" in msg
     path, msg = one_problem(spec(model={"transformer_impl": "transformer_engine"}), te=False)
     assert path == "model.transformer_impl" and "cannot run" in msg
+    fused = {"te_op_fuser": True}  # Transformer Engine's fused MLP (D29)
+    path, msg = one_problem(spec(train=fused, model={"transformer_impl": "local"}), te=True)
+    assert path == "train.te_op_fuser" and msg == (
+        'the fused MLP (train.te_op_fuser = true) needs Transformer Engine, but model.transformer_impl = "local"; '
+        'set it to "auto" or "transformer_engine", or set train.te_op_fuser = false')
+    path, msg = one_problem(spec(train=fused), te=False)
+    assert path == "train.te_op_fuser" and "which is not available" in msg
+    _, warnings, _ = resolve_layout(spec(train=fused), te_available=None)
+    assert any("the fused MLP (train.te_op_fuser = true) needs Transformer Engine" in w for w in warnings)
+    assert resolve_layout(spec(train=fused), te_available=True)[0].world_size >= 1
 
 
 def test_fp8_needs_an_fp8_gpu_and_transformer_engine():
@@ -504,14 +514,14 @@ def test_smoke_on_cpu_trains_what_the_cpu_backend_runs():
     """smoke.gpu = "cpu" (a cluster without GPUs): data parallel over smoke.gpus_per_node processes,
     fp32, the local layer spec; the full stage keeps its GPUs, layout and precision."""
     s = spec(model={"transformer_impl": "transformer_engine"}, parallel={"tensor": 8, "sequence_parallel": True},
-             train={"precision": "bf16", "recompute_granularity": "full"}, hardware={"nodes": 2, "gpu": "H200"},
-             smoke={"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"})
+             train={"precision": "bf16", "recompute_granularity": "full", "te_op_fuser": True},
+             hardware={"nodes": 2, "gpu": "H200"}, smoke={"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"})
     layout, _, _ = resolve_layout(s, te_available=True)
     smoke, sl = stage_spec(s, layout, "smoke", te_available=True)
     assert (sl.tp, sl.pp, sl.cp, sl.ep, sl.dp, sl.world_size, sl.sequence_parallel) == (1, 1, 1, 1, 2, 2, False)
     assert (smoke.hardware.gpu, smoke.hardware.nodes, smoke.hardware.gpus_per_node) == ("cpu", 1, 2)
-    assert (smoke.train.precision, smoke.train.recompute_granularity, smoke.model.transformer_impl) == (
-        "fp32", "none", "auto")
+    assert (smoke.train.precision, smoke.train.recompute_granularity, smoke.train.te_op_fuser,
+            smoke.model.transformer_impl) == ("fp32", "none", False, "auto")
     assert check_spec(smoke) == [] and resolve_layout(smoke, te_available=False)[0] == sl
     plan = plan_to_dict(make_plan(s, te_available=True))
     assert plan["layout"]["tp"] == 8 and plan["smoke"]["shapes"]["gpu"] == "cpu"

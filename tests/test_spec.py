@@ -465,10 +465,8 @@ def test_fp8_attention_needs_an_fp8_precision(tmp_path):
     assert ok.train.fp8_attention and ok.train.precision == "fp8-hybrid"
 
 
-def test_te_op_fuser_needs_transformer_engine_and_a_dense_mlp(tmp_path):
-    local = dict(problems(write(tmp_path / "t.toml", tiny(model={"transformer_impl": "local"}, train={"te_op_fuser": True}))))
-    assert local == {"train.te_op_fuser": 'true needs Transformer Engine (model.transformer_impl is "local"); '
-                                          'set transformer_impl = "auto" or te_op_fuser = false'}
+def test_te_op_fuser_needs_a_dense_mlp(tmp_path):
+    """(Its need for Transformer Engine is the planner's rule: tests/test_plan.py.)"""
     moe = dict(problems(write(tmp_path / "m.toml", tiny(model={"num_experts": 4}, train={"te_op_fuser": True}))))
     assert list(moe) == ["train.te_op_fuser"] and "mixture-of-experts model has none" in moe["train.te_op_fuser"]
     ok = load_spec(write(tmp_path / "u.toml", tiny(train={"te_op_fuser": True, "precision": "fp8-hybrid"})))

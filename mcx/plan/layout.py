@@ -131,6 +131,8 @@ def _te_rules(spec: ExperimentSpec, layout: Layout, te_available: bool | None) -
     if layout.sequence_parallel:
         needs.append(("parallel.sequence_parallel", f"sequence parallel with {spec.model.normalization}",
                       "set parallel.sequence_parallel = false"))
+    if spec.train.te_op_fuser:
+        needs.append(("train.te_op_fuser", "the fused MLP (train.te_op_fuser = true)", "set train.te_op_fuser = false"))
     impl = spec.model.transformer_impl
     te_here = False if spec.hardware.gpu == "cpu" else te_available
     for path, what, alternative in needs:

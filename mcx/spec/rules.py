@@ -128,9 +128,6 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
     if t.fp8_attention and not t.precision.startswith("fp8"):
         out.append(("train.fp8_attention", f"true needs an fp8 train.precision (it is \"{t.precision}\"); "
                     "set precision = \"fp8-hybrid\" or fp8_attention = false"))
-    if t.te_op_fuser and spec.model.transformer_impl == "local":
-        out.append(("train.te_op_fuser", "true needs Transformer Engine (model.transformer_impl is \"local\"); "
-                    "set transformer_impl = \"auto\" or te_op_fuser = false"))
     if t.te_op_fuser and spec.model.num_experts is not None:
         out.append(("train.te_op_fuser", "true fuses dense MLPs, and a mixture-of-experts model has none; "
                     "set te_op_fuser = false"))
