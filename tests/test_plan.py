@@ -214,6 +214,11 @@ def test_transformer_engine_features_error_warn_or_pass_by_availability():
     _, warnings, _ = resolve_layout(spec(train=fused), te_available=None)
     assert any("the fused MLP (train.te_op_fuser = true) needs Transformer Engine" in w for w in warnings)
     assert resolve_layout(spec(train=fused), te_available=True)[0].world_size >= 1
+    fp8 = make_plan(spec(train={"precision": "fp8-hybrid"}, hardware={"gpu": "H200"}), te_available=True)
+    assert any(a.startswith("train.te_op_fuser = true runs each MLP") for a in fp8.recommendations)
+    for quiet in ({"precision": "fp8-hybrid", **fused}, {"precision": "bf16"}):
+        plan = make_plan(spec(train=quiet, hardware={"gpu": "H200"}), te_available=True)
+        assert not any("te_op_fuser" in a for a in plan.recommendations)
 
 
 def test_fp8_needs_an_fp8_gpu_and_transformer_engine():

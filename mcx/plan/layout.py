@@ -360,6 +360,10 @@ def _advice(spec: ExperimentSpec, layout: Layout) -> list[str]:
         out.append(f"parallel.distributed_optimizer = true shards Adam's fp32 state over the {layout.dp * layout.cp} "
                    "data x context parallel ranks")
     t = spec.train
+    if t.precision.startswith("fp8") and not t.te_op_fuser and spec.model.num_experts is None \
+            and spec.model.transformer_impl != "local":
+        out.append("train.te_op_fuser = true runs each MLP as one Transformer Engine op sequence, SwiGLU fused with "
+                   "its FP8 casts: 0.6-1.7% faster and up to 5 GiB less on H200 (D29)")
     if layout.pp > 1 and layout.vpp is None and spec.model.num_layers % (layout.pp * 2) == 0 and layout.pp > 2:
         microbatches = t.global_batch_size // (t.micro_batch_size * layout.dp)
         if microbatches % layout.pp == 0:
