@@ -203,8 +203,8 @@ def task_layouts(args: argparse.Namespace) -> None:
             key = f"{name}{'-' + rep if rep else ''}"
             say(f"layout {key} on {world} GPU(s)")
             try:
-                job = build_job(work / key, "experiments/tiny.toml", [*DENSE, *overrides, *base], stage="smoke",
-                                cpu=args.cpu)
+                job = build_job(work / key, "experiments/tiny.toml", [*DENSE, *overrides, *base, *args.set],
+                                stage="smoke", cpu=args.cpu)
             except Exception as exc:  # noqa: BLE001 - a spec the rules refuse is a result too
                 results[key] = {"status": "refused", "error": f"{exc.__class__.__name__}: {exc}"}
                 continue
@@ -348,15 +348,15 @@ def task_ckpt_stall(args: argparse.Namespace) -> None:
         spec, model = "experiments/tiny.toml", DENSE
     if args.cpu:
         model = [*model, *TINY_CPU, "model.vocab_size=4096", 'model.transformer_impl="local"']
-    common = [*model, *common]
-    results: dict[str, Any] = {"spec": args.spec, "every": every, "steps": steps}
+    common = [*model, *common, *args.set]
+    results: dict[str, Any] = {"spec": args.spec, "every": every, "steps": steps, "overrides": args.set}
     for name, flag in (("sync", "false"), ("async", "true")):
         say(f"ckpt-stall {name}")
         job = build_job(work / name, spec, [*common, f"checkpoint.async_save={flag}"], stage="full", cpu=args.cpu)
         run = run_job(work / name, job, args.gpus, args.timeout)
         log_file = work / name / "worker.log"
         phases = [line.partition("mcx.train: ")[2] for line in log_file.read_text(errors="replace").splitlines()
-                  if "paused training" in line] if log_file.exists() else []  # gpu.GpuBackend.save's lines
+                  if "paused training" in line or "saves prepared" in line] if log_file.exists() else []  # gpu.GpuBackend.save's lines
         results[name] = {**{k: run[k] for k in ("rc", "status", "error", "log_tail")}, **_save_stalls(work / name, every),
                          "save_phases": phases}
         shutil.rmtree(work / name / "checkpoints", ignore_errors=True)  # tens of GB for the H200 spec
@@ -428,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--tag", default="")
     p.add_argument("--cpu", action="store_true", help="a tiny model on CPU: checks this script, not the GPU")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="layouts, ckpt-stall: another spec override for every run (e.g. checkpoint.async_save=true)")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
