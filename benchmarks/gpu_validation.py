@@ -356,7 +356,7 @@ def task_ckpt_stall(args: argparse.Namespace) -> None:
         run = run_job(work / name, job, args.gpus, args.timeout)
         log_file = work / name / "worker.log"
         phases = [line.partition("mcx.train: ")[2] for line in log_file.read_text(errors="replace").splitlines()
-                  if "paused training" in line or "saves prepared" in line] if log_file.exists() else []  # gpu.GpuBackend.save's lines
+                  if "paused training" in line] if log_file.exists() else []  # gpu.GpuBackend.save's lines
         results[name] = {**{k: run[k] for k in ("rc", "status", "error", "log_tail")}, **_save_stalls(work / name, every),
                          "save_phases": phases}
         shutil.rmtree(work / name / "checkpoints", ignore_errors=True)  # tens of GB for the H200 spec

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 7, call F on nvidia-h200 (one GPU), from a snapshot of main: the checkpoint writer's copy rehearsal
+# Session 7, call F on nvidia-h200 (one GPU), from a snapshot of 885682c (branch ckpt-rehearsal): the checkpoint writer's copy rehearsal
 # (D30), with the 4.6 minutes of device time that were left. No Transformer Engine (its five piece transfers
 # would not fit): the layout runs' model on the local spec.
 # 1. Smoke checks with asynchronous saves (the rehearsal runs after step 1; round trip and bitwise resume after it).

@@ -58,15 +58,6 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
-def copy_only(preload_fn: Any) -> None:
-    """Runs in the persistent checkpoint writer: a save's copy to host memory, kept nowhere (D30).
-
-    The writer's first copy opens each tensor's CUDA memory and allocates pinned host buffers for it;
-    both stay cached in the writer for the saves that follow.
-    """
-    preload_fn()
-
-
 class CheckpointStore:
     """The checkpoint directory of one stage. Methods that write are rank-0 only (the caller
     synchronises ranks around them); reads are safe everywhere."""
