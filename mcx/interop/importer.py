@@ -26,7 +26,7 @@ from mcx.interop.launcher import launcher_values
 from mcx.interop.pretrain_args import Ctx, Mapped, split_args
 from mcx.interop.rules import RULES, plain
 from mcx.interop.script import Launch, read_script
-from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, allocator_items
+from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, allocator_items, other_allocator_items
 from mcx.spec import convert
 from mcx.spec.load import apply_preset
 from mcx.spec.presets import PRESETS
@@ -118,10 +118,9 @@ def _allocator(ctx: Ctx, launch: Launch) -> None:
         ctx.problem(f"{ALLOCATOR_ENV} is not known before run time ({conf.reason}); train.expandable_segments "
                     "stays false")
         return
-    items = allocator_items(conf)
-    if ALLOCATOR_VALUE in items:
+    if ALLOCATOR_VALUE in allocator_items(conf):
         ctx.set("train.expandable_segments", True, f"{ALLOCATOR_ENV}={conf}", "environment")
-    others = [item for item in items if not item.startswith("expandable_segments")]
+    others = other_allocator_items(conf)
     if others:
         ctx.problem(f"{ALLOCATOR_ENV} sets {','.join(others)}, which no spec key carries")
 

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from attrs import evolve
+
 from mcx.errors import InputError, TrainingFailed
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
 from mcx.spec import load_spec
@@ -97,8 +99,6 @@ def _log_says_out_of_memory(stage_dir: Path) -> bool:
 
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
          console: Any) -> dict[str, Any]:
-    from attrs import evolve
-
     from mcx.ops.plan import plan_loaded
 
     if steps < 2 or max_mbs < 1:

@@ -222,9 +222,14 @@ def allocator_items(conf: str | None) -> list[str]:
     return [s for s in (item.strip() for item in (conf or "").split(",")) if s]
 
 
+def other_allocator_items(conf: str | None) -> list[str]:
+    """The settings in ``conf`` other than expandable segments (which ``train.expandable_segments`` carries)."""
+    return [s for s in allocator_items(conf) if not s.startswith("expandable_segments")]
+
+
 def with_expandable_segments(conf: str | None) -> str:
     """``PYTORCH_CUDA_ALLOC_CONF`` with expandable segments on, the other settings in ``conf`` kept."""
-    return ",".join([*(s for s in allocator_items(conf) if not s.startswith("expandable_segments")), ALLOCATOR_VALUE])
+    return ",".join([*other_allocator_items(conf), ALLOCATOR_VALUE])
 
 
 def fragments(facts: dict) -> float | None:
