@@ -351,12 +351,14 @@ def task_ckpt_stall(args: argparse.Namespace) -> None:
     common = [*model, *common, *args.set]
     results: dict[str, Any] = {"spec": args.spec, "every": every, "steps": steps, "overrides": args.set}
     for name, flag in (("sync", "false"), ("async", "true")):
+        if name not in args.modes.split(","):
+            continue
         say(f"ckpt-stall {name}")
         job = build_job(work / name, spec, [*common, f"checkpoint.async_save={flag}"], stage="full", cpu=args.cpu)
         run = run_job(work / name, job, args.gpus, args.timeout)
         log_file = work / name / "worker.log"
         phases = [line.partition("mcx.train: ")[2] for line in log_file.read_text(errors="replace").splitlines()
-                  if "paused training" in line] if log_file.exists() else []  # gpu.GpuBackend.save's lines
+                  if "paused training" in line or "in the writer" in line] if log_file.exists() else []  # gpu.py, writer.py
         results[name] = {**{k: run[k] for k in ("rc", "status", "error", "log_tail")}, **_save_stalls(work / name, every),
                          "save_phases": phases}
         shutil.rmtree(work / name / "checkpoints", ignore_errors=True)  # tens of GB for the H200 spec
@@ -423,6 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--spec", default="experiments/h200_1gpu.toml", help='ckpt-stall: "dense" for the layout runs\' small model')
     p.add_argument("--steps", type=int, default=300, help="fp8-curve: steps per run; ckpt-stall: steps per run")
     p.add_argument("--every", type=int, default=5, help="ckpt-stall: save every this many steps")
+    p.add_argument("--modes", default="sync,async", help="ckpt-stall: which runs, of sync,async")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     p.add_argument("--work-dir", default="/tmp/mcx-gpu-validation")
     p.add_argument("--out", required=True)

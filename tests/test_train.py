@@ -677,3 +677,53 @@ def test_te_extra_state_is_allowed_for_the_load_only(monkeypatch):
         assert os.environ[_TE_PICKLE_ENV] == "1"
         raise RuntimeError("the load failed")
     assert os.environ[_TE_PICKLE_ENV] == "0"
+
+
+def _serve_one(requests) -> None:
+    """What MCore's persistent checkpoint writer does with one request (async_utils.async_loop)."""
+    request = requests.get()
+    args = list(request.async_fn_args)
+    args[1] = request.preload_fn()
+    request.async_fn(*args, **request.async_fn_kwargs)
+
+
+def _write_buckets(path, _, buckets, __) -> None:
+    import torch
+
+    torch.save({name: t for _, _, (_, tensors) in buckets for name, t in tensors}, path)
+
+
+def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
+    """A timed request crosses into a spawned process, as MCore's persistent writer receives it; MCore's
+    own copy to host runs there, then the write, and the writer appends the save's line to worker.log."""
+    import multiprocessing
+    import re
+    from functools import partial
+
+    import torch
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    from mcx.train import writer
+
+    tensors = [("a", torch.arange(2 ** 18, dtype=torch.float32)), ("b", torch.ones(512, 512))]  # 2 MiB
+    buckets = [("file_0", "key", ([], tensors))]
+    request = AsyncRequest(partial(_write_buckets, tmp_path / "out.pt"), (None, buckets, None), [],
+                           preload_fn=partial(FileSystemWriterAsync.preload_tensors, buckets, non_blocking=False))
+    (tmp_path / "worker.log").write_text("the trainer's lines\n")
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=_serve_one, args=(queue,))
+    process.start()
+    queue.put(writer.timed(request, 3, tmp_path, 0))
+    process.join(120)
+    assert process.exitcode == 0
+    saved = torch.load(tmp_path / "out.pt")
+    assert torch.equal(saved["a"], tensors[0][1]) and torch.equal(saved["b"], tensors[1][1])
+    lines = (tmp_path / "worker.log").read_text().splitlines()
+    assert lines[0] == "the trainer's lines" and len(lines) == 2
+    m = re.search(r"\[rank 0\] INFO mcx.train.writer: checkpoint save 3 in the writer: waited ([\d.]+) s for it, "
+                  r"received it in ([\d.]+) s, copied 2 MiB to host in ([\d.]+) s \(new pinned buffers: 0, 0 MiB "
+                  r"in 0.00 s\), wrote it in ([\d.]+) s$", lines[1])
+    assert m, lines[1]
+    assert float(m[1]) < 60 and float(m[4]) < 60

@@ -35,7 +35,7 @@ import torch
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
-from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue, AsyncRequest
 from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX, TorchDistSaveShardedStrategy
@@ -48,6 +48,7 @@ from megatron.core.utils import get_batch_on_this_cp_rank, unwrap_model
 
 from mcx.plan.memory import ALLOCATOR_ENV
 from mcx.train import model as model_lib
+from mcx.train import writer
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
 from mcx.train.job import Job
 from mcx.train.runtime import World, seed_everything
@@ -82,7 +83,7 @@ def _own_te_extra_state():
 class GpuBackend:
     device = "cuda"
 
-    def __init__(self, job: Job, world: World, vocab_size: int) -> None:
+    def __init__(self, job: Job, world: World, vocab_size: int, stage_dir: Path) -> None:
         spec, lay, t = job.spec, job.layout, job.spec.train
         self.job, self.world, self.spec = job, world, spec
         self.layer_spec = model_lib.choose_layer_spec(spec, lay, "cuda")
@@ -164,6 +165,7 @@ class GpuBackend:
             TorchDistSaveShardedStrategy("torch_dist", 1, cached_metadata=True),
             parallel_state.get_data_parallel_group(with_context_parallel=True), do_cache_distribution=True)
         self._saves = 0
+        self._stage_dir = stage_dir  # the persistent writer logs each save's timing to its worker.log
         self.details = {**model_lib.describe(self.config, self.layer_spec, padded),
                         "distributed_optimizer": dist_opt, "precision": t.precision,
                         "allocator": os.environ.get(ALLOCATOR_ENV) or "default",
@@ -294,6 +296,8 @@ class GpuBackend:
         else:
             request.add_finalize_fn(on_done)
             request.add_finalize_fn(self.world.barrier)
+            if isinstance(request, AsyncRequest):  # MCore's writer (not nvidia-resiliency-ext's)
+                request = writer.timed(request, self._saves, self._stage_dir, self.world.rank)
             self.async_queue.schedule_async_request(request)  # the copy to host memory; writing goes on
         t3 = time.perf_counter()
         # Where a save's stall goes (docs/benchmarks.md, checkpoint stall): the state dict; the save plan

@@ -33,7 +33,7 @@ def _rank() -> int:
     return 0
 
 
-def _start_logging(stage_dir: Path, rank: int) -> logging.Handler:
+def start_logging(stage_dir: Path, rank: int) -> logging.Handler:
     handler = logging.FileHandler(stage_dir / LOG_FILE, encoding="utf-8")
     handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
     handler.setLevel(logging.INFO if rank == 0 else logging.WARNING)
@@ -45,7 +45,7 @@ def _start_logging(stage_dir: Path, rank: int) -> logging.Handler:
     return handler
 
 
-def _stop_logging(handler: logging.Handler) -> None:
+def stop_logging(handler: logging.Handler) -> None:
     for name in ("mcx", "megatron", "py.warnings"):
         logging.getLogger(name).removeHandler(handler)
     logging.captureWarnings(False)
@@ -66,11 +66,11 @@ def _import_worker(device: str) -> None:
             importlib.import_module(name)
 
 
-def make_backend(job: Job, world, vocab_size: int):
+def make_backend(job: Job, world, vocab_size: int, stage_dir: Path):
     if job.device == "cuda":
         from mcx.train.gpu import GpuBackend
 
-        return GpuBackend(job, world, vocab_size)
+        return GpuBackend(job, world, vocab_size, stage_dir)
     from mcx.train.cpu import CpuBackend
 
     return CpuBackend(job, world, vocab_size)
@@ -108,7 +108,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     data = datasets_from_spec(job.spec, Path(job.data_dir), stage_dir / "cache",
                               train_samples_limit=job.train_samples_limit)
     vocab = _vocab_size(job, data.tokenizer.vocab_size)
-    backend = make_backend(job, world, vocab)
+    backend = make_backend(job, world, vocab, stage_dir)
     if world.is_main:  # what runs, for runs that end before result.json (benchmarks stop the worker)
         log.info("built: %s", json.dumps(backend.details, sort_keys=True, default=str))
     peak, gpu_name = _peak_flops(job)
@@ -137,7 +137,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
             return [fresh.train_step(trainer.take(it, trainer.num_micro, "training")).loss for _ in range(n)]
 
         checks = smoke.run_checks(job, world, train_records, backend,
-                                  lambda: make_backend(job, world, vocab), trainer.store.path(outcome.step),
+                                  lambda: make_backend(job, world, vocab, stage_dir), trainer.store.path(outcome.step),
                                   trainer.store.path(smoke.resume_check_step(job)), replay)
         failed = [f"{name}: {c['detail']}" for name, c in checks.items() if not c["passed"]]
         if failed:
@@ -175,7 +175,7 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
     """Run the stage in ``stage_dir`` in this process; returns (and, on rank 0, writes) the result."""
     stage_dir = Path(stage_dir).resolve()
     rank = _rank()
-    handler = _start_logging(stage_dir, rank)
+    handler = start_logging(stage_dir, rank)
     job: Job | None = None
     try:
         job = read_job(stage_dir)
@@ -196,7 +196,7 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
         result = make_result(status="failed", passed=False, error=f"{type(exc).__name__}: {exc}", exit_code=1,
                              out_of_memory=out_of_memory(exc, job.device if job else "cpu"))
     finally:
-        _stop_logging(handler)
+        stop_logging(handler)
     if rank == 0:
         write_result(stage_dir, result)
     return result
