@@ -230,6 +230,9 @@ class CpuBackend:
     def finalize_saves(self, blocking: bool) -> None:
         """Saves are synchronous on CPU."""
 
+    def prepare_saves(self, scratch: Path) -> None:
+        """Nothing to prepare: saves are synchronous on CPU."""
+
     def corrupt_checkpoint(self, directory: Path) -> str:
         """Test hook (checkpoint.CORRUPT_ENV): perturb one model tensor in a saved checkpoint."""
         path = directory / STATE_FILE

@@ -307,6 +307,30 @@ class GpuBackend:
                  self._saves, t3 - t0, t1 - t0, "plan" if is_async else "plan and write", t2 - t1,
                  "copy to host" if is_async else "commit", t3 - t2)
 
+    def prepare_saves(self, scratch: Path) -> None:
+        """Rehearse the first asynchronous save's copy to host memory, in the background (D30).
+
+        The persistent writer's first copy is slow: on H200 it paused training 3.7-3.9 s, against
+        0.05 s for later ones, while the writer opened each tensor's CUDA memory and allocated pinned
+        host buffers. Once the first step has created the optimizer state, this plans a save of the
+        real state dict into ``scratch`` (nothing is written there) and hands the writer only its
+        copy, as a request training does not wait for. The save plan is then cached too. (With
+        nvidia-resiliency-ext, saves go through its own writer, which this does not prepare.)
+        """
+        if self.async_queue is None or HAVE_NVRX:
+            return
+        t0 = time.perf_counter()
+        request = dist_checkpointing.save(
+            self._sharded_state_dict(is_loading=False), str(scratch), sharded_strategy=self._save_strategy,
+            validate_access_integrity=True, async_sharded_save=True, async_strategy="mcore",
+            content_metadata={"distrib_optim_sharding_type": _SHARDING})
+        if not isinstance(request, AsyncRequest) or request.preload_fn is None:
+            return
+        rehearsal = AsyncRequest(writer.rehearse, (writer.TimedCopy(request.preload_fn),), [])
+        self.async_queue.schedule_async_request(writer.timed(rehearsal, 0, self._stage_dir, self.world.rank))
+        log.info("checkpoint saves prepared in %.2f s: the writer copies the state to host memory once, "
+                 "in the background", time.perf_counter() - t0)
+
     def finalize_saves(self, blocking: bool) -> None:
         if self.async_queue is not None:
             self.async_queue.maybe_finalize_async_calls(blocking=blocking)

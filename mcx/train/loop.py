@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -126,6 +127,7 @@ class Trainer:
                                          global_batch_size=t.global_batch_size, seq_length=self.spec.model.seq_length)
         self.peak_flops = peak_flops
         self.saved_step: int | None = None
+        self.saves_prepared = False  # the backend readied its checkpoint writer (prepare_saves)
         self.step: int | None = None  # the last step finished (the system-metrics sampler reads it, no lock)
 
     # -- data ---------------------------------------------------------------------------------------
@@ -152,12 +154,30 @@ class Trainer:
                 "layout": {"tp": lay.tp, "pp": lay.pp, "vpp": lay.vpp, "cp": lay.cp, "ep": lay.ep, "dp": lay.dp,
                            "world_size": lay.world_size}}
 
+    def _begin(self, step: int) -> Path:
+        """The staging directory of a save at ``step``, created by rank 0; every rank returns."""
+        tmp = self.store.begin(step) if self.world.is_main else self.store.path(step).with_name(ckpt.iter_name(step) + ".tmp")
+        self.world.barrier()
+        return tmp
+
+    def prepare_saves(self) -> None:
+        """Once, after the first step of a stage that saves, unless that step saved: the backend readies
+        its checkpoint writer off the training path (D30), planning in a scratch staging directory."""
+        self.saves_prepared = True
+        scratch = self._begin(0)
+        try:
+            self.backend.prepare_saves(scratch)
+        finally:
+            self.world.barrier()
+            if self.world.is_main:
+                shutil.rmtree(scratch, ignore_errors=True)
+
     def save(self, step: int, consumed: int) -> None:
         if self.saved_step == step:
             return
         self.saved_step = step
-        tmp = self.store.begin(step) if self.world.is_main else self.store.path(step).with_name(ckpt.iter_name(step) + ".tmp")
-        self.world.barrier()
+        self.saves_prepared = True  # a real save readies the writer as well
+        tmp = self._begin(step)
         meta = self.meta(step, consumed)
 
         def on_done() -> None:
@@ -270,6 +290,8 @@ class Trainer:
             final = step == t.train_iters and self.spec.checkpoint.final
             if (interval and step % interval == 0) or step in self.pinned or final:
                 self.save(step, consumed)
+            elif not self.saves_prepared and (interval or self.pinned or self.spec.checkpoint.final):
+                self.prepare_saves()
         if self.world.any(stop.signal is not None):
             return self._preempt(outcome, step, consumed)
         if self.spec.checkpoint.final:
