@@ -9,9 +9,12 @@ writer says in the stage's worker.log where one save's time went:
     checkpoint save 2 in the writer: waited 0.00 s for it, received it in 0.01 s, copied 1342 MiB to
     host in 0.05 s (new pinned buffers: 0, 0 MiB in 0.00 s), wrote it in 2.10 s
 
-"waited" is the time between the trainer handing the request over and the writer starting on it:
-an earlier save still being written, or the trainer's own pickling. Everything here runs in the
-writer process, so it keeps to torch and the standard library.
+"waited" is the time between the trainer handing the request over and the writer starting on it: the
+writer still starting up (GPU session 8: the first save's pause was mostly this), an earlier request
+still running, or the trainer's pickling. ``rehearse`` is the request that runs a save's copy after the
+first step, so that the first real save finds the writer's pinned buffers made (D30). Everything here
+runs in the writer process (it logs through the stage's own logging set-up), so it keeps to torch and
+the standard library.
 """
 
 from __future__ import annotations
@@ -90,9 +93,10 @@ class TimedWrite:
         began = self.received if isinstance(self.received, float) else self.sent  # a _Stamp if never pickled
         copy = (f"copied {_copy['mib']:.0f} MiB to host in {_copy['seconds']:.2f} s (new pinned buffers: "
                 f"{_copy['new']:.0f}, {_copy['new_mib']:.0f} MiB in {_copy['new_seconds']:.2f} s), ") if _copy else ""
-        log.info("checkpoint save %d in the writer: waited %.2f s for it, received it in %.2f s, %swrote it in %.2f s",
-                 self.save, max(0.0, began - self.sent), max(0.0, _copy.get("start", began) - began), copy,
-                 write_seconds)
+        what, wrote = (f"checkpoint save {self.save}", f"wrote it in {write_seconds:.2f} s") if self.save else (
+            "the rehearsed copy (D30)", "kept nothing")
+        log.info("%s in the writer: waited %.2f s for it, received it in %.2f s, %s%s", what,
+                 max(0.0, began - self.sent), max(0.0, _copy.get("start", began) - began), copy, wrote)
 
 
 def timed(request: Any, save: int, stage_dir: Path, rank: int) -> Any:
