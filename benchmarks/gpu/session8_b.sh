@@ -18,7 +18,7 @@ stall() {  # stall NAME STEPS EVERY: one ckpt-stall run of the small dense model
     --set 'model.transformer_impl="local"' --out /tmp/res/$name --work-dir /tmp/gv_$name --timeout 115 > $OUT/$name.log 2>&1
   tail -n 1 $OUT/$name.log
   for m in sync async; do
-    grep -h "paused training\|in the writer\|prepared\|writer" /tmp/gv_$name/ckptstall/$m/worker.log 2>/dev/null | cut -c1-330
+    grep -h "paused training\|in the writer\|prepared\|INFO mcx.train: stage \|built:" /tmp/gv_$name/ckptstall/$m/worker.log 2>/dev/null | cut -c1-330
   done
 }
 stall every20 101 20
