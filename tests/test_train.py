@@ -727,3 +727,23 @@ def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
                   r"in 0.00 s\), wrote it in ([\d.]+) s$", lines[1])
     assert m, lines[1]
     assert float(m[1]) < 60 and float(m[4]) < 60
+
+
+def test_the_checkpoint_results_queue_warms_up_and_is_left_empty(tmp_path, caplog):
+    """MCore's results queue (a real multiprocessing Manager) takes one write result at start-up and
+    gives it back, so the Manager process imports torch's checkpoint types before the first save; a save
+    waits for that round trip, and finds the queue empty."""
+    import logging
+
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
+
+    from mcx.train import writer
+
+    with caplog.at_level(logging.INFO, logger="mcx.train.writer"):
+        writer.start(0, persistent=False)
+        writer.results_queue_ready()
+    assert get_write_results_queue().empty()
+    assert any("checkpoint results queue ready" in r.getMessage() for r in caplog.records)
+    first = writer._results_warm_up
+    writer.start(0, persistent=False)  # once per process
+    assert writer._results_warm_up is first

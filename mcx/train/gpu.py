@@ -36,7 +36,6 @@ from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue, AsyncRequest
-from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX, TorchDistSaveShardedStrategy
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
@@ -78,20 +77,6 @@ def _own_te_extra_state():
             os.environ.pop(_TE_PICKLE_ENV, None)
         else:
             os.environ[_TE_PICKLE_ENV] = before
-
-
-def start_checkpoint_writer(rank: int) -> None:
-    """Start MCore's persistent checkpoint writer process, and its results queue, if not started (D31).
-
-    The writer is a spawned interpreter that imports Megatron-Core and opens a CUDA context before it
-    takes its first request: on H200 it was ready 5-6 s after the first step when it started with the
-    backend (GPU session 8), and the first asynchronous save waited for it. The stage starts it as soon as
-    Megatron-Core is imported, so that it starts up while the trainer builds its process groups, data and
-    model. The results queue is a multiprocessing Manager, another spawned process that MCore would start
-    at the first save (D28).
-    """
-    AsyncCallsQueue.warmup_persistent_caller(rank)
-    get_write_results_queue()
 
 
 def save_strategy() -> FullyParallelSaveStrategyWrapper:
@@ -178,8 +163,7 @@ class GpuBackend:
         # long-lived writer process, and one save strategy whose plan and metadata are computed at the
         # first save and reused (the state dict's structure does not change within a run).
         self.async_queue = AsyncCallsQueue(persistent=True) if spec.checkpoint.async_save else None
-        if self.async_queue is not None:  # the stage started the writer already; a backend built alone starts it here
-            start_checkpoint_writer(world.rank)
+        writer.start(world.rank, persistent=self.async_queue is not None)  # the stage started it already (D31)
         self._save_strategy = save_strategy()
         self._saves = 0
         self._stage_dir = stage_dir  # the persistent writer logs each save's timing to its worker.log
@@ -296,6 +280,7 @@ class GpuBackend:
 
     def save(self, directory: Path, on_done) -> None:
         t0 = time.perf_counter()
+        writer.results_queue_ready()  # at once, unless the first save comes within seconds of the start
         self._sync_params()
         is_async = self.async_queue is not None
         state = self._sharded_state_dict(is_loading=False)

@@ -181,10 +181,10 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
         job = read_job(stage_dir)
         log.info("stage %s of run %s on %s", job.stage, job.run_id, job.device)
         _import_worker(job.device)
-        if job.device == "cuda" and job.spec.checkpoint.async_save:  # it starts up while the rest does (D31)
-            from mcx.train.gpu import start_checkpoint_writer
+        if job.device == "cuda":  # the checkpoint writer starts up while the rest does (D31)
+            from mcx.train import writer
 
-            start_checkpoint_writer(rank)
+            writer.start(rank, persistent=job.spec.checkpoint.async_save)
         from mcx.train.loop import StopFlag
         from mcx.train.runtime import distributed
         from mcx.train.system import system_metrics

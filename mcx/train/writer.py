@@ -1,6 +1,18 @@
-"""What the persistent checkpoint writer process runs around MCore's own copy and write (D31).
+"""MCore's checkpoint writer: started early, its results queue warmed, its requests timed (D30, D31).
 
-MCore's persistent writer (``PersistentAsyncCaller``, one spawned process per rank) takes one
+Starting (trainer side). ``start`` runs as soon as the worker has imported Megatron-Core:
+* MCore's persistent writer process (asynchronous saves) is a spawned interpreter that imports
+  Megatron-Core and opens a CUDA context before it takes a request: on H200 it took its first request
+  24-29 s after the stage started (GPU session 8), and a save handed over before then waits for it.
+  Started with the backend, as before, it began later still.
+* Every save, synchronous or not, hands its write results to the trainer through a multiprocessing
+  Manager queue. The Manager is a bare spawned interpreter that imports torch when the first results
+  are unpickled in it: 9.5 s of the first save on H200 (``benchmarks/first_save.py``). A thread puts one
+  write result through the queue at start-up and takes it back, so that import happens off the
+  training path. ``results_queue_ready`` (before each save) waits for that round trip to end, so no
+  save's results can ever be taken for it.
+
+Timing (writer side). MCore's persistent writer (``PersistentAsyncCaller``, one spawned process per rank) takes one
 ``AsyncRequest`` at a time: it receives the request (the trainer's CUDA tensors arrive as IPC
 handles, which it opens), copies the tensors to pinned host memory (``preload_fn``; training waits
 for this part), then writes them (``async_fn``; training goes on). ``timed`` wraps a request so the
@@ -12,14 +24,14 @@ writer says in the stage's worker.log where one save's time went:
 "waited" is the time between the trainer handing the request over and the writer starting on it: the
 writer still starting up (GPU session 8: the first save's pause was mostly this), an earlier request
 still running, or the trainer's pickling. ``rehearse`` is the request that runs a save's copy after the
-first step, so that the first real save finds the writer's pinned buffers made (D30). Everything here
-runs in the writer process (it logs through the stage's own logging set-up), so it keeps to torch and
-the standard library.
+first step, so that the first real save finds the writer's pinned buffers made (D30). The timing
+classes run in the writer process and log through the stage's own logging set-up.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -30,6 +42,45 @@ MIB = 1024 ** 2
 log = logging.getLogger("mcx.train.writer")
 _logging_to: Path | None = None  # the stage directory this writer process logs to
 _copy: dict[str, float] = {}  # the copy of the request being served, read by its write
+_results_warm_up: threading.Thread | None = None  # trainer side: the results queue's first round trip
+
+
+def start(rank: int, persistent: bool) -> None:
+    """Start what checkpoint saves use, once per process: the persistent writer (``persistent``, for
+    asynchronous saves) and the results queue, with its warm-up round trip in a thread."""
+    global _results_warm_up
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
+
+    if persistent:
+        AsyncCallsQueue.warmup_persistent_caller(rank)  # a no-op when it runs already
+    if _results_warm_up is None:
+        _results_warm_up = threading.Thread(target=_warm_up, args=(get_write_results_queue(),),
+                                            name="mcx-checkpoint-results", daemon=True)
+        _results_warm_up.start()
+
+
+def _warm_up(results_queue: Any) -> None:
+    """One write result through MCore's results queue and back: the Manager process imports torch's
+    checkpoint types now rather than during the first save."""
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.storage import WriteResult
+
+    t0 = time.monotonic()
+    try:
+        results_queue.put({0: [WriteResult(index=MetadataIndex("mcx.warm_up"), size_in_bytes=0, storage_data=None)]})
+        results_queue.get()
+    except Exception as exc:  # the first save then pays the import, as without the warm-up
+        log.warning("the checkpoint results queue did not warm up (%s: %s)", type(exc).__name__, exc)
+    else:
+        log.info("checkpoint results queue ready %.2f s after the start", time.monotonic() - t0)
+
+
+def results_queue_ready() -> None:
+    """Wait for the results queue's warm-up round trip to end (at once, unless a save comes within
+    seconds of the start): until then, a save's results could be taken for the warm-up's."""
+    if _results_warm_up is not None:
+        _results_warm_up.join()
 
 
 class _Stamp:
