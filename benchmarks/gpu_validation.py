@@ -333,7 +333,10 @@ def _save_stalls(stage_dir: Path, every: int) -> dict[str, Any]:
     if base is None or not saves:
         return {"median_step_interval_s": base, "saves": len(saves), "stall_per_save_s": None}
     excess = [gaps[s] - base for s in sorted(saves)]
+    others = sorted(((gaps[s] - base, s) for s in gaps if s % every), reverse=True)
     return {"median_step_interval_s": base, "saves": len(saves), "save_step_excess_s": excess,
+            "other_steps_excess_s": sum(e for e, _ in others if e > 0),  # what the stall per save adds to them
+            "largest_other_excess": [[s, round(e, 3)] for e, s in others[:8]],
             "median_save_excess_s": statistics.median(excess),
             "stall_per_save_s": (sum(gaps.values()) - base * len(gaps)) / len(saves)}
 
