@@ -341,8 +341,11 @@ def test_checkpoint_store_commits_atomically_and_keeps_the_newest(tmp_path):
         assert store.latest() is None or store.latest().name != f"iter_{step:07d}"  # not visible before commit
         store.commit(tmp, {"step": step, "consumed_samples": step * 8}, pinned={10})
     assert store.steps() == [10, 20, 30] and store.latest().name == "iter_0000030"  # 10 is pinned
-    assert store.prune() == [10] and store.steps() == [20, 30]
+    assert store.prune() == [10] and store.steps() == [20, 30]  # renamed out of the store at once
+    store.settle()  # the background deletion is over
+    assert not (store.root / "iter_0000010.retired").exists()
     store.begin(40)  # a save that never finished
+    (store.root / "iter_0000005.retired").mkdir()  # a deletion a crash cut short
     store.clean_partial()
     assert sorted(p.name for p in store.root.iterdir()) == ["iter_0000020", "iter_0000030", "latest"]
     assert store.read_meta(store.latest())["consumed_samples"] == 240

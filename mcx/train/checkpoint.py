@@ -8,10 +8,11 @@ a crash at any moment safe:
 2. once all ranks are done, rank 0 writes ``meta.json`` (step, consumed samples, layout, ...),
    fsyncs it and renames the directory to ``iter_NNNNNNN/``;
 3. rank 0 writes ``latest.tmp`` naming it and ``os.replace``-s it onto ``latest``;
-4. older complete checkpoints beyond ``checkpoint.keep`` are deleted (never a pinned one).
+4. older complete checkpoints beyond ``checkpoint.keep`` (never a pinned one) are renamed to
+   ``iter_NNNNNNN.retired/`` and deleted by a background thread, off the training path.
 
 ``latest`` therefore always names a complete checkpoint; leftover ``*.tmp`` directories are partial
-and are removed at the next start.
+and ``*.retired`` ones half-deleted: both are removed at the next start.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from mcx.errors import InputError
 LATEST = "latest"
 META = "meta.json"
 FORMAT = 1
+RETIRED = ".retired"  # a pruned checkpoint, renamed out of the store while a thread deletes it
 _ITER = re.compile(r"^iter_(\d{7,})$")
 
 # Test hook (one place): when set, every committed checkpoint is corrupted right after commit, so
@@ -58,6 +61,11 @@ def write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def _delete(paths: list[Path]) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)  # what is left is removed by clean_partial at the next start
+
+
 class CheckpointStore:
     """The checkpoint directory of one stage. Methods that write are rank-0 only (the caller
     synchronises ranks around them); reads are safe everywhere."""
@@ -65,6 +73,7 @@ class CheckpointStore:
     def __init__(self, root: Path, keep: int) -> None:
         self.root = root
         self.keep = keep
+        self._deleting: list[threading.Thread] = []  # prune's background deletions
 
     def steps(self) -> list[int]:
         """Steps of the complete checkpoints present, ascending."""
@@ -107,7 +116,7 @@ class CheckpointStore:
         if not self.root.is_dir():
             return
         for p in self.root.iterdir():
-            if p.name.endswith(".tmp"):
+            if p.name.endswith((".tmp", RETIRED)):
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
 
     def begin(self, step: int) -> Path:
@@ -138,13 +147,33 @@ class CheckpointStore:
         return final
 
     def prune(self, pinned: set[int] = frozenset()) -> list[int]:
-        """Delete complete checkpoints beyond the newest ``keep`` (pinned ones survive)."""
+        """Retire complete checkpoints beyond the newest ``keep`` (pinned ones survive).
+
+        Each is renamed out of the store at once (``iter_N.retired``, which ``steps`` never lists and
+        ``clean_partial`` removes after a crash), then deleted by a background thread: deleting a
+        checkpoint's files paused training 0.3-0.45 s per save for a 1.3 GiB checkpoint on H200's local
+        disk (GPU session 8), and takes far longer on a parallel filesystem. ``settle`` waits for it.
+        """
         steps = self.steps()
         keep = set(steps[-self.keep:]) | set(pinned)
         removed = [s for s in steps if s not in keep]
+        retired = []
         for s in removed:
-            shutil.rmtree(self.path(s))
+            target = self.root / (iter_name(s) + RETIRED)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(self.path(s), target)
+            retired.append(target)
+        if retired:
+            thread = threading.Thread(target=_delete, args=(retired,), name="mcx-checkpoint-prune", daemon=True)
+            thread.start()
+            self._deleting.append(thread)
         return removed
+
+    def settle(self) -> None:
+        """Wait until the retired checkpoints are deleted."""
+        while self._deleting:
+            self._deleting.pop().join()
 
     def discard_after(self, step: int) -> None:
         """Remove complete checkpoints newer than ``step`` (not on the surviving timeline)."""

@@ -166,6 +166,7 @@ class GpuBackend:
         writer.start(world.rank, persistent=self.async_queue is not None)  # the stage started it already (D31)
         self._save_strategy = save_strategy()
         self._saves = 0
+        self._rehearsal: int | None = None  # the async call index of prepare_saves' request
         self._stage_dir = stage_dir  # the persistent writer logs each save's timing to its worker.log
         self.details = {**model_lib.describe(self.config, self.layer_spec, padded),
                         "distributed_optimizer": dist_opt, "precision": t.precision,
@@ -329,13 +330,19 @@ class GpuBackend:
         if not isinstance(request, AsyncRequest) or request.preload_fn is None:
             return
         rehearsal = AsyncRequest(writer.rehearse, (writer.TimedCopy(request.preload_fn),), [])
-        self.async_queue.schedule_async_request(writer.timed(rehearsal, 0, self._stage_dir, self.world.rank))
+        self._rehearsal = self.async_queue.schedule_async_request(
+            writer.timed(rehearsal, 0, self._stage_dir, self.world.rank))
         log.info("checkpoint saves prepared in %.2f s: the writer copies the state to host memory once, "
                  "in the background", time.perf_counter() - t0)
 
     def finalize_saves(self, blocking: bool) -> None:
-        if self.async_queue is not None:
-            self.async_queue.maybe_finalize_async_calls(blocking=blocking)
+        if self.async_queue is None:
+            return
+        t0 = time.perf_counter()
+        done = [i for i in self.async_queue.maybe_finalize_async_calls(blocking=blocking) if i != self._rehearsal]
+        if done:  # an asynchronous save's second pause: its results gathered, metadata written, committed
+            log.info("checkpoint save finalized: paused training %.2f s%s", time.perf_counter() - t0,
+                     " (waiting for the writer)" if blocking else "")
 
     @torch.no_grad()  # with fp32 params the main params are the model params (leaves requiring grad)
     def load(self, directory: Path) -> None:

@@ -282,7 +282,7 @@ class Trainer:
             if reason:
                 outcome.status, outcome.error = "diverged", f"Training diverged: {reason}. {advice(self.spec)}"
                 log.error(outcome.error)
-                self.backend.finalize_saves(blocking=True)
+                self._finish_saves()
                 return outcome
             self.backend.finalize_saves(blocking=False)
             if t.eval_interval > 0 and step % t.eval_interval == 0 and step < t.train_iters:
@@ -301,8 +301,13 @@ class Trainer:
         outcome.evals["valid"] = self.evaluate("valid", step, final_index) or {}
         outcome.evals["test"] = self.evaluate("test", step, 0) or {}
         outcome.evals = {k: v for k, v in outcome.evals.items() if v}
-        self.backend.finalize_saves(blocking=True)
+        self._finish_saves()
         return outcome
+
+    def _finish_saves(self) -> None:
+        """Every save written and committed, and the checkpoints pruned deleted."""
+        self.backend.finalize_saves(blocking=True)
+        self.store.settle()
 
     def _perturb(self, step: int, amount: float) -> None:
         """The PERTURB_ENV test hook: nudge the live model weights (the optimizer state is left alone)."""
@@ -315,6 +320,6 @@ class Trainer:
         log.warning("preemption signal received: checkpointing step %d and stopping", step)
         if step > 0:
             self.save(step, consumed)
-        self.backend.finalize_saves(blocking=True)
+        self._finish_saves()
         outcome.status = "preempted"
         return outcome

@@ -144,6 +144,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
             status, error = "failed", "smoke check failed: " + "; ".join(failed)
         if world.is_main:
             trainer.store.prune()
+            trainer.store.settle()
         world.barrier()
     details = {**backend.details, "device": job.device, "gpu_name": gpu_name, "world_size": world.size,
                "num_microbatches": trainer.num_micro, "consumed_samples": outcome.consumed_samples,
