@@ -316,7 +316,8 @@ class GpuBackend:
         The writer's first copy creates its pinned host buffers: 0.3-0.55 s for 1.3 GiB on H200 (GPU
         session 8), growing with the state (tens of GiB per GPU for an 8B model), against 0.03 s for
         later copies. Once the first step has created the optimizer state, this plans a save of the
-        real state dict into ``scratch`` (nothing is written there) and hands the writer only its copy,
+        real state dict into ``scratch`` (MCore writes only its small common part there, and the trainer
+        deletes it) and hands the writer only its copy,
         as a request training does not wait for. The save plan is then cached too. (With
         nvidia-resiliency-ext, saves go through its own writer, which this does not prepare.)
         """
