@@ -682,12 +682,14 @@ def test_te_extra_state_is_allowed_for_the_load_only(monkeypatch):
     assert os.environ[_TE_PICKLE_ENV] == "0"
 
 
-def _serve_one(requests) -> None:
-    """What MCore's persistent checkpoint writer does with one request (async_utils.async_loop)."""
-    request = requests.get()
-    args = list(request.async_fn_args)
-    args[1] = request.preload_fn()
-    request.async_fn(*args, **request.async_fn_kwargs)
+def _serve(requests, n: int) -> None:
+    """What MCore's persistent checkpoint writer does with ``n`` requests (async_utils.async_loop)."""
+    for _ in range(n):
+        request = requests.get()
+        args = list(request.async_fn_args)
+        if request.preload_fn is not None:
+            args[1] = request.preload_fn()
+        request.async_fn(*args, **request.async_fn_kwargs)
 
 
 def _write_buckets(path, _, buckets, __) -> None:
@@ -697,8 +699,9 @@ def _write_buckets(path, _, buckets, __) -> None:
 
 
 def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
-    """A timed request crosses into a spawned process, as MCore's persistent writer receives it; MCore's
-    own copy to host runs there, then the write, and the writer appends the save's line to worker.log."""
+    """A rehearsal and a timed save cross into a spawned process, as MCore's persistent writer receives
+    them; MCore's own copy to host runs there (for the rehearsal, as its write), then the save's write,
+    and the writer appends a line for each to worker.log."""
     import multiprocessing
     import re
     from functools import partial
@@ -716,19 +719,23 @@ def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
     (tmp_path / "worker.log").write_text("the trainer's lines\n")
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    process = ctx.Process(target=_serve_one, args=(queue,))
+    process = ctx.Process(target=_serve, args=(queue, 2))
     process.start()
+    queue.put(writer.rehearsal(request.preload_fn, tmp_path, 0))
     queue.put(writer.timed(request, 3, tmp_path, 0))
     process.join(120)
     assert process.exitcode == 0
     saved = torch.load(tmp_path / "out.pt")
     assert torch.equal(saved["a"], tensors[0][1]) and torch.equal(saved["b"], tensors[1][1])
     lines = (tmp_path / "worker.log").read_text().splitlines()
-    assert lines[0] == "the trainer's lines" and len(lines) == 2
+    assert lines[0] == "the trainer's lines" and len(lines) == 3
+    assert re.search(r"\[rank 0\] INFO mcx.train.writer: the rehearsed copy \(D30\) in the writer: waited [\d.]+ s "
+                     r"for it, received it in [\d.]+ s, copied 2 MiB to host in [\d.]+ s \(new pinned buffers: 0, "
+                     r"0 MiB in 0.00 s\), kept nothing$", lines[1]), lines[1]
     m = re.search(r"\[rank 0\] INFO mcx.train.writer: checkpoint save 3 in the writer: waited ([\d.]+) s for it, "
                   r"received it in ([\d.]+) s, copied 2 MiB to host in ([\d.]+) s \(new pinned buffers: 0, 0 MiB "
-                  r"in 0.00 s\), wrote it in ([\d.]+) s$", lines[1])
-    assert m, lines[1]
+                  r"in 0.00 s\), wrote it in ([\d.]+) s$", lines[2])
+    assert m, lines[2]
     assert float(m[1]) < 60 and float(m[4]) < 60
 
 

@@ -160,8 +160,7 @@ class CheckpointStore:
         retired = []
         for s in removed:
             target = self.root / (iter_name(s) + RETIRED)
-            if target.exists():
-                shutil.rmtree(target)
+            shutil.rmtree(target, ignore_errors=True)  # a retired namesake (a discarded timeline's)
             os.replace(self.path(s), target)
             retired.append(target)
         if retired:

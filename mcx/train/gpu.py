@@ -330,9 +330,8 @@ class GpuBackend:
             content_metadata={"distrib_optim_sharding_type": _SHARDING})
         if not isinstance(request, AsyncRequest) or request.preload_fn is None:
             return
-        rehearsal = AsyncRequest(writer.rehearse, (writer.TimedCopy(request.preload_fn),), [])
         self._rehearsal = self.async_queue.schedule_async_request(
-            writer.timed(rehearsal, 0, self._stage_dir, self.world.rank))
+            writer.rehearsal(request.preload_fn, self._stage_dir, self.world.rank))
         log.info("checkpoint saves prepared in %.2f s: the writer copies the state to host memory once, "
                  "in the background", time.perf_counter() - t0)
 

@@ -23,7 +23,7 @@ writer says in the stage's worker.log where one save's time went:
 
 "waited" is the time between the trainer handing the request over and the writer starting on it: the
 writer still starting up (GPU session 8: the first save's pause was mostly this), an earlier request
-still running, or the trainer's pickling. ``rehearse`` is the request that runs a save's copy after the
+still running, or the trainer's pickling. ``rehearsal`` is the request that runs a save's copy after the
 first step, so that the first real save finds the writer's pinned buffers made (D30). The timing
 classes run in the writer process and log through the stage's own logging set-up.
 """
@@ -37,11 +37,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue, AsyncRequest
+from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
 
 MIB = 1024 ** 2
 log = logging.getLogger("mcx.train.writer")
 _logging_to: Path | None = None  # the stage directory this writer process logs to
-_copy: dict[str, float] = {}  # the copy of the request being served, read by its write
 _results_warm_up: threading.Thread | None = None  # trainer side: the results queue's first round trip
 
 
@@ -49,9 +50,6 @@ def start(rank: int, persistent: bool) -> None:
     """Start what checkpoint saves use, once per process: the persistent writer (``persistent``, for
     asynchronous saves) and the results queue, with its warm-up round trip in a thread."""
     global _results_warm_up
-    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
-
     if persistent:
         AsyncCallsQueue.warmup_persistent_caller(rank)  # a no-op when it runs already
     if _results_warm_up is None:
@@ -106,32 +104,35 @@ def _nbytes(obj: Any) -> int:
 
 
 class TimedCopy:
-    """A request's ``preload_fn`` (the copy to host memory), timed, with the pinned buffers it created."""
+    """A request's ``preload_fn`` (the copy to host memory), timed, with the pinned buffers it created.
+    The request's ``TimedWrite`` holds the same object (one pickle keeps them one) and reads ``figures``."""
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
+        self.figures: dict[str, float] | None = None
 
     def __call__(self) -> Any:
         start, before = time.monotonic(), _pinned()
         out = self.fn()
         after = _pinned()
-        _copy.update(start=start, seconds=time.monotonic() - start, mib=_nbytes(out) / MIB, new=after[0] - before[0],
-                     new_seconds=after[1] - before[1], new_mib=(after[2] - before[2]) / MIB)
+        self.figures = dict(start=start, seconds=time.monotonic() - start, mib=_nbytes(out) / MIB,
+                            new=after[0] - before[0], new_seconds=after[1] - before[1],
+                            new_mib=(after[2] - before[2]) / MIB)
         return out
 
 
 class TimedWrite:
     """A request's ``async_fn`` (the write), timed; it then logs the whole save's line."""
 
-    def __init__(self, fn: Callable[..., Any], save: int, sent: float, stage_dir: Path, rank: int) -> None:
+    def __init__(self, fn: Callable[..., Any], save: int, stage_dir: Path, rank: int, copy: TimedCopy | None) -> None:
         self.received = _Stamp()  # first attribute: unpickled first
-        self.fn, self.save, self.sent, self.stage_dir, self.rank = fn, save, sent, stage_dir, rank
+        self.sent = time.monotonic()
+        self.fn, self.save, self.stage_dir, self.rank, self.copy = fn, save, stage_dir, rank, copy
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = time.monotonic()
         out = self.fn(*args, **kwargs)
         self._log(time.monotonic() - start)
-        _copy.clear()
         return out
 
     def _log(self, write_seconds: float) -> None:
@@ -142,22 +143,27 @@ class TimedWrite:
             start_logging(self.stage_dir, self.rank)
             _logging_to = self.stage_dir
         began = self.received if isinstance(self.received, float) else self.sent  # a _Stamp if never pickled
-        copy = (f"copied {_copy['mib']:.0f} MiB to host in {_copy['seconds']:.2f} s (new pinned buffers: "
-                f"{_copy['new']:.0f}, {_copy['new_mib']:.0f} MiB in {_copy['new_seconds']:.2f} s), ") if _copy else ""
+        c = self.copy.figures if self.copy is not None else None
+        copy = (f"copied {c['mib']:.0f} MiB to host in {c['seconds']:.2f} s (new pinned buffers: "
+                f"{c['new']:.0f}, {c['new_mib']:.0f} MiB in {c['new_seconds']:.2f} s), ") if c else ""
         what, wrote = (f"checkpoint save {self.save}", f"wrote it in {write_seconds:.2f} s") if self.save else (
             "the rehearsed copy (D30)", "kept nothing")
         log.info("%s in the writer: waited %.2f s for it, received it in %.2f s, %s%s", what,
-                 max(0.0, began - self.sent), max(0.0, _copy.get("start", began) - began), copy, wrote)
+                 max(0.0, began - self.sent), max(0.0, (c["start"] if c else began) - began), copy, wrote)
 
 
-def timed(request: Any, save: int, stage_dir: Path, rank: int) -> Any:
+def timed(request: AsyncRequest, save: int, stage_dir: Path, rank: int) -> AsyncRequest:
     """``request`` (an MCore ``AsyncRequest``) with its copy and write timed in the writer."""
-    return request._replace(
-        async_fn=TimedWrite(request.async_fn, save, time.monotonic(), stage_dir, rank),
-        preload_fn=TimedCopy(request.preload_fn) if request.preload_fn is not None else None)
+    copy = TimedCopy(request.preload_fn) if request.preload_fn is not None else None
+    return request._replace(async_fn=TimedWrite(request.async_fn, save, stage_dir, rank, copy), preload_fn=copy)
 
 
-def rehearse(copy: Callable[[], Any]) -> None:
-    """A request's ``async_fn`` that only runs a save's copy to host memory and keeps nothing (D30): the
-    writer's first copy creates its pinned buffers, cached for the saves that follow."""
+def rehearsal(preload_fn: Callable[[], Any], stage_dir: Path, rank: int) -> AsyncRequest:
+    """A request that runs a save's copy to host memory (``preload_fn``) as its write, so training does
+    not wait for it, and keeps nothing (D30): the writer's pinned buffers are made for the saves to come."""
+    copy = TimedCopy(preload_fn)
+    return AsyncRequest(TimedWrite(_rehearse, 0, stage_dir, rank, copy), (copy,), [])
+
+
+def _rehearse(copy: TimedCopy) -> None:
     copy()
