@@ -138,15 +138,21 @@ def _dvc_identity(out: DvcOut, full: Path) -> dict[str, Any]:
 
 
 def content_identity(project_root: Path, value: str, key: str, warnings: list[str],
-                     require_data: bool = True) -> dict[str, Any]:
+                     require_data: bool = True, allow_absent: bool = False) -> dict[str, Any]:
     """``{"id": ..., "info": ...}`` for one data path of the spec (``key`` names it in messages).
 
     With ``require_data=False`` a DVC-tracked path that is not in the workspace (not pulled yet)
-    gets the hash DVC recorded, which is what ``dvc pull`` will bring, and a warning.
+    gets the hash DVC recorded, which is what ``dvc pull`` will bring, and a warning. With
+    ``allow_absent`` (planning away from the data) a missing untracked path gets the identity
+    ``{"source": "absent"}``, which no run ID is made from (mcx.ops.plan).
     """
     full = norm(Path(project_root) / value)
     out = find_out(full)
     if not full.exists():
+        if out is None and allow_absent:
+            warnings.append(f"{key} = {value!r} is not on this machine: the run ID, which hashes its content, is "
+                            "known only where it is")
+            return {"id": {"source": "absent", "value": None}, "info": {"path": str(full)}}
         if out is not None and not require_data:
             warnings.append(f"{key} = {value!r} is not in the workspace; the ID uses the hash in {out.record}; "
                             f"`dvc pull {out.record}` before training")
@@ -185,12 +191,13 @@ def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
     return {name: (key, value) for name, (key, value) in named.items() if value is not None}
 
 
-def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = True) -> dict[str, Any]:
+def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = True,
+                 allow_absent: bool = False) -> dict[str, Any]:
     """The data component: ``{"id": ..., "info": ..., "warnings": [...]}`` (see ``content_identity``)."""
     warnings: list[str] = []
     ident: dict[str, Any] = {}
     info: dict[str, Any] = {}
     for name, (key, value) in data_paths(spec.data).items():
-        part = content_identity(project_root, value, key, warnings, require_data)
+        part = content_identity(project_root, value, key, warnings, require_data, allow_absent)
         ident[name], info[name] = part["id"], part["info"]
     return {"id": ident, "info": info, "warnings": warnings}

@@ -77,6 +77,7 @@ def collect(
     lockfile: str | None = None,
     probe_hardware: bool = True,
     require_data: bool = True,
+    allow_absent: bool = False,
 ) -> FingerprintRecord:
     """Fingerprint ``spec`` as it would run from ``project_root`` on this machine.
 
@@ -84,7 +85,8 @@ def collect(
     ``probe_hardware=False``: identify hardware by the spec's declaration only (Slurm launches do
     this anyway: the training nodes are not this machine).
     ``require_data=False``: a DVC-tracked dataset that is not pulled yet is identified by its DVC
-    record (for planning and explaining); training needs the default.
+    record (for planning and explaining); training needs the default. ``allow_absent``: a missing
+    untracked path is recorded as absent instead of raising (``mcx plan`` away from the data).
 
     Raises DataError for missing or modified data, InputError for a bad lockfile name, and
     EnvironmentProblem when git cannot read the repository.
@@ -94,7 +96,7 @@ def collect(
         "code": collect_code(root),
         "environment": collect_environment(root, lockfile),
         "config": collect_config(spec),
-        "data": collect_data(spec, root, require_data),
+        "data": collect_data(spec, root, require_data, allow_absent),
         "hardware": collect_hardware(spec, probe_hardware),
     }
     warnings = tuple(f"{name}: {w}" for name, part in parts.items() for w in part["warnings"])

@@ -23,10 +23,10 @@ def import_script(path: str, out: str | None = None) -> tuple[str, str]:
 def export_spec(path: str, overrides: list[str], script: bool = True) -> str:
     """pretrain_gpt.py arguments (or a whole launch script) for the planned layout of a spec."""
     from mcx.interop import export
-    from mcx.ops.plan import te_available
+    from mcx.ops.plan import te_for_plan
     from mcx.plan.planner import make_plan
     from mcx.spec import load_spec
 
     spec = load_spec(path, overrides)
-    layout = make_plan(spec, te_available=te_available(spec)).layout
+    layout = make_plan(spec, te_available=te_for_plan(spec)).layout
     return export(spec, layout, script=script)

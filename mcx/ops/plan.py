@@ -1,4 +1,10 @@
-"""`mcx plan`: load -> plan -> fingerprint -> run ID, without running anything."""
+"""`mcx plan`: load -> plan -> fingerprint -> run ID, without running anything.
+
+A plan describes the job on the spec's hardware. What depends on the machine it is typed on
+(Transformer Engine importable, the dataset and tokenizer present, the checkpoint directory
+writable: mcx.launch.site) is a warning in the plan and a problem at launch (``at_launch``), where
+the job starts here. Every problem of a spec comes in one report (SpecError).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,10 @@ from typing import Any
 
 from attrs import frozen
 
+from mcx.errors import DataError, SpecError
 from mcx.spec import ExperimentSpec, load_spec
+
+Problems = list[tuple[str, str]]
 
 
 @frozen
@@ -18,7 +27,8 @@ class PlanResult:
     plan: Any  # mcx.plan.planner.Plan
     plan_dict: dict[str, Any]
     record: Any  # mcx.fingerprint.record.FingerprintRecord
-    run_id: str
+    run_id: str | None  # None: the data is not on this machine, so its content (part of the ID) is unknown
+    te_available: bool | None  # Transformer Engine as planned (see te_for_plan); the stages are planned alike
 
     def as_json(self) -> dict[str, Any]:
         return {"run_id": self.run_id, **self.plan_dict, "fingerprint": _component_hashes(self.record),
@@ -42,14 +52,90 @@ def te_available(spec: ExperimentSpec) -> bool | None:
     return False
 
 
-def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = True,
-                require_data: bool = False) -> PlanResult:
+def runs_here(spec: ExperimentSpec) -> bool:
+    """Whether `mcx run` starts the job on this machine (local, torchrun), not on a cluster's nodes."""
+    return spec.launch.kind != "slurm"
+
+
+def te_for_plan(spec: ExperimentSpec, at_launch: bool = False, warnings: list[str] | None = None) -> bool | None:
+    """Transformer Engine as the plan assumes it: a spec that asks for it, planned where it is missing,
+    is planned for a machine that has it (checked at launch), unless the job starts here now."""
+    from mcx.plan.layout import needs_transformer_engine
+
+    te = te_available(spec)
+    if te is False and spec.hardware.gpu != "cpu" and needs_transformer_engine(spec) \
+            and not (at_launch and runs_here(spec)):
+        (warnings if warnings is not None else []).append("Transformer Engine is not importable on this machine; the plan assumes the machines the job "
+                        "runs on have it, and `mcx run` checks that before the job starts (on Slurm, in the job's "
+                        "first seconds)")
+        return None
+    return te
+
+
+def _site(spec: ExperimentSpec, root: Path, record: Any) -> Problems:
+    """What this machine lacks for the job: data and tokenizer files, writable checkpoint and run directories."""
+    from mcx.launch import site
+    from mcx.track.paths import STATE_DIR
+
+    tracked = {key for name, key in (("dataset", "data.path"), ("tokenizer", "data.tokenizer.path"),
+                                     ("merges", "data.tokenizer.merges"))
+               if (record.data.get("id", {}).get(name) or {}).get("source") == "dvc"}
+    # A DVC-tracked path that is not pulled yet is fetched by `mcx run` (the fingerprint says so).
+    pulled_later = frozenset(k for k in tracked if not (root / _data_value(spec, k)).exists())
+    problems = site.dataset(spec, root, skip=pulled_later)
+    if spec.checkpoint.dir is not None:
+        problems += site.writable(root / spec.checkpoint.dir, "checkpoint.dir")
+    problems += site.writable(root / STATE_DIR, "run directory (.mcx/ in the project)")
+    return problems
+
+
+def _data_value(spec: ExperimentSpec, key: str) -> str:
+    tok = spec.data.tokenizer
+    return {"data.path": spec.data.path, "data.tokenizer.path": tok.path or "",
+            "data.tokenizer.merges": tok.merges or ""}[key]
+
+
+def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = True, require_data: bool = False,
+                at_launch: bool = False) -> PlanResult:
+    """Plan ``spec`` from ``project``. ``at_launch``: `mcx run` is about to start it, so what this machine
+    lacks is a problem where the job starts here (the data, which the run ID hashes, everywhere)."""
+    from mcx.data.vocab import tokenizer_vocab_size
     from mcx.fingerprint.record import collect, run_id
+    from mcx.plan.params import effective_vocab_size
     from mcx.plan.planner import make_plan, plan_to_dict
 
-    plan = make_plan(spec, te_available=te_available(spec))
-    record = collect(spec, project, probe_hardware=probe_hardware, require_data=require_data)
-    return PlanResult(spec=spec, plan=plan, plan_dict=plan_to_dict(plan), record=record, run_id=run_id(record))
+    notes: list[str] = []
+    te = te_for_plan(spec, at_launch, notes)
+    vocab = None if effective_vocab_size(spec) is not None else tokenizer_vocab_size(spec.data, project)
+    problems: Problems = []
+    plan = None
+    try:
+        plan = make_plan(spec, te_available=te, vocab_size=vocab)
+    except SpecError as exc:
+        problems += exc.problems
+    try:
+        record = collect(spec, project, probe_hardware=probe_hardware, require_data=require_data, allow_absent=True)
+    except DataError as exc:  # e.g. a tracked dataset changed since `dvc add`: said with the rest
+        raise SpecError(_dedupe([*problems, ("", str(exc))])) from None
+    site = _site(spec, project, record)
+    if at_launch:
+        data_keys = ("data.path", "data.prefix", "data.tokenizer.path", "data.tokenizer.merges")
+        problems += [p for p in site if runs_here(spec) or p[0] in data_keys]
+    else:
+        notes += [f"{key}: {msg} (checked again when the job starts)" for key, msg in site]
+    if problems:
+        raise SpecError(_dedupe(problems))
+    assert plan is not None
+    plan_dict = plan_to_dict(plan)
+    plan_dict["warnings"] = [*plan_dict["warnings"], *notes]
+    absent = any((ident or {}).get("source") == "absent" for ident in record.data.get("id", {}).values())
+    return PlanResult(spec=spec, plan=plan, plan_dict=plan_dict, record=record,
+                      run_id=None if absent else run_id(record), te_available=te)
+
+
+def _dedupe(problems: Problems) -> Problems:
+    seen: set[tuple[str, str]] = set()
+    return [p for p in problems if not (p in seen or seen.add(p))]
 
 
 def plan_spec(path: str, overrides: list[str], project: Path, *, probe_hardware: bool = True) -> PlanResult:

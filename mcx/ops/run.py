@@ -17,8 +17,8 @@ from typing import Any
 
 from attrs import frozen
 
-from mcx.errors import InputError, McxError, TrainingFailed
-from mcx.ops.plan import PlanResult, plan_loaded, te_available
+from mcx.errors import InputError, McxError, SpecError, TrainingFailed
+from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.spec import ExperimentSpec, dump_spec, load_spec, spec_to_dict
 
 STAGES = ("smoke", "full")
@@ -69,11 +69,16 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
     """
     from mcx.track import paths
 
-    pr = plan_loaded(spec, code_path or project, require_data=False)
+    try:
+        pr = plan_loaded(spec, code_path or project, require_data=False, at_launch=not options.dry_run)
+    except SpecError as exc:  # with what the launcher itself cannot do, in the same report
+        extra = [p for p in _launcher_problems(spec) if p not in exc.problems]
+        raise SpecError([*exc.problems, *extra], exc.source) from None
     stages = stages_for(options, spec)
-    rdir = run_dir or paths.run_dir(project, pr.run_id)
     if options.dry_run:
-        return _dry_run(pr, rdir, stages, console)
+        return _dry_run(pr, run_dir or paths.run_dir(project, pr.run_id or "0" * 12), stages, console)
+    assert pr.run_id is not None  # at launch, data missing here is a problem plan_loaded raised
+    rdir = run_dir or paths.run_dir(project, pr.run_id)
     if "full" in stages:
         _budget_gate(pr, options, console, smoke_first="smoke" in stages)
     if reproduces is None:
@@ -141,7 +146,7 @@ def _preflight(pr: PlanResult, project: Path, stages: list[str]) -> None:
     from mcx.track.target import resolve_target
 
     resolve_target(project, pr.spec.tracking.uri)
-    te = te_available(pr.spec)
+    te = pr.te_available
     for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
         sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te, vocab_size=pr.plan.vocab_size)
         where = placement({**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)})
@@ -153,6 +158,18 @@ def _preflight(pr: PlanResult, project: Path, stages: list[str]) -> None:
         if kind == "torchrun" and where.nodes != 1:
             raise InputError(f"launch.kind = 'torchrun' runs on one node, but the {stage} stage spans {where.nodes} "
                              f"({keys});", "set launch.kind = 'slurm' for several nodes.")
+
+
+def _launcher_problems(spec: ExperimentSpec) -> list[tuple[str, str]]:
+    """The full stage's placement against launch.kind, from the spec alone (for a spec that did not plan)."""
+    hw, kind = spec.hardware, spec.launch.kind
+    if kind == "local" and hw.nodes * hw.gpus_per_node != 1:
+        return [("launch.kind", f"'local' runs one process, but hardware.nodes x hardware.gpus_per_node = "
+                 f"{hw.nodes * hw.gpus_per_node}; set launch.kind = 'torchrun' (one node) or 'slurm' (several nodes)")]
+    if kind == "torchrun" and hw.nodes != 1:
+        return [("launch.kind", f"'torchrun' runs on one node, but hardware.nodes = {hw.nodes}; set launch.kind = "
+                 "'slurm' for several nodes")]
+    return []
 
 
 def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *, locked: bool = False
@@ -201,7 +218,7 @@ def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dic
 
     console.print(render_plan(pr.plan_dict, pr.run_id))
     scripts: dict[str, str] = {}
-    te = te_available(pr.spec)
+    te = pr.te_available
     for stage in stages:
         sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te, vocab_size=pr.plan.vocab_size)
         if sspec.launch.kind == "slurm":
@@ -264,7 +281,8 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
                 status = result.get("status", "failed")
                 status = status if status in ("diverged", "preempted") else "failed"
                 error = _explain_failure(stage, result, pr)
-                exit_code = 0 if status == "preempted" else 1
+                # 2: the worker found bad input where it runs (a node without Transformer Engine, say)
+                exit_code = 0 if status == "preempted" else (2 if result.get("exit_code") == 2 else 1)
                 break
     except KeyboardInterrupt:
         status, error, exit_code = "interrupted", "interrupted by the user; run again to resume", 130
@@ -328,7 +346,7 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
     if prior and prior.get("status") == "finished" and prior.get("passed", True):
         console.print(f"[bold]{stage} stage[/] already finished in {_esc(sdir)}; reusing it")
         return prior
-    sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te_available(pr.spec),
+    sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=pr.te_available,
                                 vocab_size=pr.plan.vocab_size)
     sdir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(sdir / "job.json", _job(stage, sspec, slayout, pr, sdir, data_dir, options))

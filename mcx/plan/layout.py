@@ -119,20 +119,33 @@ def _static_rules(spec: ExperimentSpec, te_available: bool | None) -> tuple[Prob
     return problems, warnings
 
 
-def _te_rules(spec: ExperimentSpec, layout: Layout, te_available: bool | None) -> tuple[Problems, list[str]]:
-    """Features only Transformer Engine implements, against the implementation that will run."""
-    problems: Problems = []
-    warnings: list[str] = []
+def te_features(spec: ExperimentSpec, *, cp: int, sequence_parallel: bool) -> list[tuple[str, str, str]]:
+    """(key, feature, alternative) for each feature of the job that only Transformer Engine implements."""
     needs: list[tuple[str, str, str]] = []
-    if layout.cp > 1:
-        needs.append(("parallel.context", f"context parallel (parallel.context = {layout.cp})", "use parallel.context = 1"))
+    if cp > 1:
+        needs.append(("parallel.context", f"context parallel (parallel.context = {cp})", "use parallel.context = 1"))
     if spec.train.precision.startswith("fp8"):
         needs.append(("train.precision", f"FP8 (train.precision = \"{spec.train.precision}\")", "use \"bf16\""))
-    if layout.sequence_parallel:
+    if sequence_parallel:
         needs.append(("parallel.sequence_parallel", f"sequence parallel with {spec.model.normalization}",
                       "set parallel.sequence_parallel = false"))
     if spec.train.te_op_fuser:
         needs.append(("train.te_op_fuser", "the fused MLP (train.te_op_fuser = true)", "set train.te_op_fuser = false"))
+    return needs
+
+
+def needs_transformer_engine(spec: ExperimentSpec) -> bool:
+    """Whether the spec as written asks for Transformer Engine (by name or by a feature only it has)."""
+    if spec.model.transformer_impl == "transformer_engine":
+        return True
+    return bool(te_features(spec, cp=spec.parallel.context or 1, sequence_parallel=spec.parallel.sequence_parallel))
+
+
+def _te_rules(spec: ExperimentSpec, layout: Layout, te_available: bool | None) -> tuple[Problems, list[str]]:
+    """Features only Transformer Engine implements, against the implementation that will run."""
+    problems: Problems = []
+    warnings: list[str] = []
+    needs = te_features(spec, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
     impl = spec.model.transformer_impl
     te_here = False if spec.hardware.gpu == "cpu" else te_available
     for path, what, alternative in needs:

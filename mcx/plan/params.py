@@ -39,9 +39,12 @@ def require_vocab_size(spec: ExperimentSpec, vocab_size: int | None = None) -> i
     :func:`effective_vocab_size`; never a guess."""
     vocab = vocab_size or effective_vocab_size(spec)
     if vocab is None:
-        raise SpecError([("model.vocab_size", f"unset, and the vocabulary of data.tokenizer.kind = "
-                          f"\"{spec.data.tokenizer.kind}\" is only known from its file; set model.vocab_size to the "
-                          "tokenizer's size (Megatron pads it further)")])
+        tok = spec.data.tokenizer
+        where = f"data.tokenizer.path = {tok.path!r}" if tok.path else "data.tokenizer.path (unset)"
+        raise SpecError([("model.vocab_size", f"unset, and the vocabulary of data.tokenizer.kind = \"{tok.kind}\" is "
+                          f"read from the prepared dataset or {where}, neither readable on this machine; set "
+                          "model.vocab_size to the tokenizer's size (Megatron pads it further), or plan where the "
+                          "tokenizer is")])
     return vocab
 
 

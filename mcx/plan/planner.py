@@ -11,6 +11,7 @@ from typing import Any
 
 from attrs import frozen
 
+from mcx.errors import SpecError
 from mcx.plan.cost import CostEstimate, estimate_cost
 from mcx.plan.flops import flops_per_iteration, flops_per_token
 from mcx.plan.hardware import GiB, gpu_info
@@ -19,6 +20,8 @@ from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTI
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
 from mcx.plan.stages import stage_spec
 from mcx.spec.schema import ExperimentSpec
+
+_STAND_IN_VOCAB = 32000  # only to find the other problems of a spec whose vocabulary is unknown
 
 
 @frozen(kw_only=True)
@@ -55,7 +58,14 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
     ``vocab_size``: the tokenizer's size when the spec leaves model.vocab_size unset and the
     tokenizer is a file; ``mfu``: a measured MFU for the time and cost lines.
     """
-    vocab = require_vocab_size(spec, vocab_size)
+    try:
+        vocab = require_vocab_size(spec, vocab_size)
+    except SpecError as exc:  # report it with every layout problem, found with a stand-in vocabulary
+        try:
+            resolve_layout(spec, te_available=te_available, vocab_size=_STAND_IN_VOCAB)
+        except SpecError as more:
+            raise SpecError([*exc.problems, *more.problems]) from None
+        raise
     layout, warnings, recommendations = resolve_layout(spec, te_available=te_available, vocab_size=vocab)
     impl, impl_known = transformer_impl(spec, te_available)
     m, t = spec.model, spec.train

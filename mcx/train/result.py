@@ -15,6 +15,7 @@ import importlib.metadata
 import math
 import platform
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +32,10 @@ def versions() -> dict[str, str | None]:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             out[dist] = None
-    try:
-        import torch
-
-        out["cuda"] = torch.version.cuda
-    except ImportError:
+    torch = sys.modules.get("torch")  # a stage refused before torch was loaded does not load it to say so
+    if torch is None:
         return out
+    out["cuda"] = torch.version.cuda
     try:
         out["cudnn"] = str(torch.backends.cudnn.version()) if torch.cuda.is_available() else None
     except RuntimeError as exc:  # e.g. another cuDNN already loaded (Transformer Engine's): recorded, not fatal

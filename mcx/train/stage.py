@@ -12,12 +12,13 @@ import importlib
 import json
 import logging
 import os
+import socket
 import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
-from mcx.errors import DataError, McxError
+from mcx.errors import DataError, McxError, SpecError
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
 from mcx.train.job import Job, read_job
 from mcx.train.result import make_result, summarize, write_result
@@ -64,6 +65,21 @@ def _import_worker(device: str) -> None:
         warnings.simplefilter("ignore")
         for name in modules:
             importlib.import_module(name)
+
+
+def check_node(job: Job) -> None:
+    """What this node lacks for the job (Transformer Engine, the dataset, a writable checkpoint directory),
+    before the slow imports: a job on a cluster fails in its first seconds, naming the key and the fix."""
+    from mcx.launch import site
+
+    where = f"on {socket.gethostname()}"
+    problems = site.prepared_dataset(Path(job.data_dir), job.spec.data.prefix, job.spec.data.path)
+    problems += site.writable(Path(job.checkpoint_dir), "checkpoint.dir")
+    if job.device == "cuda":
+        problems += site.transformer_engine(job.spec, cp=job.layout.cp, sequence_parallel=job.layout.sequence_parallel,
+                                            where=where)
+    if problems:
+        raise SpecError(problems, f"the {job.stage} stage's job {where}")
 
 
 def make_backend(job: Job, world, vocab_size: int, stage_dir: Path):
@@ -181,6 +197,7 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
     try:
         job = read_job(stage_dir)
         log.info("stage %s of run %s on %s", job.stage, job.run_id, job.device)
+        check_node(job)
         _import_worker(job.device)
         if job.device == "cuda":  # the checkpoint writer starts up while the rest does (D31)
             from mcx.train import writer
