@@ -216,3 +216,31 @@ def test_the_worker_refuses_a_node_that_lacks_what_the_job_needs(tmp_path: Path)
     # and the entry point exits 2, as the Slurm job records it
     cli = subprocess.run([sys.executable, "-m", "mcx.train", str(stage)], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and "model.transformer_impl" in cli.stderr
+
+
+# ---- on Slurm: the smoke stage's job refuses its node in its first seconds, and mcx run says why
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(shutil.which("sbatch") is None and not os.environ.get("CI"),
+                    reason="no Slurm cluster here: start the local one with `bash .ci/slurm.sh start` (as root)")
+def test_a_slurm_smoke_stage_fails_fast_naming_the_key(tmp_path: Path) -> None:
+    from conftest import make_e2e_project, mcx_subprocess
+
+    project = make_e2e_project(tmp_path / "project")
+    for name in ("tiny_ddp.toml", "tiny_slurm.toml"):
+        shutil.copyfile(ROOT / "experiments" / name, project / "experiments" / name)
+    (project / "blocker").write_text("a file where the checkpoint directory would go\n")
+    args = ["experiments/tiny_slurm.toml", "--set", "launch.slurm.partition=debug",
+            "--set", "smoke.gpu=cpu", "--set", 'checkpoint.dir="blocker/ckpt"']
+    plan = mcx_subprocess(project, "plan", *args, "--json")
+    assert plan.code == 0 and any(w.startswith("checkpoint.dir:") for w in plan.json()["warnings"]), plan
+    res = mcx_subprocess(project, "run", *args, "--json", timeout=600)
+    assert res.code == 2, res  # the worker's word: bad input where the job runs
+    summary = res.json()
+    smoke = summary["stages"]["smoke"]
+    assert smoke["status"] == "failed" and smoke["steps"] in (0, None), smoke
+    assert "checkpoint.dir: " in summary["error"] and "is a file, not a directory" in summary["error"]
+    assert "full" not in summary["stages"]  # nothing more was submitted
+    log = (project / ".mcx" / "runs" / summary["run_id"] / "smoke" / "worker.log").read_text()
+    assert "Megatron" not in log and "torch" not in log  # refused before the worker imported them
