@@ -506,15 +506,21 @@ def test_fused_cross_entropy_exports_where_mcx_runs_it() -> None:
 
 
 def test_fp8_attention_is_not_exported(megatron: argparse.ArgumentParser) -> None:
-    """Megatron-LM 0.19.2 has no flag for TransformerConfig.fp8_dot_product_attention: the export says
-    nothing of it (and stays a command Megatron-LM parses), and an import leaves it at mcx's default."""
+    """Megatron-LM 0.19.2 has no flag for TransformerConfig.fp8_dot_product_attention: the arguments say
+    nothing of it (and stay a command Megatron-LM parses); the script's `# mcx:` line carries it, and is
+    left out once an edit takes fp8 away."""
     spec, layout = _spec(_BASE), _ONE_GPU
     fp8 = attrs.evolve(spec, train=attrs.evolve(spec.train, precision="fp8-hybrid", fp8_attention=True))
     args = export_args(fp8, layout)
     assert not [a for a in args if "dot-product" in a] and args[args.index("--fp8-format") + 1] == "hybrid"
     megatron.parse_args(args)
-    again = import_script(export_script(fp8, layout), name=spec.name).spec.train
-    assert again.precision == "fp8-hybrid" and again.fp8_attention is False
+    script = export_script(fp8, layout)
+    assert "\n# mcx: train.fp8_attention = true\n" in script
+    again = import_script(script, name=spec.name).spec.train
+    assert again.precision == "fp8-hybrid" and again.fp8_attention is True
+    edited = import_script(script.replace(" --fp8-format hybrid", ""), name=spec.name)
+    assert edited.spec.train.precision == "bf16" and edited.spec.train.fp8_attention is False
+    assert any("`# mcx: train.fp8_attention` line is not applied" in p for p in edited.problems)
 
 
 def test_export_takes_the_planners_layout() -> None:
@@ -526,22 +532,129 @@ def test_export_takes_the_planners_layout() -> None:
     assert args[args.index("--tensor-model-parallel-size") + 1] == str(layout.tp)
     assert args[args.index("--pipeline-model-parallel-size") + 1] == str(layout.pp)
     assert ("--use-distributed-optimizer" in args) == layout.distributed_optimizer
-    again = import_script(export_script(spec, layout), name=spec.name).spec
-    assert (again.parallel.tensor, again.parallel.pipeline, again.parallel.context) == (layout.tp, layout.pp, layout.cp)
-    assert (again.model, again.train, again.checkpoint) == (spec.model, spec.train, spec.checkpoint)
-    assert again.data.tokenizer.kind == "huggingface"  # the BPE mcx trained, as a tokenizer.json in the dataset
+    script = export_script(spec, layout)
+    plain = import_script(_without_carried(script), name=spec.name).spec  # the command alone
+    assert (plain.parallel.tensor, plain.parallel.pipeline, plain.parallel.context) == (layout.tp, layout.pp, layout.cp)
+    assert (plain.model, plain.train) == (spec.model, spec.train)
+    assert plain.data.tokenizer.kind == "huggingface"  # the BPE mcx trained, as a tokenizer.json in the dataset
+    again = import_script(script, name=spec.name, description=spec.description).spec
+    assert again == spec  # with the `# mcx:` lines: the spec itself
+
+
+def _without_carried(script: str) -> str:
+    return "".join(line for line in script.splitlines(keepends=True) if not line.startswith("# mcx:"))
 
 
 def test_export_script_quotes_every_value(shims: Path, tmp_path: Path) -> None:
-    spec = _spec(_BASE + '[parallel]\ntensor = 1\npipeline = 1\ncontext = 1\n')
-    argv = bash_argv(export_script(spec), shims, tmp_path)
+    spec = _spec(_BASE + '[parallel]\ntensor = 1\npipeline = 1\ncontext = 1\n[checkpoint]\ndir = "ck pts/it\'s $HOME"\n')
+    script = export_script(spec)
+    argv = bash_argv(script, shims, tmp_path)
     assert argv[argv.index("--data-path") + 1] == "data/my data/it's $HOME"
+    assert argv[argv.index("--save") + 1] == argv[argv.index("--load") + 1] == "ck pts/it's $HOME"
+    assert import_script(script, name="t").spec.checkpoint.dir == "ck pts/it's $HOME"
 
 
 def test_export_rejects_uneven_virtual_pipeline() -> None:
     spec = _spec(_BASE + "[parallel]\ntensor = 1\npipeline = 2\nvirtual_pipeline = 3\ncontext = 1\n")
     with pytest.raises(InputError, match="parallel.virtual_pipeline=3"):
         export_args(spec)
+
+
+# ---- checkpoints and `# mcx:` lines: spec -> export -> import keeps the run ID
+
+EXPERIMENTS = sorted(p.name for p in (ROOT / "experiments").glob("*.toml"))
+
+
+def _exported(name: str) -> tuple[ExperimentSpec, str]:
+    """A shipped spec and its exported script, with the plan's layout (as `mcx export` does)."""
+    from mcx.plan.planner import make_plan
+
+    spec = load_spec(ROOT / "experiments" / name)
+    return spec, export_script(spec, make_plan(spec, te_available=None).layout)
+
+
+def _carried_keys(script: str) -> set[str]:
+    keys = {line.split()[2] for line in script.splitlines() if line.startswith("# mcx:")}
+    return keys - {"arguments"}
+
+
+@pytest.mark.parametrize("name", EXPERIMENTS)
+def test_export_import_keeps_the_config_fingerprint(name: str) -> None:
+    from mcx.fingerprint.config import canonical_config
+
+    spec, script = _exported(name)
+    again = import_script(script, name="exported")  # the name a file import would give: not hashed
+    assert canonical_config(again.spec) == canonical_config(spec)
+    assert again.problems == []
+    assert attrs.evolve(again.spec, name=spec.name, description=spec.description) == spec
+    assert loads_spec(to_toml(again, "exported.sh")) == again.spec
+    # The `# mcx:` lines name exactly the keys the command alone would bring back otherwise.
+    plain = flatten(import_script(_without_carried(script), name=spec.name, description=spec.description).spec)
+    assert _carried_keys(script) == {k for k, v in flatten(spec).items() if plain[k] != v}
+
+
+def test_export_import_keeps_the_run_id() -> None:
+    from mcx.fingerprint.record import collect, run_id
+
+    spec, script = _exported("tiny.toml")
+    assert {"parallel.tensor", "data.tokenizer.kind", "smoke.hidden_size"} <= _carried_keys(script)
+
+    def rid(s: ExperimentSpec) -> str:
+        return run_id(collect(s, ROOT, probe_hardware=False, require_data=False))
+
+    assert rid(import_script(script, name="tiny-exported").spec) == rid(spec)
+    assert rid(import_script(_without_carried(script), name="tiny").spec) != rid(spec)  # the lines are needed
+
+
+def test_export_always_checkpoints(megatron: argparse.ArgumentParser, shims: Path, tmp_path: Path) -> None:
+    """An unset checkpoint.dir (mcx's run directory) exports as checkpoints/<name>; the script takes
+    $CHECKPOINT_DIR instead when set; checkpoint.interval 0 (only the final save) as train_iters."""
+    spec = _spec(_BASE + "[checkpoint]\nasync_save = true\n")
+    args = export_args(spec, _ONE_GPU)
+    ns = megatron.parse_args(args)
+    assert (ns.save, ns.load, ns.save_interval) == ("checkpoints/t", "checkpoints/t", 10)
+    assert ns.async_save and ns.use_persistent_ckpt_worker
+    script = export_script(spec, _ONE_GPU)
+    argv = bash_argv(script, shims, tmp_path)
+    assert argv[argv.index("--save") + 1] == "checkpoints/t" and argv[argv.index("--save-interval") + 1] == "10"
+    argv = bash_argv(script, shims, tmp_path, env={"CHECKPOINT_DIR": "/fast/ckpt"})
+    assert argv[argv.index("--save") + 1] == argv[argv.index("--load") + 1] == "/fast/ckpt"
+    assert import_script(script, name="t").spec.checkpoint == spec.checkpoint  # dir unset again: `# mcx:` line
+    moved = import_script(script, name="t", env={"CHECKPOINT_DIR": "/fast/ckpt"})  # another command: its --save wins
+    assert moved.spec.checkpoint.dir == "/fast/ckpt"
+    every = attrs.evolve(spec, checkpoint=attrs.evolve(spec.checkpoint, interval=4, async_save=False))
+    args = export_args(every, _ONE_GPU)
+    assert args[args.index("--save-interval") + 1] == "4" and "--async-save" not in args
+
+
+def test_an_edited_argument_wins_over_its_mcx_line() -> None:
+    """Once the command differs from the exported one, lines for keys the command sets are left out
+    (and named); mcx-only lines (smoke.*, hardware.gpu) still apply."""
+    spec, script = _exported("tiny.toml")
+    assert "# mcx: parallel.tensor = null\n" in script and '# mcx: data.tokenizer.kind = "bpe"\n' in script
+    edited = (script.replace("GPUS_PER_NODE=1", "GPUS_PER_NODE=2")
+              .replace("--tensor-model-parallel-size 1", "--tensor-model-parallel-size 2")
+              .replace("--tokenizer-model data/quickstart", "--tokenizer-model /models/llama3"))
+    r = import_script(edited, name="tiny")
+    assert (r.spec.parallel.tensor, r.spec.hardware.gpus_per_node) == (2, 2)
+    tok = r.spec.data.tokenizer
+    assert (tok.kind, tok.path) == ("huggingface", "/models/llama3/tokenizer.json")
+    assert (r.spec.smoke, r.spec.hardware.gpu, r.spec.budget) == (spec.smoke, spec.hardware.gpu, spec.budget)
+    note = next(p for p in r.problems if "not the one `mcx export` wrote" in p)
+    assert "parallel.tensor" in note and "data.tokenizer.kind" in note and "smoke." not in note
+    preset_spec, preset_script = _exported("h200_1gpu.toml")  # the preset's name goes with the model arguments
+    assert '# mcx: model.preset = "llama3-8b"\n' in preset_script
+    deeper = import_script(preset_script.replace("--num-layers 8", "--num-layers 16"), name="h200")
+    assert (deeper.spec.model.num_layers, deeper.spec.model.preset, deeper.spec.hardware.gpu) == (16, None, "H200")
+
+
+def test_mcx_lines_that_make_no_sense_are_reported() -> None:
+    spec, script = _exported("tiny.toml")
+    bad = script.replace("# mcx: arguments", "# mcx: smoke.hiden_size = 3\n# mcx: smoke.lr = 1e-\n# mcx: arguments")
+    r = import_script(bad, name="tiny")
+    assert r.spec == attrs.evolve(spec, description=r.spec.description)
+    assert any("`# mcx: smoke.hiden_size` names no spec key" in p for p in r.problems)
+    assert any("`# mcx: smoke.lr` holds no JSON value" in p for p in r.problems)
 
 
 # ---- argument forms the fixtures do not cover
