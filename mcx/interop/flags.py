@@ -242,7 +242,8 @@ FLAGS: tuple[Row, ...] = (
        "--data-path DIR/PREFIX imports as path = DIR, prefix = PREFIX; blended (weighted) paths are not supported"),
     _r("data.prefix", "rule", "--data-path", NA, "Dataset file prefix: <path>/<prefix>.bin and .idx.",
        "the last part of --data-path"),
-    _r("data.split", "value", "--split", "969,30,1", "Train, validation and test weights."),
+    _r("data.split", "value", "--split", "969,30,1", "Train, validation and test weights.",
+       "imported as Megatron-LM reads it: the numbers in the text, 0 for missing weights ('99,1' -> 99,1,0)"),
     _r("data.tokenizer.kind", "rule", "--tokenizer-type", REQUIRED,
        "Tokenizer: bpe (trained on the corpus by mcx data prepare), huggingface, sentencepiece or gpt2.",
        "GPT2BPETokenizer <-> gpt2; HuggingFaceTokenizer <-> huggingface; GPTSentencePieceTokenizer, "
