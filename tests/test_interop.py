@@ -842,6 +842,15 @@ def test_migration_guide_shows_what_the_commands_print() -> None:
         toml_text, result = import_file(SCRIPTS / name)
         for shown in ((SCRIPTS / name).read_text(), toml_text, summary(result), args_text(result.spec)):
             assert shown.rstrip() in text, f"docs/migration.md is out of date for {name}"
+    from mcx.ops.interop import export_spec
+
+    section = text.split("## Exporting an mcx spec", 1)[1].split("\n## ", 1)[0]
+    script = export_spec(str(ROOT / "experiments" / "tiny.toml"), [])
+    blocks = [b.split("\n", 1)[1] for b in section.split("```")[1::2] if b.startswith("bash\n")]
+    assert len(blocks) == 3 and all(b in script for b in blocks), "docs/migration.md is out of date for tiny.toml"
+    assert "--save checkpoints/tiny --load checkpoints/tiny" in section
+    assert "--save checkpoints/tiny --load checkpoints/tiny" in export_spec(str(ROOT / "experiments" / "tiny.toml"), [],
+                                                                             script=False)
 
 
 def test_interop_stays_off_torch_and_megatron() -> None:
