@@ -4,7 +4,11 @@ Every argument that matters is written explicitly, even where it equals Megatron
 the command means the same under another Megatron-LM version's defaults. Keys that do not matter for
 the spec (fp8 settings without fp8, MoE settings without experts) are left out unless the spec sets a
 non-default value. The parallel degrees come from the planned layout (or the spec when it fixes them).
-Importing the exported script gives back the imported spec (tests/test_interop.py round-trips this).
+The command always saves and resumes (``--save``, ``--load``, ``--save-interval``): an unset
+``checkpoint.dir`` (mcx's run directory) becomes ``checkpoints/<name>``, which the whole script takes
+from ``$CHECKPOINT_DIR`` when set. What no argument carries (``hardware.gpu``, ``smoke.*``, an open
+parallel degree) travels in the whole script as ``# mcx:`` lines (mcx/interop/carried.py), so importing
+it gives back the spec and its run ID (tests/test_interop.py round-trips this).
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from mcx.errors import InputError
+from mcx.interop import carried
 from mcx.interop import flags as F
+from mcx.interop.importer import import_script
 from mcx.interop.keys import flatten, spec_keys
+from mcx.interop.script import read_script
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE
 from mcx.spec.schema import ExperimentSpec
 
@@ -35,9 +42,16 @@ def _layout_value(layout: Any, name: str) -> Any:
     return getattr(layout, name, None)
 
 
+def default_checkpoint_dir(spec: ExperimentSpec) -> str:
+    """Where the exported command saves when the spec leaves checkpoint.dir to mcx's run directory."""
+    return posixpath.join("checkpoints", spec.name)
+
+
 def _values(spec: ExperimentSpec, layout: Any) -> dict[str, Any]:
     """The spec as {dotted.key: value}, parallel degrees from the layout; raise when a degree is open."""
     flat = flatten(spec)
+    if flat["checkpoint.dir"] is None:
+        flat["checkpoint.dir"] = default_checkpoint_dir(spec)
     if layout is not None:
         for key, name in _LAYOUT.items():
             v = _layout_value(layout, name)
@@ -91,10 +105,8 @@ def _rule(key: str, v: Any, flat: dict[str, Any]) -> list[str]:
     if key == "data.tokenizer.kind":
         return _tokenizer(flat)
     if key == "checkpoint.dir":
-        return [] if v is None else ["--save", v, "--load", v]
-    if key == "checkpoint.interval":
-        if flat["checkpoint.dir"] is None and v == 0:
-            return []
+        return ["--save", v, "--load", v]
+    if key == "checkpoint.interval":  # Megatron-LM needs it with --save; 0 (only the final save) is train_iters
         return ["--save-interval", _fmt(v or flat["train.train_iters"])]
     if key == "checkpoint.async_save":
         return ["--async-save", "--use-persistent-ckpt-worker"] if v else []
@@ -161,8 +173,14 @@ def args_text(spec: ExperimentSpec, layout: Any = None) -> str:
     return " \\\n".join(lines) + "\n"
 
 
+def _item(words: list[str]) -> str:
+    if words[0] == "--save":  # the directory is the script's CHECKPOINT_DIR
+        return '--save "$CHECKPOINT_DIR" --load "$CHECKPOINT_DIR"'
+    return shlex.join(words)
+
+
 def _array(name: str, items: list[list[str]]) -> list[str]:
-    return [f"{name}=(", *[f"    {shlex.join(words)}" for words in items], ")", ""]
+    return [f"{name}=(", *[f"    {_item(words)}" for words in items], ")", ""]
 
 
 def _sbatch_lines(spec: ExperimentSpec) -> list[str]:
@@ -181,7 +199,8 @@ def _sbatch_lines(spec: ExperimentSpec) -> list[str]:
 
 def export_script(spec: ExperimentSpec, layout: Any = None) -> str:
     """A complete bash script running the experiment with Megatron-LM: torchrun on one node, torchrun
-    on each node (NODE_RANK and MASTER_ADDR from the environment), or srun + torchrun under Slurm."""
+    on each node (NODE_RANK and MASTER_ADDR from the environment), or srun + torchrun under Slurm.
+    Its `# mcx:` lines carry what the command does not, for `mcx import` (mcx/interop/carried.py)."""
     groups = grouped_args(spec, layout)
     hw, port = spec.hardware, spec.launch.master_port
     q = shlex.quote
@@ -191,8 +210,9 @@ def export_script(spec: ExperimentSpec, layout: Any = None) -> str:
         out.extend(_sbatch_lines(spec))
     out += ["", f"# {spec.name}: {' '.join(spec.description.split())}".rstrip(),
             "# Written by `mcx export` from an mcx spec: the same experiment with Megatron-LM's pretrain_gpt.py.",
-            "# Run it from the root of a Megatron-LM checkout.", "", "set -euo pipefail", "",
-            "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
+            "# Run it from the root of a Megatron-LM checkout."]
+    header = len(out)  # the `# mcx:` lines go here, once the command is known
+    out += ["", "set -euo pipefail", "", "export CUDA_DEVICE_MAX_CONNECTIONS=1"]
     if spec.train.expandable_segments:
         out.append(f"export {ALLOCATOR_ENV}={ALLOCATOR_VALUE}")
     out += ["", f"GPUS_PER_NODE={hw.gpus_per_node}"]
@@ -213,6 +233,9 @@ def export_script(spec: ExperimentSpec, layout: Any = None) -> str:
                 "DISTRIBUTED_ARGS=(", '    --nproc_per_node "$GPUS_PER_NODE"', '    --nnodes "$NUM_NODES"',
                 '    --node_rank "$NODE_RANK"', '    --master_addr "$MASTER_ADDR"', '    --master_port "$MASTER_PORT"',
                 ")", ""]
+    ckpt = spec.checkpoint.dir or default_checkpoint_dir(spec)
+    out += ["# Megatron-LM saves here and resumes from the latest checkpoint on a restart.",
+            f"CHECKPOINT_DIR=${{CHECKPOINT_DIR:-{q(ckpt)}}}", ""]
     names = dict(_GROUPS)
     for section, items in groups:
         out += _array(names[section], items)
@@ -223,7 +246,10 @@ def export_script(spec: ExperimentSpec, layout: Any = None) -> str:
         arrays += ' "${SIGNAL_ARGS[@]}"'
     launcher = "srun torchrun" if slurm else "torchrun"
     out.append(f'{launcher} "${{DISTRIBUTED_ARGS[@]}}" {q(ENTRY)} {arrays}')
-    return "\n".join(out) + "\n"
+    text = "\n".join(out) + "\n"
+    plain = import_script(text, name=spec.name, description=spec.description).spec
+    lines = carried.lines(spec, plain, carried.command_digest(read_script(text)))
+    return "\n".join([*out[:header], *lines, *out[header:]]) + "\n"
 
 
 def export(spec: ExperimentSpec, layout: Any = None, *, script: bool = False) -> str:

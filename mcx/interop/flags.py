@@ -74,7 +74,6 @@ WHEN: dict[str, tuple[str, Callable[[Mapping[str, Any]], bool]]] = {
                        lambda f: _flat_get(f, "train.recompute_granularity") == "full"),
     "pipelined": ("parallel.pipeline > 1", lambda f: (_flat_get(f, "parallel.pipeline") or 1) > 1),
     "dist_opt": ("parallel.distributed_optimizer = true", lambda f: bool(_flat_get(f, "parallel.distributed_optimizer", True))),
-    "saving": ("checkpoint.dir is set", lambda f: _flat_get(f, "checkpoint.dir") is not None),
 }
 
 
@@ -243,7 +242,8 @@ FLAGS: tuple[Row, ...] = (
        "--data-path DIR/PREFIX imports as path = DIR, prefix = PREFIX; blended (weighted) paths are not supported"),
     _r("data.prefix", "rule", "--data-path", NA, "Dataset file prefix: <path>/<prefix>.bin and .idx.",
        "the last part of --data-path"),
-    _r("data.split", "value", "--split", "969,30,1", "Train, validation and test weights."),
+    _r("data.split", "value", "--split", "969,30,1", "Train, validation and test weights.",
+       "imported as Megatron-LM reads it: the numbers in the text, 0 for missing weights ('99,1' -> 99,1,0)"),
     _r("data.tokenizer.kind", "rule", "--tokenizer-type", REQUIRED,
        "Tokenizer: bpe (trained on the corpus by mcx data prepare), huggingface, sentencepiece or gpt2.",
        "GPT2BPETokenizer <-> gpt2; HuggingFaceTokenizer <-> huggingface; GPTSentencePieceTokenizer, "
@@ -257,10 +257,11 @@ FLAGS: tuple[Row, ...] = (
        "Megatron-LM does not train tokenizers"),
     # ---- checkpoint
     _r("checkpoint.dir", "rule", ("--save", "--load"), None, "Checkpoint directory; unset means <run dir>/checkpoints.",
-       "--save and --load must name the same directory; the export writes both"),
+       "--save and --load must name the same directory; the export writes both, unset as checkpoints/<name> "
+       "(the script's $CHECKPOINT_DIR when set)"),
     _r("checkpoint.interval", "rule", "--save-interval", 0, "Save every this many steps; 0 saves only at the end of a stage.",
        "--save-interval >= train_iters imports as 0; the export writes train_iters for 0 (Megatron-LM requires the "
-       "flag with --save)", when="saving"),
+       "flag with --save)"),
     _r("checkpoint.final", "mcx", (), NA, "Save a checkpoint when the stage ends; false saves only every "
        "checkpoint.interval steps and on preemption (for models whose checkpoint outweighs a short run).",
        "Megatron-LM always saves after the last iteration when --save is given"),
@@ -298,7 +299,8 @@ FLAGS: tuple[Row, ...] = (
     _r("hardware.gpus_per_node", "launcher", ("torchrun --nproc_per_node", "#SBATCH --gpus-per-node"), 1,
        "GPUs (worker processes) per node.", "srun without torchrun: #SBATCH --ntasks-per-node"),
     _r("hardware.gpu", "mcx", (), NA, "GPU model, for the planner's memory, FLOPs and cost figures.",
-       "Megatron-LM does not need it; the import leaves \"any\""),
+       "Megatron-LM does not need it; an exported script carries it as a `# mcx:` line, other scripts import "
+       "as \"any\""),
     # ---- launch
     _r("launch.kind", "launcher", ("torchrun", "srun / #SBATCH"), NA, "How the worker starts: in-process, torchrun, or Slurm.",
        "a script with #SBATCH lines or srun imports as slurm; torchrun or python -m torch.distributed.run as torchrun; "

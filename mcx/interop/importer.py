@@ -19,6 +19,7 @@ import tomli_w
 from attrs import frozen
 
 from mcx.errors import InputError, SpecError
+from mcx.interop import carried
 from mcx.interop import flags as F
 from mcx.interop.expand import Unknown
 from mcx.interop.keys import nest, spec_keys
@@ -104,6 +105,7 @@ def import_script(text: str, *, name: str, description: str | None = None, env: 
                         and PRESETS[preset][k.removeprefix("model.")] == v)}
         flat["model.preset"] = preset
         ctx.mapped.append(Mapped("", "model.preset", preset, "derived: every key of the preset matches"))
+    flat = carried.apply(text, flat, script, ctx)  # the `# mcx:` lines of a script mcx export wrote
     spec_dict = nest(flat)
     spec = _structure(spec_dict, name, problems)
     return ImportResult(spec_dict=spec_dict, spec=spec, mapped=ctx.mapped, unsupported=unsupported, problems=problems)

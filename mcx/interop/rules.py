@@ -8,6 +8,7 @@ pipeline reads the pipeline degree, sample counts read the global batch, the der
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable
 
 from mcx.interop import flags as F
@@ -25,12 +26,24 @@ _UNMATCHED_MESSAGES = {
 }
 
 
+def _megatron_split(text: str) -> str:
+    """--split as Megatron-LM reads it: the numbers in it (re ``[.0-9]+``), zeros for missing ones."""
+    numbers = re.findall(r"[.0-9]+", text)
+    return ",".join(numbers + ["0"] * (3 - len(numbers))) if 1 <= len(numbers) <= 3 else text
+
+
+# Arguments whose text Megatron-LM reads more loosely than the spec's type: the text as it reads it.
+_AS_READ: dict[str, Callable[[str], str]] = {"data.split": _megatron_split}
+
+
 def plain(ctx: Ctx, row: F.Row) -> None:
     """A value, switch or negated row: the argument's value, or what its absence means."""
     flag = row.args[0]
     if flag in ctx.given:
         if row.kind == "value":
             text = ctx.one(flag)
+            if text is not None and row.key in _AS_READ:
+                text = _AS_READ[row.key](text)
             value = None if text is None else ctx.typed(row.key, flag, text)
             if value is not None:
                 ctx.set(row.key, value, flag)
