@@ -243,7 +243,7 @@ def test_quickstart_worker_trains_through_sbatch_with_two_cpu_processes(tmp_path
         "spec": unstructure(spec),
         "layout": {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": 2, "world_size": 2,
                    "sequence_parallel": False},
-        "data_dir": str(repo / "data" / "quickstart"),
+        "data_dir": str(quickstart_dataset()),  # built here if missing: this test may run first
         "checkpoint_dir": str(stage_dir / "checkpoints"),
         "train_samples_limit": None,
         "checks": {"resume_check_iters": 3, "loss_window": 3, "min_loss_drop": 0.0},
