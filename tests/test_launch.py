@@ -166,6 +166,31 @@ def test_render_sbatch_cpu_layout_without_requeue_has_no_warning_signal():
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
 
 
+def test_dry_run_of_a_64_gpu_recipe_asks_one_node_and_the_estimate_for_its_smoke_job(e2e_clean_env):
+    """`mcx run experiments/llama3_70b.toml --dry-run` (8 nodes x 8 H100 through Slurm, two days a job):
+    the smoke job asks for one node and the plan's estimate for the smoke stage, the full job for 8
+    nodes and launch.slurm.time; both are warned the same grace before their limits."""
+    from conftest import mcx_inprocess
+
+    from mcx.plan.planner import make_plan
+    from mcx.spec import load_spec
+
+    recipe = TESTS.parent / "experiments" / "llama3_70b.toml"
+    spec = load_spec(recipe)
+    limit = make_plan(spec, te_available=None).smoke.time
+    assert spec.smoke.nodes is None and spec.smoke.time_limit is None and limit.source == "estimate"
+    res = mcx_inprocess(TESTS.parent, "run", str(recipe), "--dry-run", "--json")
+    assert res.code == 0, res
+    scripts = res.json()["scripts"]
+    smoke, full = ({w.split("=", 1)[0]: w.partition("=")[2] for line in directives(scripts[stage]) for w in line}
+                   for stage in ("smoke", "full"))
+    assert (smoke["--nodes"], smoke["--gpus-per-node"], smoke["--time"]) == ("1", "8", limit.slurm)
+    assert limit.slurm == "00:15:00"  # the 10-minute floor and the recipe's 300 s grace; not "2-00:00:00"
+    assert (full["--nodes"], full["--gpus-per-node"], full["--time"]) == ("8", "8", "2-00:00:00")
+    assert smoke["--signal"] == full["--signal"] == "B:USR1@300"
+    assert "--nnodes 1 --nproc-per-node 8" in scripts["smoke"] and "--nnodes 8 --nproc-per-node 8" in scripts["full"]
+
+
 def test_render_sbatch_quotes_hostile_values(tmp_path: Path):
     stage_dir = stage(tmp_path, name=f"smoke {HOSTILE}")
     env = {"MCX_PROBE_VALUE": HOSTILE, "PYTHONHASHSEED": "0"}

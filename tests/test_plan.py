@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 import json
 
@@ -13,6 +14,7 @@ from rich.console import Console
 
 from mcx.errors import BudgetError, SpecError
 from mcx.hashing import digest
+from mcx.plan import smoketime
 from mcx.plan.cost import check_budget, estimate_cost
 from mcx.plan.flops import flops_per_iteration, flops_per_token
 from mcx.plan.hardware import GPUS, GiB, gpu_from_name, mfu_peak_flops, peak_flops, supports_fp8
@@ -497,6 +499,84 @@ def test_smoke_stage_shrinks_degrees_to_one_node():
     assert smoke.hardware.nodes == 1 and smoke.parallel.tensor == 2 and smoke.train.global_batch_size == 2
 
 
+def test_smoke_of_a_64_gpu_job_is_one_node_with_its_own_time_limit():
+    """8 nodes x 8 GPUs through Slurm: the smoke stage asks for one node and a time limit from its own
+    estimate (start-up, its steps at the predicted step time with margin, the signal grace), not the
+    full job's four days; the plan shows both."""
+    s = spec(model=LLAMA3_LAYER | {"num_layers": 32}, parallel={"tensor": 4, "pipeline": 4},
+             hardware={"nodes": 8, "gpu": "H100"}, train={"global_batch_size": 512},
+             launch={"kind": "slurm", "slurm": {"time": "4-00:00:00", "signal_grace_seconds": 300}})
+    plan = make_plan(s, te_available=None)
+    assert plan.layout.world_size == 64 and s.smoke.nodes is None and s.smoke.time_limit is None
+    smoke, sl = plan.smoke.spec, plan.smoke.layout
+    assert (smoke.hardware.nodes, smoke.hardware.gpus_per_node, sl.world_size) == (1, 8, 8)
+    assert (sl.tp, sl.pp) == (4, 2)  # the layout shrank to the smaller model and world
+    # 30 steps + 3 replayed + 4 evaluation steps at a third: 34.3 steps of at least 1 s, twice, after
+    # 5 min of start-up is 6.1 min: the 10-minute floor, then the 300 s grace on top.
+    limit = plan.smoke.time
+    assert (limit.seconds, limit.slurm, limit.source) == (smoketime.FLOOR_S + 300, "00:15:00", "estimate")
+    assert smoke.launch.slurm.time == "00:15:00" and smoke.launch.slurm.signal_grace_seconds == 300
+    assert stage_spec(s, plan.layout, "smoke")[0].launch.slurm.time == "00:15:00"
+    assert stage_spec(s, plan.layout, "full")[0].launch.slurm.time == "4-00:00:00"  # the full stage keeps its own
+    d = plan_to_dict(plan)["smoke"]
+    assert (d["nodes"], d["gpus"], d["launcher"]) == (1, 8, "slurm")
+    assert d["time_limit"]["slurm"] == "00:15:00" and d["time_limit"]["source"] == "estimate"
+    assert "5 min start-up + 2 x 34.3 steps x 1 s" in d["time_limit"]["detail"]
+    console = Console(width=100, record=True, force_terminal=False)
+    console.print(render_plan(plan_to_dict(plan), None))
+    text = " ".join(console.export_text().split())
+    assert "on 1x8 GPUs" in text and "time limit 00:15:00 (its sbatch --time): estimate:" in text
+
+
+def test_smoke_time_estimate_follows_the_predicted_step_time():
+    """A large smoke model is timed at the planner's step time; without a known peak each step gets
+    the conservative allowance; the estimate never exceeds launch.slurm.time."""
+    big = spec(model=LLAMA3_LAYER | {"num_layers": 32}, hardware={"gpu": "H100"},
+               smoke={"hidden_size": 4096, "seq_length": 4096, "num_layers": 8, "global_batch_size": 512,
+                      "train_iters": 300, "num_attention_heads": 32})
+    plan = make_plan(big, te_available=True)
+    sm = plan.smoke
+    flops = flops_per_iteration(sm.spec.model, padded_vocab=count_params(sm.spec.model, 128256, sm.layout.tp).padded_vocab,
+                                global_batch_size=512)
+    step = flops / (8 * mfu_peak_flops("H100") * big.budget.assumed_mfu)
+    assert step > smoketime.MIN_STEP_S
+    steps = 300 + 3 + 4 / 3
+    expected = 60 * math.ceil((smoketime.STARTUP_S + smoketime.SAFETY * steps * step) / 60)
+    assert sm.time.seconds == expected > smoketime.FLOOR_S and sm.time.source == "estimate"
+    cpu = make_plan(spec(smoke={"gpu": "cpu", "gpus_per_node": 2, "train_iters": 100}), te_available=True).smoke.time
+    assert cpu.seconds == 60 * math.ceil((smoketime.STARTUP_S + smoketime.SAFETY * (100 + 3 + 4 / 3) * 10) / 60)
+    assert "no known peak" in cpu.detail
+    short = make_plan(spec(smoke={"gpu": "cpu", "train_iters": 100},
+                           launch={"kind": "slurm", "slurm": {"time": "00:20:00"}}), te_available=True).smoke.time
+    assert (short.slurm, short.source) == ("00:20:00", "launch.slurm.time")
+
+
+def test_explicit_smoke_nodes_and_time_limit_win():
+    s = spec(hardware={"nodes": 8, "gpu": "H100"}, parallel={"tensor": 8},
+             smoke={"nodes": 2, "time_limit": "45"}, launch={"kind": "slurm"})
+    plan = make_plan(s, te_available=None)
+    assert plan.smoke.spec.hardware.nodes == 2 and plan.smoke.layout.world_size == 16
+    assert (plan.smoke.time.seconds, plan.smoke.time.source) == (45 * 60, "smoke.time_limit")
+    assert plan.smoke.spec.launch.slurm.time == "00:45:00"
+    days = make_plan(attrs.evolve(s, smoke=attrs.evolve(s.smoke, time_limit="1-2:03")), te_available=None)
+    assert days.smoke.spec.launch.slurm.time == "1-02:03:00"  # written back in Slurm's own form
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    ("four hours", "is not a Slurm time limit"), ("0", "is not a Slurm time limit"),
+    ("UNLIMITED", "needs a limit"), ("2", "not longer than launch.slurm.signal_grace_seconds = 120"),
+])
+def test_a_bad_smoke_time_limit_exits_2_naming_the_key(value, said):
+    s = spec(smoke={"time_limit": value}, launch={"kind": "slurm"})
+    with pytest.raises(SpecError) as exc:
+        make_plan(s, te_available=True)
+    assert exc.value.exit_code == 2
+    found = dict(exc.value.problems)
+    assert set(found) == {"smoke.time_limit"} and said in found["smoke.time_limit"], found
+    if "grace" in said:  # the grace counts only for a Slurm job that is warned before its limit
+        make_plan(attrs.evolve(s, launch=attrs.evolve(s.launch, kind="torchrun")), te_available=True)
+
+
 def test_smoke_pins_and_its_errors_name_smoke_keys():
     s = spec(smoke={"tensor": 4})
     layout, _, _ = resolve_layout(s, te_available=True)
@@ -555,7 +635,9 @@ def test_plan_dict_is_json_ready_deterministic_and_complete():
                 "step_time_s", "wall_time_h", "gpu_hours", "cost", "warnings", "recommendations", "smoke"):
         assert key in d1
     assert d1["memory_per_gpu_bytes"] == sum(d1["memory"]["breakdown"].values())
-    assert set(d1["smoke"]) == {"layout", "shapes", "memory_per_gpu_bytes"} and d1["smoke"]["shapes"]["num_layers"] == 2
+    assert set(d1["smoke"]) == {"layout", "shapes", "memory_per_gpu_bytes", "nodes", "gpus", "launcher", "time_limit"}
+    assert d1["smoke"]["shapes"]["num_layers"] == 2
+    assert set(d1["smoke"]["time_limit"]) == {"slurm", "seconds", "source", "detail"}
     assert d1["params"]["total"] == count_params(s.model, 128256).total
     assert d1["tokens_per_step"] == 64 * 4096
     assert Layout(**{k: v for k, v in d1["layout"].items()}).job_dict() == \

@@ -185,7 +185,7 @@ def test_time_limit_reports_timeout(tmp_path: Path, handles):
     handle = submit(handles, stage_dir, 1, {}, time="1", requeue=False)
     outcome = handle.wait(240)
     assert outcome.state == "timeout", outcome.detail
-    assert "launch.slurm.time" in outcome.detail
+    assert "smoke.time_limit" in outcome.detail  # a smoke stage's limit is its own key's (or the estimate)
     assert outcome.result["status"] == "preempted"  # it still saved a checkpoint within KillWait
     assert (stage_dir / "checkpoints" / "latest").exists()
 
@@ -243,7 +243,7 @@ def test_quickstart_worker_trains_through_sbatch_with_two_cpu_processes(tmp_path
         "spec": unstructure(spec),
         "layout": {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": 2, "world_size": 2,
                    "sequence_parallel": False},
-        "data_dir": str(repo / "data" / "quickstart"),
+        "data_dir": str(quickstart_dataset()),  # built here if missing: this test may run first
         "checkpoint_dir": str(stage_dir / "checkpoints"),
         "train_samples_limit": None,
         "checks": {"resume_check_iters": 3, "loss_window": 3, "min_loss_drop": 0.0},
@@ -395,7 +395,9 @@ def test_405b_confirmed_smokes_on_cpu_through_sbatch_then_submits_the_16_node_jo
     result = json.loads((smoke_dir / "result.json").read_text())
     assert result["details"]["device"] == "cpu" and result["details"]["world_size"] == 2
     script = (smoke_dir / "sbatch.sh").read_text()
+    # Its own time limit: the estimate for 15 CPU steps (12 min) and the recipe's 600 s grace, not 4 days.
     for line in ("#SBATCH --nodes=1", "#SBATCH --cpus-per-task=2", "#SBATCH --partition=debug",
+                 "#SBATCH --time=00:22:00", "#SBATCH --signal=B:USR1@600",
                  "# layout: TP 1 x PP 1 x CP 1 x EP 1 x DP 2 = 2 ranks", "--nnodes 1 --nproc-per-node 2"):
         assert line in script, line
     assert "--gpus-per-node" not in script

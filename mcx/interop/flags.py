@@ -286,8 +286,10 @@ FLAGS: tuple[Row, ...] = (
     _r("smoke.resume_check_iters", "mcx", (), NA, "Steps trained after a checkpoint reload to check resumption.", _SMOKE),
     _r("smoke.loss_window", "mcx", (), NA, "Steps per window in the loss-decrease check.", _SMOKE),
     _r("smoke.min_loss_drop", "mcx", (), NA, "Required drop of the last window's mean loss below the first window's.", _SMOKE),
-    _r("smoke.nodes", "mcx", (), NA, "Nodes of the smoke stage; unset means hardware.nodes, shrunk to fit.", _SMOKE),
+    _r("smoke.nodes", "mcx", (), NA, "Nodes of the smoke stage; unset means one (the parallel degrees shrink to fit it).", _SMOKE),
     _r("smoke.gpus_per_node", "mcx", (), NA, "GPUs per node of the smoke stage; unset means hardware.gpus_per_node.", _SMOKE),
+    _r("smoke.time_limit", "mcx", (), NA, "Slurm time limit of the smoke stage's job; unset means the plan's estimate "
+       "(start-up plus the smoke steps at the predicted step time, with margin), never above launch.slurm.time.", _SMOKE),
     _r("smoke.gpu", "mcx", (), NA, "GPU model of the smoke stage; unset means hardware.gpu; \"cpu\" runs it as CPU processes "
        "(data parallel, fp32), e.g. on a cluster without GPUs.", _SMOKE),
     _r("smoke.tensor", "mcx", (), NA, "Tensor-parallel degree of the smoke stage; unset follows the full stage, shrunk to fit.", _SMOKE),

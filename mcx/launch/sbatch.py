@@ -34,12 +34,11 @@ from mcx.launch.env import check_env, reject_control
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.torchrun import torchrun_argv
 from mcx.spec.schema import LaunchSpec, SlurmSpec
+from mcx.spec.slurmtime import time_limit_seconds as slurm_time_seconds
 
 SCRIPT_NAME = "sbatch.sh"
 LOG_PATTERN = "slurm-%j.out"
 
-# Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S.
-_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?\Z")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 
 # Options mcx sets itself; extra_sbatch may not override them.
@@ -59,28 +58,9 @@ _MANAGED = {
 }  # fmt: skip
 
 
-def time_limit_seconds(value: str) -> int | None:
-    """Seconds in a Slurm time limit (None for no limit); InputError naming launch.slurm.time."""
-    reject_control(value, "launch.slurm.time")
-    if value.strip().upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    m = _TIME.match(value.strip())
-    if not m:
-        raise InputError(
-            f"launch.slurm.time = {value!r} is not a Slurm time limit",
-            "Use minutes, 'HH:MM:SS' or 'D-HH:MM:SS', e.g. '04:00:00'.",
-        )
-    days, a, b, c = m.groups()
-    a, b, c = int(a), int(b or 0), int(c or 0)
-    if days is not None:  # D-H[:M[:S]]
-        seconds = int(days) * 86400 + a * 3600 + b * 60 + c
-    elif c or m.group(4) is not None:  # H:M:S
-        seconds = a * 3600 + b * 60 + c
-    else:  # M or M:S
-        seconds = a * 60 + b
-    if seconds <= 0:
-        raise InputError(f"launch.slurm.time = {value!r} must be longer than zero", "Or 'UNLIMITED'.")
-    return seconds
+def time_limit_seconds(value: str, key: str = "launch.slurm.time") -> int | None:
+    """Seconds in a Slurm time limit (None for no limit); InputError naming ``key``."""
+    return slurm_time_seconds(reject_control(value, key), key)
 
 
 def _extra_line(option: str, index: int) -> str:

@@ -71,7 +71,7 @@ SLURM_STATES: Mapping[str, State] = {
 MAX_QUERY_ERRORS = 30
 
 # Why sbatch refuses a job (Slurm's own messages, slurm_errno.c) and what decides it; "{hw}" are the
-# keys that set the job's size.
+# keys that set the job's size, "{time}" the key that sets its time limit.
 REFUSALS: tuple[tuple[str, str], ...] = (
     ("Invalid generic resource", "the cluster cannot place it: no node of the partition has GPUs that "
      "Slurm schedules (GRES 'gpu'); compare {hw} with `sinfo -o '%P %D %G'`"),
@@ -85,8 +85,8 @@ REFUSALS: tuple[tuple[str, str], ...] = (
     ("Invalid account", "launch.slurm.account is not an account of yours on that partition; "
      "`sacctmgr show assoc user=$USER` lists them"),
     ("Invalid qos", "launch.slurm.qos is not a QOS you may use; `sacctmgr show assoc user=$USER` lists them"),
-    ("time limit is invalid", "launch.slurm.time exceeds the partition's limit (`sinfo -o '%P %l'`)"),
-    ("Invalid --time", "launch.slurm.time is not a time Slurm reads"),
+    ("time limit is invalid", "{time} exceeds the partition's limit (`sinfo -o '%P %l'`)"),
+    ("Invalid --time", "{time} is not a time Slurm reads"),
     ("Invalid feature", "launch.slurm.constraint names a feature no node has (`sinfo -o '%P %f'`)"),
     # Pending reasons of a job Slurm accepted but will never start as the cluster is configured
     # (sbatch takes such a job when EnforcePartLimits=NO, Slurm's default, and keeps it pending).
@@ -97,6 +97,11 @@ REFUSALS: tuple[tuple[str, str], ...] = (
 )
 # The pending reasons above: the job is cancelled and the stage refused instead of waiting forever.
 NEVER_STARTS = frozenset({"PartitionConfig", "BadConstraints"})
+
+
+def time_key(stage_dir: Path) -> str:
+    """The spec key that sets a stage's time limit (mcx names stage directories after their stage)."""
+    return "smoke.time_limit (unset: the plan's estimate)" if stage_dir.name == "smoke" else "launch.slurm.time"
 
 
 class JobRefused(InputError):
@@ -210,7 +215,8 @@ def refused(script: Path, message: str, where: Placement | None, partition: str 
     smoke = script.parent.name == "smoke"
     hw = "smoke.nodes x smoke.gpus_per_node" if smoke else "hardware.nodes x hardware.gpus_per_node"
     said = " ".join(message.split())
-    why = next((text.format(hw=hw) for fragment, text in REFUSALS if fragment.lower() in said.lower()), None)
+    why = next((text.format(hw=hw, time=time_key(script.parent)) for fragment, text in REFUSALS
+                if fragment.lower() in said.lower()), None)
     part = partition if partition is not None else "the default"
     if job_id is None:
         head = f"sbatch refused the job {script} ({job}, partition {part}): {said};"
@@ -349,7 +355,7 @@ class SlurmHandle:
             limit = f" ({self._time_limit})" if self._time_limit else ""
             detail = (
                 f"{job} reached its time limit{limit}. {resume} Raise "
-                f"launch.slurm.time, or keep launch.slurm.requeue = true with "
+                f"{time_key(self._stage_dir)}, or keep launch.slurm.requeue = true with "
                 f"launch.slurm.signal_grace_seconds long enough to save a checkpoint. {see}"
             )
         elif state == "cancelled":

@@ -18,6 +18,7 @@ from mcx.plan.hardware import GiB, gpu_info
 from mcx.plan.layout import Layout, resolve_layout, transformer_impl
 from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTION, MemoryEstimate, estimate_memory
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
+from mcx.plan.smoketime import SmokeTime, smoke_time_limit
 from mcx.plan.stages import stage_spec
 from mcx.spec.schema import ExperimentSpec
 
@@ -29,6 +30,7 @@ class SmokePlan:
     spec: ExperimentSpec  # the shrunk spec the smoke stage trains
     layout: Layout
     memory: MemoryEstimate  # the planner's estimate for the smoke model (checked against its measured peak)
+    time: SmokeTime  # its job's time limit (the smoke spec's launch.slurm.time) and where it came from
 
 
 @frozen(kw_only=True)
@@ -82,7 +84,8 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
         smoke = SmokePlan(spec=smoke_spec, layout=smoke_layout,
                           memory=estimate_memory(smoke_spec, smoke_layout, vocab_size=vocab,
                                                  transformer_impl=transformer_impl(smoke_spec, te_available)[0],
-                                                 suggest_fixes=False))
+                                                 suggest_fixes=False),
+                          time=smoke_time_limit(spec, smoke_spec, smoke_layout, vocab))
     return Plan(spec=spec, layout=layout, transformer_impl=impl, transformer_impl_known=impl_known, vocab_size=vocab,
                 params=counts, params_per_gpu=per_gpu, memory=memory, flops_per_step=flops,
                 flops_per_token=flops_per_token(m, padded_vocab=counts.padded_vocab),
@@ -120,6 +123,15 @@ def _smoke_shapes(s: ExperimentSpec) -> dict[str, Any]:
             "gpus_per_node": s.hardware.gpus_per_node, "gpu": s.hardware.gpu}
 
 
+def _smoke_dict(smoke: SmokePlan) -> dict[str, Any]:
+    hw, limit = smoke.spec.hardware, smoke.time
+    return {"layout": smoke.layout.to_dict(), "shapes": _smoke_shapes(smoke.spec),
+            "memory_per_gpu_bytes": smoke.memory.total, "nodes": hw.nodes, "gpus": hw.nodes * hw.gpus_per_node,
+            "launcher": smoke.spec.launch.kind,
+            "time_limit": {"slurm": limit.slurm, "seconds": limit.seconds, "source": limit.source,
+                           "detail": limit.detail}}
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as JSON-ready data (``plan.json``, ``mcx plan --json``); the caller adds run_id."""
     spec, layout, mem, cost, p = plan.spec, plan.layout, plan.memory, plan.cost, plan.params
@@ -155,7 +167,5 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                    "gpu_hour_price": spec.budget.gpu_hour_price},
         "warnings": list(plan.warnings),
         "recommendations": list(plan.recommendations),
-        "smoke": None if plan.smoke is None else {"layout": plan.smoke.layout.to_dict(),
-                                                  "shapes": _smoke_shapes(plan.smoke.spec),
-                                                  "memory_per_gpu_bytes": plan.smoke.memory.total},
+        "smoke": None if plan.smoke is None else _smoke_dict(plan.smoke),
     }

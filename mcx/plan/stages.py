@@ -8,10 +8,10 @@ derived from the full spec:
 * model: ``smoke.num_layers`` layers, hidden ``min(hidden, 256)``, head dim near 64, the full
   model's query-group ratio where it divides, FFN scaled with the hidden size, sequence
   ``min(seq, 256)``, ``min(experts, 4)`` experts; the vocabulary stays (it is the tokenizer's);
-* placement: ``smoke.nodes`` / ``smoke.gpus_per_node`` (default: the full stage's) and the full
-  layout's degrees, each shrunk (largest first, halving) until the smaller model and world accept
-  it, so a 16-node TP8 x PP8 x CP2 spec smoke-tests as TP2 x PP2 x CP2 on one node;
-  ``smoke.tensor`` / ``pipeline`` / ``context`` / ``expert`` pin a degree;
+* placement: ``smoke.nodes`` nodes (default: one) of ``smoke.gpus_per_node`` GPUs (default: the
+  full stage's), and the full layout's degrees, each shrunk (largest first, halving) until the
+  smaller model and world accept it, so a 16-node TP8 x PP8 x CP2 spec smoke-tests as TP2 x PP2 x
+  CP2 on one node; ``smoke.tensor`` / ``pipeline`` / ``context`` / ``expert`` pin a degree;
 * device: ``smoke.gpu`` (default ``hardware.gpu``). ``"cpu"`` runs the stage as CPU processes
   (``smoke.gpus_per_node`` of them a node) as the CPU backend trains: data parallel only (the
   degrees default to 1; a pinned degree above 1 is an error naming its key), fp32, the local layer
@@ -20,7 +20,9 @@ derived from the full spec:
 * training: ``smoke.train_iters`` steps at ``smoke.lr`` (default: the spec's), warmup at most a
   tenth of the steps, the decay over the smoke steps, one evaluation at the end, a checkpoint
   ``smoke.resume_check_iters`` before the end for the resume check, and the smallest global batch
-  that fills the pipeline (micro batch x DP x PP) unless ``smoke.global_batch_size`` says otherwise.
+  that fills the pipeline (micro batch x DP x PP) unless ``smoke.global_batch_size`` says otherwise;
+* time limit: ``launch.slurm.time`` of the stage spec is ``smoke.time_limit``, else the smoke
+  stage's own estimate (:mod:`mcx.plan.smoketime`), not the full job's allocation.
 
 The result passes the spec rules and the layout rules itself; problems name the ``smoke.*`` key.
 """
@@ -35,6 +37,8 @@ from attrs import evolve
 
 from mcx.errors import SpecError
 from mcx.plan.layout import Layout, resolve_layout
+from mcx.plan.params import require_vocab_size
+from mcx.plan.smoketime import smoke_time_limit, time_limit_problems
 from mcx.spec.rules import check_spec, divisors
 from mcx.spec.schema import ExperimentSpec
 
@@ -121,7 +125,7 @@ def _fit_degrees(world: int, layers: int, seq: int, experts: int | None, hidden:
 def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
            vocab_size: int | None) -> tuple[ExperimentSpec, Layout]:
     m, t, sm, hw = spec.model, spec.train, spec.smoke, spec.hardware
-    nodes = sm.nodes or hw.nodes
+    nodes = sm.nodes or 1  # one node unless asked: a smoke test needs no more, and queues sooner
     gpn = sm.gpus_per_node or hw.gpus_per_node
     gpu = sm.gpu or hw.gpu
     cpu = gpu == "cpu"  # the CPU backend trains data parallel only: unpinned degrees are 1
@@ -184,6 +188,7 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
                       "data parallel only; unset it (or use 1)")
                      for key, name in (("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"), ("ep", "expert"))
                      if deg[key] > 1]
+    problems += time_limit_problems(spec)
     smoke_layout = None
     try:
         smoke_layout, _, _ = resolve_layout(smoke, te_available=te_available, vocab_size=vocab_size)
@@ -192,5 +197,7 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
     if problems:
         raise SpecError([(_SMOKE_KEYS.get(p, p), f"smoke stage: {_smoke_words(msg)}") for p, msg in problems])
     assert smoke_layout is not None
+    limit = smoke_time_limit(spec, smoke, smoke_layout, require_vocab_size(smoke, vocab_size))
+    smoke = evolve(smoke, launch=evolve(spec.launch, slurm=evolve(spec.launch.slurm, time=limit.slurm)))
     return smoke, smoke_layout
 

@@ -148,6 +148,10 @@ def _smoke_line(p: dict[str, Any]) -> RenderableType:
                 f"seq {s['seq_length']}, batch {s['global_batch_size']}, {s['train_iters']} steps at lr {s['lr']:g} "
                 f"on {s['nodes']}x{s['gpus_per_node']} {_smoke_devices(s)}: TP {lay['tp']} PP {lay['pp']} CP {lay['cp']} "
                 f"EP {lay['ep']} DP {lay['dp']}")
+    limit = sm.get("time_limit")
+    if limit:  # plans written before smoke.time_limit have none
+        where = "its sbatch --time" if sm.get("launcher") == "slurm" else "a Slurm job's --time; not enforced here"
+        text.append(f"\n  time limit {limit['slurm']} ({where}): {limit['detail']}")
     return text
 
 

@@ -158,10 +158,12 @@ class SmokeSpec:
     resume_check_iters: int = 3
     loss_window: int = 5
     min_loss_drop: float = 0.01  # final window mean must be below the first window mean by more than this (noise)
-    # Where the smoke stage runs. None: the full stage's hardware and parallel degrees, shrunk where
-    # they do not fit the smaller model (e.g. a 405B spec can smoke-test on one node).
+    # Where the smoke stage runs. None: one node of the full stage's, and its parallel degrees shrunk
+    # until they fit that node and the smaller model (a 405B spec smoke-tests on one node).
     nodes: int | None = None
     gpus_per_node: int | None = None
+    # The smoke job's Slurm time limit. None: the plan's estimate for the smoke stage (mcx.plan.smoketime).
+    time_limit: str | None = None
     # None: hardware.gpu. "cpu": the smoke stage runs as CPU processes (gpus_per_node of them a node),
     # as the CPU backend trains: data parallel, fp32, the local layer spec (a cluster without GPUs).
     gpu: GpuModel | None = None
