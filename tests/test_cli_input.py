@@ -249,3 +249,48 @@ def test_usage_errors_are_one_paragraph(project, args, shown):
 def test_a_project_that_does_not_exist(project):
     err = one_paragraph(bad_input(project, "--project", str(project / "nowhere"), "plan", "tiny.toml"))
     assert "project directory" in err and "does not exist" in err and "--project" in err
+
+
+# --- mcx import -------------------------------------------------------------------------------------
+
+_SCRIPT = """#!/bin/bash
+# Mixtral 8x7B-shaped, without --lr and --train-iters
+torchrun --nproc_per_node 8 pretrain_gpt.py \\
+    --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 \\
+    --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 32768 \\
+    --normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights \\
+    --disable-bias-linear --hidden-dropout 0.0 --attention-dropout 0.0 --num-experts 8 --moe-router-topk 2 \\
+    --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 --tensor-model-parallel-size 2 \\
+    --expert-model-parallel-size 4 --sequence-parallel --micro-batch-size 1 --global-batch-size 256 --bf16 \\
+    --data-path /data/slimpajama_text_document --tokenizer-type Llama2Tokenizer --tokenizer-model /t/tok.model{extra}
+"""
+
+
+def test_import_names_every_missing_value_with_its_set(project):
+    write(project, "mixtral.sh", _SCRIPT.format(extra=""))
+    err = one_paragraph(bad_input(project, "import", "mixtral.sh", "-o", "mixtral.toml"))
+    assert err == ("mcx: error: mixtral.sh does not give --train-iters (or --train-samples) and --lr, which "
+                   "Megatron-LM and mcx both need; add --set train.train_iters=VALUE --set train.lr=VALUE to the "
+                   "mcx import command.\n")
+    err = one_paragraph(bad_input(project, "import", "mixtral.sh", "--set", "train.train_iters=10"))
+    assert "does not give --lr, which" in err and "add --set train.lr=VALUE to" in err
+    proc = mcx(project, "import", "mixtral.sh", "-o", "mixtral.toml", "--set", "train.lr=1e-4",
+               "--set", "train.train_iters=1000", "--set", "model.vocab_size=32000")
+    assert proc.returncode == 0 and proc.stdout == "" and "mapped" in proc.stderr, proc.stderr
+    spec = tomllib.loads((project / "mixtral.toml").read_text())
+    assert (spec["train"]["lr"], spec["train"]["train_iters"], spec["model"]["vocab_size"]) == (1e-4, 1000, 32000)
+
+
+def test_import_set_is_read_as_plan_reads_it(project):
+    write(project, "mixtral.sh", _SCRIPT.format(extra=" --lr 1e-4 --train-iters 10"))
+    assert 'train.lr: expected a number, got str "fast"' in bad_input(
+        project, "import", "mixtral.sh", "-o", "m.toml", "--set", "train.lr=fast")
+    assert "--set: 'train.lr' is not KEY=VALUE" in bad_input(project, "import", "mixtral.sh", "--set", "train.lr")
+
+
+def test_import_refuses_an_argument_megatron_does_not_know(project):
+    write(project, "bogus.sh", _SCRIPT.format(extra=" --lr 1e-4 --train-iters 10 --bogus-flag 3 --seqlen 5"))
+    err = one_paragraph(bad_input(project, "import", "bogus.sh", "-o", "bogus.toml"))
+    assert err == ("mcx: error: line 3 of bogus.sh passes --bogus-flag (no argument is close) and --seqlen (did you "
+                   "mean --seq-length, --seed or --mscale?), which Megatron-LM's pretrain_gpt.py does not know, so it "
+                   "would refuse the command; correct or remove them in the script, then import again.\n")

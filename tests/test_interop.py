@@ -5,6 +5,8 @@ arguments and checks the flag table, torch's torchrun parser checks the launcher
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import stat
 import subprocess
@@ -15,9 +17,11 @@ from pathlib import Path
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mcx.errors import InputError, SpecError
-from mcx.interop import export_args, export_script, import_file, import_script, to_toml
+from mcx.interop import export_args, export_script, import_file, import_script, summary, to_toml
 from mcx.interop import flags as F
 from mcx.interop.docgen import DOC, update
 from mcx.interop.importer import ImportResult
@@ -354,13 +358,18 @@ def test_gpt3_style_gelu_layernorm_gpt2_tokenizer() -> None:
     assert (warmup.flag, warmup.origin) == ("--lr-warmup-fraction", "derived: 0.01 x 260000 decay steps")
 
 
-def test_a_missing_required_value_is_one_error_with_every_problem() -> None:
-    with pytest.raises(SpecError) as err:
+def test_a_value_known_only_at_run_time_is_named_with_its_set() -> None:
+    with pytest.raises(InputError) as err:
         import_file(SCRIPTS / "train_gpt3_1.3b.sh")  # without DATA_PATH, its $1
-    text = str(err.value)
-    assert "data.path: required key is missing" in text
-    assert "--data-path: $1 is the script's argument 1" in text
-    assert "$1 is the script's argument 1, and none was given to mcx import" in text
+    assert not isinstance(err.value, SpecError) and "\n" not in str(err.value)
+    assert str(err.value) == (
+        "train_gpt3_1.3b.sh does not give --data-path (its value cannot be read: $1 is the script's argument 1, and "
+        "none was given to mcx import), which Megatron-LM and mcx both need; add --set data.path=DIR "
+        "--set data.prefix=PREFIX to the mcx import command.")
+    sets = ["data.path=/data/gpt3", "data.prefix=pile_text_document"]
+    r = import_file(SCRIPTS / "train_gpt3_1.3b.sh", overrides=sets)[1]
+    assert (r.spec.data.path, r.spec.data.prefix) == ("/data/gpt3", "pile_text_document")
+    assert r.spec == imported("train_gpt3_1.3b.sh").spec
 
 
 def test_slurm_sbatch_fp8() -> None:
@@ -765,11 +774,16 @@ def test_expandable_segments_travels_as_the_allocator_variable() -> None:
     assert any("PYTORCH_CUDA_ALLOC_CONF is not known before run time" in p for p in unknown.problems)
 
 
-def _mini(args: str, launcher: str = "torchrun --nproc_per_node 8", pre: str = "") -> ImportResult:
+def _mini_text(args: str, launcher: str = "torchrun --nproc_per_node 8", pre: str = "") -> str:
     base = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 "
             "--micro-batch-size 1 --train-iters 10 --lr 1e-3 --data-path data/c_text_document "
             "--tokenizer-type GPT2BPETokenizer --vocab-file v.json --merge-file m.txt ")
-    return import_script(f"{pre}\n{launcher} pretrain_gpt.py {base}{args}\n", name="mini")
+    return f"{pre}\n{launcher} pretrain_gpt.py {base}{args}\n"
+
+
+def _mini(args: str, launcher: str = "torchrun --nproc_per_node 8", pre: str = "",
+          overrides: list[str] = ()) -> ImportResult:
+    return import_script(_mini_text(args, launcher, pre), name="mini", overrides=overrides)
 
 
 def test_argument_forms() -> None:
@@ -784,7 +798,7 @@ def test_argument_forms() -> None:
 
 
 def test_what_cannot_be_carried_over_is_reported() -> None:
-    r = _mini("--num-query-groups 2 --lr-warmup-fraction 0.33 --optimizer sgd --frobnicate 3 --fp16 "
+    r = _mini("--num-query-groups 2 --lr-warmup-fraction 0.33 --optimizer sgd --apply-residual-connection-post-layernorm --fp16 "
               "--fp8-format hybrid --data-path 0.7 a/x 0.3 b/y --position-embedding-type yarn",
               launcher="torchrun --nproc_per_node gpu")
     text = "\n".join(r.problems)
@@ -796,7 +810,7 @@ def test_what_cannot_be_carried_over_is_reported() -> None:
     assert "torchrun --nproc-per-node gpu is not a fixed positive count" in text
     reasons = dict(r.unsupported)
     assert reasons["--optimizer"] == "sgd: mcx trains with Adam (decoupled weight decay) only"
-    assert reasons["--frobnicate"].startswith("not in mcx's flag table")
+    assert reasons["--apply-residual-connection-post-layernorm"].startswith("not in mcx's flag table")
     assert (r.spec.model.num_query_groups, r.spec.data.path, r.spec.train.precision) == (None, "a", "fp8-hybrid")
 
 
@@ -822,6 +836,340 @@ def test_toml_header_lists_what_did_not_map() -> None:
     text = to_toml(r, "train_gpt3_1.3b.sh")
     assert "#   --rampup-batch-size: mcx trains with a constant train.global_batch_size" in text
     assert loads_spec(text) == r.spec
+
+
+# ---- what Megatron-LM accepts, mcx plans: the property, --set, unknown arguments, notes
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# Arguments any command may add: optimizer and shape values, and flags mcx lists without a spec key.
+_EXTRAS = [("--no-gradient-accumulation-fusion",), ("--no-rope-fusion",), ("--rotary-base", 500000),
+           ("--rotary-percent", 0.5), ("--make-vocab-size-divisible-by", 64), ("--init-method-std", 0.01),
+           ("--weight-decay", 0.1), ("--clip-grad", 0.5), ("--adam-beta1", 0.8), ("--adam-beta2", 0.95),
+           ("--adam-eps", 1e-5), ("--seed", 7), ("--split", "98,2,0"), ("--norm-epsilon", 1e-6),
+           ("--use-mcore-models",), ("--use-flash-attn",), ("--log-throughput",), ("--tensorboard-dir", "/tb"),
+           ("--no-masked-softmax-fusion",), ("--attention-softmax-in-fp32",), ("--add-qkv-bias",),
+           ("--distributed-timeout-minutes", 30), ("--num-workers", 4), ("--manual-gc",), ("--log-interval", 10),
+           ("--eval-interval", 50, "--eval-iters", 5), ("--grad-reduce-in-bf16",)]
+
+
+@st.composite
+def megatron_commands(draw: st.DrawFn) -> tuple[str, int, int, list[str]]:
+    """(launcher, GPUs per node, nodes, pretrain_gpt.py arguments) that Megatron-LM 0.19.2 accepts.
+
+    Valid as Megatron-LM's parser, validate_args and Megatron-Core's model building are: heads and
+    query groups divisible by TP, layers by PP (and the virtual stages), experts by EP, EP within
+    DP x CP, sequence parallel with an MoE model at TP > 1, the sequence split over 2 x CP, whole
+    micro-batch counts (a multiple of PP when interleaved), --overlap-param-gather only with the
+    distributed optimizer and --overlap-grad-reduce, iteration- or sample-based schedules unmixed,
+    warmup below the decay, full recomputation with its method and layer count, no fused MLP with
+    experts, no fused cross entropy in deterministic mode. The local layers get none of sequence
+    parallel at TP > 1, context parallel or fp8: mcx's local spec implements none of them (a
+    planning error that no import default causes).
+    """
+    pick = lambda xs: draw(st.sampled_from(list(xs)))  # noqa: E731
+    maybe = lambda: draw(st.booleans())  # noqa: E731
+    a: list[str] = []
+    add = lambda *words: a.extend(str(w) for w in words)  # noqa: E731
+    gpus, nodes = pick([1, 2, 4, 8]), pick([1, 2])
+    world = gpus * nodes
+    tp = pick(d for d in (1, 2, 4, 8) if d <= gpus)
+    pp = pick(d for d in (1, 2, 4) if world % (tp * d) == 0)
+    cp = pick(d for d in (1, 2) if world % (tp * pp * d) == 0)
+    dp = world // (tp * pp * cp)
+    gqa = maybe()
+    groups = tp * pick([1, 2])
+    heads = groups * pick([1, 2, 4]) if gqa else groups
+    hidden = heads * pick([32, 64])
+    stage_layers = pick([1, 2, 4])
+    seq = pick([128, 256, 1024])
+    add("--num-layers", pp * stage_layers, "--hidden-size", hidden, "--num-attention-heads", heads,
+        "--seq-length", seq, "--max-position-embeddings", seq * pick([1, 2]))
+    if gqa:
+        add("--group-query-attention", "--num-query-groups", groups)
+    if maybe():
+        add("--normalization", pick(["RMSNorm", "LayerNorm"]))
+    for switch in ("--swiglu", "--untie-embeddings-and-output-weights", "--disable-bias-linear"):
+        if maybe():
+            add(switch)
+    pos = pick([None, "rope", "learned_absolute", "none", "--use-rotary-position-embeddings"])
+    if pos:
+        add(pos) if pos.startswith("--") else add("--position-embedding-type", pos)
+    if maybe():
+        add("--ffn-hidden-size", hidden * pick([2, 3]))
+    if maybe():
+        add("--hidden-dropout", pick([0.0, 0.1]), "--attention-dropout", pick([0.0, 0.1]))
+    experts = pick([None, 4, 8])
+    if experts:
+        add("--num-experts", experts, "--moe-router-topk", pick([1, 2]))
+        ep = pick(d for d in (1, 2, 4, 8) if experts % d == 0 and (dp * cp) % d == 0)
+        if ep > 1 or maybe():
+            add("--expert-model-parallel-size", ep)
+        if maybe():
+            add("--moe-grouped-gemm", "--moe-token-dispatcher-type", pick(["alltoall", "allgather"]))
+        if maybe():
+            add("--moe-router-load-balancing-type", pick(["aux_loss", "none"]), "--moe-aux-loss-coeff", 0.01)
+    for flag, degree in (("--tensor-model-parallel-size", tp), ("--pipeline-model-parallel-size", pp),
+                         ("--context-parallel-size", cp)):
+        if degree > 1 or maybe():
+            add(flag, degree)
+    sp = maybe() or bool(experts and tp > 1)
+    if sp:
+        add("--sequence-parallel")
+    precision = pick(["bf16", "fp16", "fp32", "fp8"])
+    fp8 = ["--bf16", "--fp8-format", pick(["hybrid", "e4m3"])]
+    add(*{"bf16": ["--bf16"], "fp16": ["--fp16"], "fp32": [], "fp8": fp8}[precision])
+    if precision == "fp8" and maybe():
+        add("--fp8-recipe", pick(["delayed", "tensorwise"]), "--fp8-amax-history-len", 16)
+    impl = pick([None, "transformer_engine", "local"])
+    if not (impl == "local" and ((sp and tp > 1) or cp > 1 or precision == "fp8")) and impl:
+        add("--transformer-impl", impl)
+    if experts is None and maybe():
+        add("--use-transformer-engine-op-fuser")
+    vpp = 1
+    if pp > 1 and maybe():
+        per_virtual = pick(_divisors(stage_layers))
+        vpp = stage_layers // per_virtual
+        add(*(("--num-layers-per-virtual-pipeline-stage", per_virtual) if maybe()
+              else ("--num-virtual-stages-per-pipeline-rank", vpp)))
+    dist, overlap_grads = maybe(), maybe()
+    add(*["--use-distributed-optimizer"] * dist, *["--overlap-grad-reduce"] * overlap_grads)
+    if dist and overlap_grads and maybe():
+        add("--overlap-param-gather")
+    mbs, micro = pick([1, 2]), pick([1, 2, 4]) * (pp if vpp > 1 else 1)
+    gbs = mbs * dp * micro
+    add("--micro-batch-size", mbs)
+    if micro > 1 or maybe():
+        add("--global-batch-size", gbs)
+    iters = pick([100, 1000])
+    if maybe():
+        add("--train-iters", iters, *(["--lr-decay-iters", iters] if maybe() else []))
+        add(*pick([[], ["--lr-warmup-iters", iters // 10], ["--lr-warmup-fraction", 0.01]]))
+    else:
+        add("--train-samples", iters * gbs, *(["--lr-warmup-samples", iters * gbs // 10] if maybe() else []))
+    add("--lr", 3e-4, *(["--min-lr", 3e-5] if maybe() else []))
+    add(*pick([[], ["--recompute-activations"], ["--recompute-granularity", "selective"],
+               ["--recompute-granularity", "full", "--recompute-method", pick(["uniform", "block"]),
+                "--recompute-num-layers", pick(range(1, stage_layers + 1))]]))
+    if maybe():
+        add("--deterministic-mode")
+    elif maybe():
+        add("--cross-entropy-loss-fusion")
+    add("--data-path", "/data/corpus_text_document")
+    add(*pick([["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "/t/vocab.json", "--merge-file", "/t/merges.txt"],
+               ["--tokenizer-type", pick(["HuggingFaceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"]),
+                "--tokenizer-model", "/t/tokenizer"]]))
+    if maybe():
+        add("--save", "/ckpt", "--load", "/ckpt", "--save-interval", pick([50, 5000]))
+        if maybe():
+            add("--async-save", "--use-persistent-ckpt-worker")
+    for words in draw(st.lists(st.sampled_from(_EXTRAS), max_size=4, unique=True)):
+        add(*words)
+    return pick(["torchrun", "slurm", *(["python"] if world == 1 else [])]), gpus, nodes, a
+
+
+def _launch_script(launcher: str, gpus: int, nodes: int, args: list[str]) -> str:
+    line = f"pretrain_gpt.py {' '.join(args)}\n"
+    return {"python": f"python {line}",
+            "torchrun": f"torchrun --nproc_per_node {gpus} --nnodes {nodes} {line}",
+            "slurm": f"#!/bin/bash\n#SBATCH --nodes={nodes}\n#SBATCH --gpus-per-node={gpus}\n"
+                     f"srun torchrun --nproc_per_node {gpus} --nnodes $SLURM_NNODES {line}"}[launcher]
+
+
+@settings(max_examples=150, derandomize=True, database=None, deadline=None)
+@given(command=megatron_commands())
+def test_what_megatron_accepts_imports_as_a_spec_mcx_plans(command, megatron: argparse.ArgumentParser) -> None:
+    """Every default the import leaves to mcx agrees with what it wrote: mcx's own rules never refuse it."""
+    from mcx.plan.params import effective_vocab_size
+    from mcx.plan.planner import make_plan
+
+    launcher, gpus, nodes, args = command
+    megatron.parse_args(args)  # the generator stays within Megatron-LM's parser
+    r = import_script(_launch_script(launcher, gpus, nodes, args), name="generated")
+    vocab = None
+    if effective_vocab_size(r.spec) is None:  # the tokenizer file's size: mcx plan needs it, and the import says so
+        assert any("--set model.vocab_size=N" in n for n in r.notes)
+        vocab = 32000
+    make_plan(r.spec, te_available=None, vocab_size=vocab)
+
+
+def _llama70b(extra: str = "") -> str:
+    return textwrap.dedent(f"""\
+        torchrun --nproc_per_node 8 --nnodes 4 pretrain_gpt.py \\
+            --num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 \\
+            --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 4096 \\
+            --normalization RMSNorm --swiglu --position-embedding-type rope --untie-embeddings-and-output-weights \\
+            --disable-bias-linear --hidden-dropout 0.0 --attention-dropout 0.0 --vocab-size 128256 \\
+            --tensor-model-parallel-size 4 --pipeline-model-parallel-size 4 --sequence-parallel \\
+            --transformer-impl transformer_engine --micro-batch-size 1 --global-batch-size 64 \\
+            --train-iters 1000 --lr 1.5e-4 --bf16 --data-path /data/dclm_text_document \\
+            --tokenizer-type HuggingFaceTokenizer --tokenizer-model /t/llama3 {extra}
+        """)
+
+
+def test_llama_70b_without_the_distributed_optimizer_plans() -> None:
+    from mcx.plan.planner import make_plan
+
+    r = import_script(_llama70b(), name="llama70b")
+    p = r.spec.parallel
+    assert (p.distributed_optimizer, p.overlap_grad_reduce, p.overlap_param_gather) == (False, False, False)
+    gather = [m for m in r.mapped if m.key == "parallel.overlap_param_gather"]
+    assert [(m.flag, m.origin) for m in gather] == [("--overlap-param-gather", "Megatron-LM default")]
+    assert make_plan(r.spec, te_available=None).layout.distributed_optimizer is False
+
+
+def test_what_megatron_overrides_is_written_as_it_trains() -> None:
+    r = _mini("--sequence-parallel --transformer-impl local --use-transformer-engine-op-fuser")
+    assert (r.spec.parallel.sequence_parallel, r.spec.train.te_op_fuser) == (False, False)
+    assert r.notes == [
+        "--sequence-parallel has no effect here: validate_args turns sequence parallelism off at "
+        "--tensor-model-parallel-size 1; parallel.sequence_parallel = false",
+        "--use-transformer-engine-op-fuser has no effect here: Megatron-LM builds the local layers without it "
+        "(it applies to Transformer Engine layers only); train.te_op_fuser = false"]
+    kept = import_script(_mini_text("--sequence-parallel"), name="mini", overrides=["parallel.sequence_parallel=true"])
+    assert kept.spec.parallel.sequence_parallel is True and kept.notes == []  # a --set is the user's word
+
+
+_MIXTRAL = """\
+#!/bin/bash
+# Mixtral 8x7B-shaped: TP 2, EP 4, 8 experts, top-2, aux loss; no --lr, no --train-iters.
+torchrun --nproc_per_node 8 --nnodes 1 pretrain_gpt.py \\
+    --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32 \\
+    --group-query-attention --num-query-groups 8 --seq-length 4096 --max-position-embeddings 32768 \\
+    --normalization RMSNorm --swiglu --position-embedding-type rope --rotary-base 1000000 \\
+    --untie-embeddings-and-output-weights --disable-bias-linear --hidden-dropout 0.0 --attention-dropout 0.0 \\
+    --num-experts 8 --moe-router-topk 2 --moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 1e-2 \\
+    --tensor-model-parallel-size 2 --expert-model-parallel-size 4 --sequence-parallel \\
+    --use-distributed-optimizer --micro-batch-size 1 --global-batch-size 256 --bf16 \\
+    --data-path /data/slimpajama_text_document --tokenizer-type Llama2Tokenizer --tokenizer-model /t/tokenizer.model \\
+    --eval-interval 1000 --eval-iters 10
+"""
+MISSING_LR_AND_ITERS = (
+    "mixtral does not give --train-iters (or --train-samples) and --lr, which Megatron-LM and mcx both need; "
+    "add --set train.train_iters=VALUE --set train.lr=VALUE to the mcx import command.")
+
+
+def test_set_fills_what_the_script_lacks() -> None:
+    from mcx.plan.planner import make_plan
+
+    with pytest.raises(InputError) as err:
+        import_script(_MIXTRAL, name="mixtral")
+    assert str(err.value) == MISSING_LR_AND_ITERS and not isinstance(err.value, SpecError)
+    sets = ["train.lr=1e-4", "train.train_iters=1000", "model.vocab_size=32000"]
+    r = import_script(_MIXTRAL, name="mixtral", overrides=sets)
+    assert (r.spec.train.lr, r.spec.train.train_iters, r.spec.model.vocab_size) == (1e-4, 1000, 32000)
+    assert [(m.key, m.value) for m in r.mapped if m.origin == "--set"] == [
+        ("train.lr", 1e-4), ("train.train_iters", 1000), ("model.vocab_size", 32000)]
+    assert all(m.flag == "--set" for m in r.mapped if m.origin == "--set")
+    assert (r.spec.parallel.expert, r.spec.model.num_experts, r.problems, r.notes) == (4, 8, [], [])
+    assert make_plan(r.spec, te_available=None).layout.ep == 4
+    assert "lr = 0.0001" in to_toml(r, "mixtral.sh") and loads_spec(to_toml(r, "mixtral.sh")) == r.spec
+
+
+def test_set_wins_over_the_script_and_is_typed_as_plan_set() -> None:
+    r = _mini("--hidden-dropout 0.0", overrides=["train.lr=3e-4", "model.hidden_dropout=0.05", "hardware.nodes=2"])
+    assert (r.spec.train.lr, r.spec.model.hidden_dropout, r.spec.hardware.nodes) == (3e-4, 0.05, 2)
+    assert "--set train.lr=0.0003 replaces the script's --lr (0.001)" in r.notes
+    assert "--set model.hidden_dropout=0.05 replaces the script's --hidden-dropout (0.0)" in r.notes
+    assert r.spec.train.global_batch_size == 16  # derived from the --set world: 2 nodes x 8 GPUs
+    with pytest.raises(SpecError, match='train.lr: expected a number, got str "fast"'):
+        _mini("", overrides=["train.lr=fast"])
+    with pytest.raises(SpecError, match="train.lrr: unknown key; did you mean 'train.lr'?"):
+        _mini("", overrides=["train.lrr=1"])
+    with pytest.raises(SpecError, match="is not KEY=VALUE; write e.g. --set train.lr=3e-4"):
+        _mini("", overrides=["train.lr"])
+    preset = import_script(_mini_text("").replace("--num-layers 4 --hidden-size 256 --num-attention-heads 4 ", ""),
+                           name="p", overrides=["model.preset=llama3-8b"])
+    assert preset.spec.model.preset == "llama3-8b" and preset.spec.model.num_layers == 32
+
+
+def test_every_missing_value_is_named_at_once() -> None:
+    text = ("torchrun --nproc_per_node 3 pretrain_gpt.py --num-layers 4 --tensor-model-parallel-size 2 "
+            "--micro-batch-size 1 --lr abc\n")
+    with pytest.raises(InputError) as err:
+        import_script(text, name="bare")
+    assert str(err.value) == (
+        "bare does not give --hidden-size, --num-attention-heads, --seq-length, --global-batch-size (its value "
+        "cannot be read: the GPUs do not divide into data-parallel replicas to derive it from), --train-iters "
+        "(or --train-samples), --lr (its value cannot be read: 'abc' is not a number) and --data-path, which "
+        "Megatron-LM and mcx both need; add --set model.hidden_size=VALUE --set model.num_attention_heads=VALUE "
+        "--set model.seq_length=VALUE --set train.global_batch_size=VALUE --set train.train_iters=VALUE "
+        "--set train.lr=VALUE --set data.path=DIR --set data.prefix=PREFIX to the mcx import command.")
+
+
+BOGUS = ("line 2 of bogus passes --bogus-flag (no argument is close), which Megatron-LM's pretrain_gpt.py does not "
+         "know, so it would refuse the command; correct or remove it in the script, then import again.")
+
+
+def test_an_argument_megatron_does_not_know_is_refused(megatron: argparse.ArgumentParser) -> None:
+    from mcx.interop.options import unknown_options
+
+    with pytest.raises(InputError) as err:
+        import_script(_mini_text("--bogus-flag 3"), name="bogus")
+    assert str(err.value) == BOGUS
+    with pytest.raises(InputError) as err:
+        import_script(_mini_text("--num-layer 3 --seqlen=5 --use-flash-attn -x --lr -1e-3"), name="typos")
+    assert str(err.value) == (
+        "line 2 of typos passes --num-layer (did you mean --num-layers, --mtp-num-layers or --num-classes?), "
+        "--seqlen (did you mean --seq-length, --seed or --mscale?), -x (no argument is close) and -1e-3 (argparse "
+        "reads it as an option, not a value: write --lr=-1e-3), which Megatron-LM's pretrain_gpt.py does not know, "
+        "so it would refuse the command; correct or remove them in the script, then import again.")
+    for args in (["--bogus-flag", "3"], ["--seqlen=5"], ["-x"], ["--lr", "-1e-3"]):
+        with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
+            megatron.parse_args(args)  # Megatron-LM refuses each of them too
+    megatron.parse_args(["--lr", "-1", "--min-lr=-.5", "--data-path", "-"])  # negative numbers and - are values
+    assert unknown_options(["--lr", "-1", "--min-lr=-.5", "--data-path", "-"]) == {}
+    ok = _mini("--use-flash-attn --tensorboard-dir /tb --rampup-batch-size 8 8 100 "
+               "--apply-residual-connection-post-layernorm")
+    assert dict(ok.unsupported)["--rampup-batch-size"] == DROPPED["--rampup-batch-size"]
+    assert dict(ok.unsupported)["--use-flash-attn"] == HANDLED["--use-flash-attn"]
+    assert dict(ok.unsupported)["--apply-residual-connection-post-layernorm"].startswith("not in mcx's flag table")
+
+
+def test_the_option_list_is_megatrons_parser(megatron: argparse.ArgumentParser) -> None:
+    from mcx.interop.options import megatron_options, parser_options, render
+
+    assert megatron_options() == set(megatron._option_string_actions)
+    assert render(parser_options()) == (ROOT / "mcx" / "interop" / "megatron_options.py").read_text(), \
+        "mcx/interop/megatron_options.py is out of date: run python -m mcx.interop.options"
+
+
+_LLAMA_BY_NAME = """\
+torchrun --nproc_per_node 8 pretrain_gpt.py --num-layers 4 --hidden-size 256 --num-attention-heads 4 \\
+    --group-query-attention --num-query-groups 2 --seq-length 128 --max-position-embeddings 128 --swiglu \\
+    --micro-batch-size 1 --train-iters 10 --lr 1e-3 --data-path data/c_text_document --vocab-size 32000 \\
+    --tokenizer-type GPT2BPETokenizer --vocab-file v.json --merge-file m.txt {extra}
+"""
+
+
+def test_notes_name_the_megatron_defaults_a_llama_script_relies_on() -> None:
+    r = import_script(_LLAMA_BY_NAME.format(extra=""), name="train_llama2_7b")
+    m = r.spec.model
+    assert (m.normalization, m.swiglu, m.position_embedding_type, m.add_bias_linear) == (
+        "LayerNorm", True, "learned_absolute", True)  # the spec is what the script trains
+    assert r.notes == [
+        "the script is named like a LLaMA model (train_llama2_7b) but leaves 6 arguments to Megatron-LM's defaults, "
+        "so it trains with LayerNorm, learned absolute position embeddings, biases in every linear layer, hidden "
+        "dropout 0.1, attention dropout 0.1 and the output layer tied to the input embedding; a LLaMA model passes "
+        "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear --hidden-dropout 0.0 "
+        "--attention-dropout 0.0 --untie-embeddings-and-output-weights"]
+    toml_text, report = to_toml(r, "train_llama2_7b.sh"), summary(r)
+    assert f"# Notes:\n#   {r.notes[0]}\n" in toml_text and f"1 note:\n  {r.notes[0]}" in report
+    assert loads_spec(toml_text) == r.spec
+    shaped = import_script(_LLAMA_BY_NAME.format(extra="--position-embedding-type rope --normalization LayerNorm"),
+                           name="run7")  # no name to go by: grouped-query attention, RoPE and SwiGLU
+    assert len(shaped.notes) == 1 and shaped.notes[0].startswith(
+        "the script is shaped like a LLaMA model (grouped-query attention, RoPE and SwiGLU) but leaves 4 arguments")
+    assert "LayerNorm" not in shaped.notes[0]  # --normalization LayerNorm is the script's own choice
+    full = ("--normalization RMSNorm --position-embedding-type rope --disable-bias-linear --hidden-dropout 0.0 "
+            "--attention-dropout 0.0 --untie-embeddings-and-output-weights")
+    assert import_script(_LLAMA_BY_NAME.format(extra=full), name="llama").notes == []
+    assert _mini("").notes == []  # GPT-2/3 style: Megatron-LM's defaults are what it means
+    for name in FIXTURES:
+        assert not [n for n in imported(name).notes if "LLaMA" in n], name
 
 
 # ---- docs
@@ -851,6 +1199,25 @@ def test_migration_guide_shows_what_the_commands_print() -> None:
     assert "--save checkpoints/tiny --load checkpoints/tiny" in section
     assert "--save checkpoints/tiny --load checkpoints/tiny" in export_spec(str(ROOT / "experiments" / "tiny.toml"), [],
                                                                              script=False)
+
+
+def test_migration_guide_shows_the_errors_and_notes() -> None:
+    text = (ROOT / "docs" / "migration.md").read_text()
+    with pytest.raises(InputError) as err:
+        import_file(SCRIPTS / "train_gpt3_1.3b.sh")
+    assert f"mcx: error: {err.value}\n" in text
+    sets = ["data.path=/data/gpt3", "data.prefix=pile_text_document"]
+    assert import_file(SCRIPTS / "train_gpt3_1.3b.sh", overrides=sets)[1].spec.data.path == "/data/gpt3"
+    mixtral = (SCRIPTS / "train_mixtral_8x7b_ep.sh").read_text()
+    bogus = mixtral.replace("MOE_ARGS=(\n", "MOE_ARGS=(\n    --bogus-flag 3\n    --moe-router-top-k 2\n", 1)
+    with pytest.raises(InputError) as err:
+        import_script(bogus, name="train_mixtral_8x7b_ep", source="train_mixtral_8x7b_ep.sh")
+    assert f"mcx: error: {err.value}\n" in text
+    llama = (SCRIPTS / "train_llama3_70b_3d.sh").read_text()
+    for line in ("--normalization RMSNorm", "--disable-bias-linear", "--attention-dropout 0.0", "--hidden-dropout 0.0"):
+        llama = llama.replace(f"    {line}\n", "", 1)
+    notes = import_script(llama, name="train_llama3_70b_3d").notes
+    assert len(notes) == 1 and f"1 note:\n  {notes[0]}\n" in text
 
 
 def test_interop_stays_off_torch_and_megatron() -> None:

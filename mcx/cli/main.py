@@ -186,7 +186,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from mcx.ops.interop import import_script
 
-    text, report = import_script(args.script, out=args.output)
+    text, report = import_script(args.script, out=args.output, overrides=args.overrides)
     if args.output:
         _console(stderr=True).print(report)
     else:
@@ -307,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("import", help="Megatron-LM launch script -> spec")
     s.add_argument("script")
     s.add_argument("-o", "--output", help="write the spec here (default: stdout)")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="a spec value the script lacks or should not decide (repeatable), e.g. --set train.lr=3e-4")
     s.set_defaults(func=cmd_import)
 
     s = sub.add_parser("export", help="spec -> Megatron-LM pretrain_gpt.py launch script")

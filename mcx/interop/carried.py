@@ -127,6 +127,8 @@ def apply(text: str, flat: dict[str, Any], script: Script, ctx: Ctx) -> dict[str
     unchanged = command == command_digest(script)
     out, edited, moot = dict(flat), [], []
     for key, (n, value) in values.items():
+        if key in ctx.pinned:  # `mcx import --set` wins over a carried line too
+            continue
         if not unchanged and _from_command(key):
             edited.append(key)
             continue

@@ -108,7 +108,8 @@ def render_tables() -> str:
             f"`{path}`", _type(key), _value(key.default), _megatron(row), _absent(row), row.doc, _notes(row))) + " |")
     out += ["", "### Megatron-LM arguments with no spec key", "",
             "`mcx import` lists each one it meets with the reason below; none is dropped silently. An argument "
-            "in neither table is reported as having no mcx equivalent.", "",
+            "in neither table is reported as having no mcx equivalent; one that Megatron-LM's own parser does not "
+            "know stops the import, as Megatron-LM would refuse the command.", "",
             "Handled by mcx itself, or no effect on what is trained:", "", "| argument | reason |", "|---|---|"]
     out += [f"| `{flag}` | {_cell(reason)} |" for flag, reason in sorted(HANDLED.items())]
     out += ["", "Not supported (the imported experiment differs there):", "", "| argument | reason |", "|---|---|"]

@@ -73,7 +73,6 @@ WHEN: dict[str, tuple[str, Callable[[Mapping[str, Any]], bool]]] = {
     "full_recompute": ('train.recompute_granularity = "full"',
                        lambda f: _flat_get(f, "train.recompute_granularity") == "full"),
     "pipelined": ("parallel.pipeline > 1", lambda f: (_flat_get(f, "parallel.pipeline") or 1) > 1),
-    "dist_opt": ("parallel.distributed_optimizer = true", lambda f: bool(_flat_get(f, "parallel.distributed_optimizer", True))),
 }
 
 
@@ -168,7 +167,9 @@ FLAGS: tuple[Row, ...] = (
     _r("parallel.overlap_grad_reduce", "switch", "--overlap-grad-reduce", False,
        "Overlap the gradient reduce-scatter/all-reduce with the backward pass."),
     _r("parallel.overlap_param_gather", "switch", "--overlap-param-gather", False,
-       "Overlap the distributed optimizer's parameter all-gather with the forward pass.", when="dist_opt"),
+       "Overlap the distributed optimizer's parameter all-gather with the forward pass.",
+       "absent in a script: false, with or without --use-distributed-optimizer (Megatron-LM overlaps the gather only "
+       "when asked, and refuses to without the distributed optimizer and --overlap-grad-reduce)"),
     # ---- train
     _r("train.micro_batch_size", "value", "--micro-batch-size", REQUIRED, "Sequences per GPU per forward pass."),
     _r("train.global_batch_size", "value", "--global-batch-size", DERIVED, "Sequences per optimizer step.",

@@ -16,14 +16,18 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from attrs import frozen
+from attrs import field, frozen
 
 from mcx.errors import InputError, SpecError
 from mcx.interop import carried
 from mcx.interop import flags as F
+from mcx.interop.corrections import apply_corrections
 from mcx.interop.expand import Unknown
 from mcx.interop.keys import nest, spec_keys
 from mcx.interop.launcher import launcher_values
+from mcx.interop.notes import family_notes
+from mcx.interop.options import check_options
+from mcx.interop.overrides import check_required, pin_overrides, plan_notes
 from mcx.interop.pretrain_args import Ctx, Mapped, split_args
 from mcx.interop.rules import RULES, plain
 from mcx.interop.script import Launch, read_script
@@ -42,6 +46,7 @@ class ImportResult:
     mapped: list[Mapped]  # argument -> spec key, value, and where the value came from
     unsupported: list[tuple[str, str]]  # (argument, reason) for arguments with no spec key
     problems: list[str]  # what could not be carried over exactly
+    notes: list[str] = field(factory=list)  # carried over exactly, but maybe not what the script's author meant
 
 
 def _entry_check(launch: Launch, name: str, problems: list[str]) -> None:
@@ -67,13 +72,15 @@ def _infer_preset(flat: dict[str, Any]) -> str | None:
 
 
 def import_script(text: str, *, name: str, description: str | None = None, env: Mapping[str, str] | None = None,
-                  args: Sequence[str] = ()) -> ImportResult:
+                  args: Sequence[str] = (), overrides: Sequence[str] = (), source: str | None = None) -> ImportResult:
     """Import a Megatron-LM launch script (bash) as an mcx spec.
 
     ``name`` becomes the spec's name; ``env`` and ``args`` give what the script would take from its
-    environment and command line. Raises InputError when the script has no pretrain_gpt.py launch or
-    is not valid bash, and SpecError (with every problem) when the result is not a valid spec, e.g.
-    when a required value such as --lr only arrives at run time.
+    environment and command line; ``overrides`` are ``KEY=VALUE`` items as `mcx plan --set` takes
+    them, which win over the script; ``source`` names the script in messages (default: ``name``).
+    Raises InputError when the script has no pretrain_gpt.py launch, is not valid bash, passes an
+    argument Megatron-LM does not know, or lacks a required value (such as --lr) that no override
+    gives; SpecError (with every problem) when the result is not a valid spec.
     """
     script = read_script(text, env=env, args=args)
     problems = list(script.problems)
@@ -83,13 +90,15 @@ def import_script(text: str, *, name: str, description: str | None = None, env: 
                          "mcx import reads the torchrun/srun/python command that starts pretrain_gpt.py; "
                          "if it sits in another script, import that one.")
     _entry_check(launch, name, problems)
+    check_options(launch, source or name)
     unsupported: list[tuple[str, str]] = []
     given = split_args(launch, unsupported, problems)
     ctx = Ctx(given=given, problems=problems, line=launch.line, unsupported=unsupported)
+    pin_overrides(ctx, overrides)
     launcher_values(ctx, launch, script.sbatch, unsupported)
     _allocator(ctx, launch)
-    ctx.flat["name"] = name
-    ctx.flat["description"] = description or "Imported from a Megatron-LM launch script by mcx import."
+    ctx.flat.setdefault("name", name)
+    ctx.flat.setdefault("description", description or "Imported from a Megatron-LM launch script by mcx import.")
     for row in F.FLAGS:
         if row.kind in ("launcher", "mcx"):
             continue
@@ -97,7 +106,8 @@ def import_script(text: str, *, name: str, description: str | None = None, env: 
             RULES[row.key](ctx, row)
         else:
             plain(ctx, row)
-    preset = _infer_preset(ctx.flat)
+    _complete(ctx, name, source or name)
+    preset = None if "model.preset" in ctx.pinned else _infer_preset(ctx.flat)
     flat = dict(ctx.flat)
     if preset is not None:
         flat = {k: v for k, v in flat.items()
@@ -108,7 +118,15 @@ def import_script(text: str, *, name: str, description: str | None = None, env: 
     flat = carried.apply(text, flat, script, ctx)  # the `# mcx:` lines of a script mcx export wrote
     spec_dict = nest(flat)
     spec = _structure(spec_dict, name, problems)
-    return ImportResult(spec_dict=spec_dict, spec=spec, mapped=ctx.mapped, unsupported=unsupported, problems=problems)
+    return ImportResult(spec_dict=spec_dict, spec=spec, mapped=ctx.mapped, unsupported=unsupported, problems=problems,
+                        notes=ctx.notes)
+
+
+def _complete(ctx: Ctx, name: str, source: str) -> None:
+    """After the rows: every required value present, Megatron-LM's own overrides applied, notes added."""
+    check_required(ctx, source)
+    apply_corrections(ctx)
+    ctx.notes.extend(family_notes(ctx, name) + plan_notes(ctx))
 
 
 def _allocator(ctx: Ctx, launch: Launch) -> None:
@@ -149,6 +167,10 @@ def to_toml(result: ImportResult, source: str) -> str:
         lines.append("#")
         lines.append("# Not carried over exactly:")
         lines.extend(f"#   {p}" for p in result.problems)
+    if result.notes:
+        lines.append("#")
+        lines.append("# Notes:")
+        lines.extend(f"#   {n}" for n in result.notes)
     return "\n".join(lines) + "\n\n" + tomli_w.dumps(result.spec_dict)
 
 
@@ -162,6 +184,9 @@ def summary(result: ImportResult) -> str:
     if result.problems:
         lines.append(f"{len(result.problems)} things to check:")
         lines.extend(f"  {p}" for p in result.problems)
+    if result.notes:
+        lines.append(f"{len(result.notes)} note{'s' if len(result.notes) > 1 else ''}:")
+        lines.extend(f"  {n}" for n in result.notes)
     return "\n".join(lines)
 
 
@@ -172,7 +197,7 @@ def spec_name(path: Path) -> str:
 
 
 def import_file(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
-                args: Sequence[str] = ()) -> tuple[str, ImportResult]:
+                args: Sequence[str] = (), overrides: Sequence[str] = ()) -> tuple[str, ImportResult]:
     """Read and import a launch script: (TOML text to write, the result). InputError if unreadable."""
     p = Path(path)
     try:
@@ -182,5 +207,5 @@ def import_file(path: str | os.PathLike[str], *, env: Mapping[str, str] | None =
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {p} ({exc.__class__.__name__});", "give a readable UTF-8 bash script.") from None
     result = import_script(text, name=spec_name(p), description=f"Imported from the Megatron-LM script {p.name}.",
-                           env=env, args=args)
+                           env=env, args=args, overrides=overrides, source=p.name)
     return to_toml(result, p.name), result

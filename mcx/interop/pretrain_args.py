@@ -71,6 +71,9 @@ class Ctx:
     flat: dict[str, Any] = field(factory=dict)
     mapped: list[Mapped] = field(factory=list)
     unsupported: list[tuple[str, str]] = field(factory=list)
+    pinned: set[str] = field(factory=set)  # keys given by `mcx import --set`: the script does not change them
+    unread: dict[str, str] = field(factory=dict)  # flag -> why its value could not be read
+    notes: list[str] = field(factory=list)  # what the script trains that a reader may not expect
 
     def view(self, key: str) -> Any:
         """The value so far: set by the import, else mcx's default (None for required keys)."""
@@ -83,8 +86,19 @@ class Ctx:
         return {k: self.view(k) for k in spec_keys()}
 
     def set(self, key: str, value: Any, flag: str, origin: str = "script") -> None:
+        if key in self.pinned:
+            if origin.startswith("script") and value != self.flat[key]:
+                self.notes.append(f"--set {key}={toml_value(self.flat[key])} replaces the script's {flag} "
+                                  f"({toml_value(value)})")
+            return
         self.flat[key] = value
         self.mapped.append(Mapped(flag, key, value, origin))
+
+    def pin(self, key: str, value: Any) -> None:
+        """A value from ``mcx import --set``: it wins over the script and Megatron-LM's defaults."""
+        self.flat[key] = value
+        self.pinned.add(key)
+        self.mapped.append(Mapped("--set", key, value, "--set"))
 
     def problem(self, msg: str) -> None:
         self.problems.append(f"line {self.line}: {msg}")
@@ -98,10 +112,12 @@ class Ctx:
             return None
         if len(values) != 1:
             self.problem(f"{flag} takes one value, got {len(values)}; ignored")
+            self.unread[flag] = f"it takes one value, got {len(values)}"
             return None
         v = values[0]
         if isinstance(v, Unknown):
             self.problem(f"{flag}: {v.reason}; set its key in the spec")
+            self.unread[flag] = v.reason
             return None
         return v
 
@@ -120,6 +136,7 @@ class Ctx:
                 return text
             self.problem(f"{flag} {text}: mcx supports {', '.join(map(str, k.choices))}; "
                          f"{key} keeps {toml_value(self.view(key))}")
+            self.unread[flag] = f"{text} is not one of {', '.join(map(str, k.choices))}"
             return None
         try:
             if k.base is int:
@@ -131,6 +148,7 @@ class Ctx:
                 return v
         except ValueError:
             self.problem(f"{flag} {text!r} is not {'an integer' if k.base is int else 'a number'}; ignored")
+            self.unread[flag] = f"{text!r} is not {'an integer' if k.base is int else 'a number'}"
             return None
         return text
 
@@ -144,6 +162,7 @@ class Ctx:
             v = math.nan
         if not math.isfinite(v):
             self.problem(f"{flag} {text!r} is not a number; ignored")
+            self.unread[flag] = f"{text!r} is not a number"
             return None
         return v
 
@@ -155,4 +174,5 @@ class Ctx:
             return int(text)
         except ValueError:
             self.problem(f"{flag} {text!r} is not an integer; ignored")
+            self.unread[flag] = f"{text!r} is not an integer"
             return None

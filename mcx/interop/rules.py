@@ -55,8 +55,8 @@ def plain(ctx: Ctx, row: F.Row) -> None:
 
 
 def absent(ctx: Ctx, row: F.Row) -> None:
-    """Megatron-LM's meaning of a missing argument, where the key matters."""
-    if not F.matters(row, ctx.view_all()):
+    """Megatron-LM's meaning of a missing argument, where the key matters (and `mcx import --set` left it)."""
+    if row.key in ctx.pinned or not F.matters(row, ctx.view_all()):
         return
     key, flag, a = row.key, row.args[0], row.absent
     k = spec_keys()[key]
@@ -94,6 +94,7 @@ def _gbs_derived(ctx: Ctx, row: F.Row) -> None:
     if dp is None:
         ctx.problem("--global-batch-size is missing and the GPUs do not divide into data-parallel replicas; "
                     "set train.global_batch_size")
+        ctx.unread[row.args[0]] = "the GPUs do not divide into data-parallel replicas to derive it from"
         return
     ctx.set(row.key, mbs * dp, row.args[0], f"derived: micro_batch_size {mbs} x data-parallel size {dp}")
 
@@ -201,7 +202,7 @@ def _train_iters(ctx: Ctx, row: F.Row) -> None:
         n = _per_batch(ctx, "--train-samples", row.key)
         if n is not None:
             ctx.set(row.key, n, "--train-samples", "derived: samples / global_batch_size")
-    else:
+    elif row.key not in ctx.pinned:
         ctx.problem("--train-iters (or --train-samples) is missing; set train.train_iters")
 
 
@@ -283,11 +284,13 @@ def _recompute(ctx: Ctx, row: F.Row) -> None:
 def _data_path(ctx: Ctx, row: F.Row) -> None:
     values = ctx.given.get("--data-path")
     if not values:
-        ctx.problem("--data-path is missing: mcx trains on a prepared dataset; set data.path and data.prefix")
+        if row.key not in ctx.pinned:
+            ctx.problem("--data-path is missing: mcx trains on a prepared dataset; set data.path and data.prefix")
         return
     unknown = [v for v in values if isinstance(v, Unknown)]
     if unknown:
         ctx.problem(f"--data-path: {unknown[0].reason}; set data.path and data.prefix")
+        ctx.unread["--data-path"] = unknown[0].reason
         return
     words = [str(v) for v in values]
     prefixes = words if len(words) == 1 else words[1::2] if _weighted(words) else words

@@ -2,7 +2,8 @@
 
 ``HANDLED``: mcx does this itself or it does not change what is trained (logging, kernels, I/O).
 ``DROPPED``: the script asks for something mcx cannot express; the imported experiment differs there.
-An argument in neither table is reported as unknown to mcx, with the same consequence as ``DROPPED``.
+An argument in neither table is reported as unknown to mcx, with the same consequence as ``DROPPED``;
+one Megatron-LM itself does not know stops the import (mcx/interop/options.py).
 The torchrun and ``#SBATCH`` tables do the same for launcher options.
 """
 

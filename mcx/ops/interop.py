@@ -7,11 +7,12 @@ from pathlib import Path
 from mcx.errors import InputError
 
 
-def import_script(path: str, out: str | None = None) -> tuple[str, str]:
-    """The spec TOML for a launch script, and the report of what was mapped and what was not."""
+def import_script(path: str, out: str | None = None, overrides: list[str] | tuple[str, ...] = ()) -> tuple[str, str]:
+    """The spec TOML for a launch script (``overrides``: `--set KEY=VALUE` items that win over it), and the
+    report of what was mapped and what was not."""
     from mcx.interop import import_file, summary
 
-    text, result = import_file(path)
+    text, result = import_file(path, overrides=overrides)
     if out:
         dest = Path(out)
         if dest.exists():
