@@ -63,9 +63,10 @@ def check_required(ctx: Ctx, source: str) -> None:
 
 
 def plan_notes(ctx: Ctx) -> list[str]:
-    """Values `mcx plan` needs that a Megatron-LM script leaves to files mcx does not open."""
+    """Values `mcx plan` needs that a Megatron-LM script leaves to files that may not be on the planning machine."""
     kind = ctx.view("data.tokenizer.kind")
     if ctx.view("model.vocab_size") is None and kind in ("huggingface", "sentencepiece"):
         return [f"model.vocab_size is unset: Megatron-LM reads the vocabulary from the {kind} tokenizer file, which "
-                "mcx plan does not open; to plan, give the tokenizer's size: --set model.vocab_size=N"]
+                "mcx plan reads only where that file is; to plan elsewhere, give the tokenizer's size: "
+                "--set model.vocab_size=N"]
     return []
