@@ -29,6 +29,9 @@ CORRECTIONS: tuple[Correction, ...] = (
     Correction("train.te_op_fuser", "--use-transformer-engine-op-fuser",
                lambda c: bool(c.view("train.te_op_fuser")) and c.view("model.transformer_impl") == "local",
                False, "Megatron-LM builds the local layers without it (it applies to Transformer Engine layers only)"),
+    Correction("checkpoint.async_save", "--async-save",
+               lambda c: bool(c.view("checkpoint.async_save")) and not c.has("--use-persistent-ckpt-worker"),
+               False, "validate_args turns asynchronous saves off without --use-persistent-ckpt-worker"),
 )
 
 
