@@ -1025,6 +1025,10 @@ def test_what_megatron_overrides_is_written_as_it_trains() -> None:
         "(it applies to Transformer Engine layers only); train.te_op_fuser = false"]
     kept = import_script(_mini_text("--sequence-parallel"), name="mini", overrides=["parallel.sequence_parallel=true"])
     assert kept.spec.parallel.sequence_parallel is True and kept.notes == []  # a --set is the user's word
+    alone = _mini("--save /ckpt --load /ckpt --save-interval 10 --async-save")
+    assert alone.spec.checkpoint.async_save is False and any("--use-persistent-ckpt-worker" in n for n in alone.notes)
+    both = _mini("--save /ckpt --load /ckpt --save-interval 10 --async-save --use-persistent-ckpt-worker")
+    assert both.spec.checkpoint.async_save is True and not any("--async-save" in n for n in both.notes)
 
 
 _MIXTRAL = """\
