@@ -298,6 +298,21 @@ def test_force_attempt_numbers_survive_gc_of_the_archive(git_dvc_project: Path):
     assert json.loads((rdir / "run.json").read_text())["attempt"] == 3
 
 
+def test_freed_bytes_count_a_hard_linked_file_once_its_last_link_goes(tmp_path: Path):
+    from mcx.ops.usage import freed_bytes, inodes
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "run" / "weights").write_bytes(os.urandom(1000))
+    os.link(tmp_path / "run" / "weights", tmp_path / "cache" / "weights")  # as a DVC cache of type hardlink
+    os.link(tmp_path / "run" / "weights", tmp_path / "run" / "weights.again")
+    (tmp_path / "run" / "own").write_bytes(os.urandom(10))
+    run, cache = inodes(tmp_path / "run"), inodes(tmp_path / "cache")
+    assert sorted(size for size, _, _ in run.values()) == [10, 1000]  # each inode once
+    assert freed_bytes([run]) == 10  # the cache still links the weights
+    assert freed_bytes([run, cache]) == 1010
+
+
 # -- the command line -----------------------------------------------------------------------------------
 
 def test_cli_table_json_and_bad_arguments(git_dvc_project: Path):

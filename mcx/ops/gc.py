@@ -21,21 +21,23 @@ of its hard links stays. ``--dry-run`` makes the same decisions and removes noth
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import asdict, frozen
 
+from mcx.ops.usage import Inodes, freed_bytes, inodes, total
 from mcx.track import paths
+from mcx.track.dvc_store import RESTORE_DIR
+
+if TYPE_CHECKING:
+    from mcx.track.dvc_check import RemoteCheck
 
 Progress = Callable[[str], None]
-_Inodes = dict[tuple[int, int], tuple[int, int, int]]  # (dev, ino) -> (size, hard links, links seen here)
 ARCHIVE = "archive"
 REPRODUCTIONS = "reproductions"
 _ARCHIVED = re.compile(r"^([0-9a-f]{12})-")
@@ -44,7 +46,7 @@ KEPT_STORES = {  # top-level entries of .mcx/ that are records, never garbage
     paths.EMBEDDED_ARTIFACTS: ("tracking artifacts", "the embedded MLflow store's artifacts (records)"),
     paths.DVC_REMOTE_DIR: ("DVC remote", "the embedded DVC remote: the only copy, besides DVC's own cache, of the "
                            "checkpoints and dataset versions restored by hash"),
-    "restore": ("restore pointers", "small .dvc pointers a restore writes; a running mcx run or reproduce may be "
+    RESTORE_DIR: ("restore pointers", "small .dvc pointers a restore writes; a running mcx run or reproduce may be "
                 "reading one"),
 }
 
@@ -79,16 +81,16 @@ class _Tally:
     """The decisions so far, each with its files (for exact sizes and freed bytes)."""
 
     def __init__(self) -> None:
-        self.removed: list[tuple[GcItem, _Inodes]] = []
-        self.kept: list[tuple[GcItem, _Inodes]] = []
+        self.removed: list[tuple[GcItem, Inodes]] = []
+        self.kept: list[tuple[GcItem, Inodes]] = []
 
-    def remove(self, path: Path, kind: str, why: str, files: _Inodes | None = None) -> None:
-        files = _inodes(path) if files is None else files
-        self.removed.append((GcItem(path, kind, _total(files), why), files))
+    def remove(self, path: Path, kind: str, why: str, files: Inodes | None = None) -> None:
+        files = inodes(path) if files is None else files
+        self.removed.append((GcItem(path, kind, total(files), why), files))
 
-    def keep(self, path: Path, kind: str, why: str, files: _Inodes | None = None) -> None:
-        files = _inodes(path) if files is None else files
-        self.kept.append((GcItem(path, kind, _total(files), why), files))
+    def keep(self, path: Path, kind: str, why: str, files: Inodes | None = None) -> None:
+        files = inodes(path) if files is None else files
+        self.kept.append((GcItem(path, kind, total(files), why), files))
 
 
 def gc(project: Path, *, dry_run: bool = False, keep_final: bool = False, progress: Progress | None = None) -> GcResult:
@@ -98,7 +100,7 @@ def gc(project: Path, *, dry_run: bool = False, keep_final: bool = False, progre
 
     say = progress or (lambda _msg: None)
     state = paths.state_dir(project)
-    before = _inodes(state)
+    before = inodes(state)
     tally = _Tally()
     with RemoteCheck(project) as remote:
         for entry in sorted(state.iterdir()) if state.is_dir() else []:
@@ -107,23 +109,22 @@ def gc(project: Path, *, dry_run: bool = False, keep_final: bool = False, progre
             elif entry.name == ARCHIVE and entry.is_dir():
                 _archive(project, entry, tally, dry_run=dry_run, say=say)
             elif entry.name.startswith(TUNE_PREFIX) and entry.is_dir():
-                _locked_leftover(entry, tally, "tune leftover", "the trial directories of an `mcx tune` that was "
-                                 "killed; nothing reads them", "a running `mcx tune`", dry_run=dry_run, say=say)
+                _tune_leftover(entry, tally, dry_run=dry_run, say=say)
             elif entry.name in KEPT_STORES or entry.name.startswith(paths.EMBEDDED_DB):
                 tally.keep(entry, *KEPT_STORES.get(entry.name, KEPT_STORES[paths.EMBEDDED_DB]))
             else:
                 tally.keep(entry, "unknown", "not something mcx makes (or not known to this version); left alone")
     _worktrees(project, tally, dry_run=dry_run, say=say)
-    freed = _freed(files for _, files in tally.removed)
+    freed = freed_bytes(files for _, files in tally.removed)
     inside = {k: v for _, files in tally.removed for k, v in files.items() if k in before}
     return GcResult(dry_run=dry_run, removed=tuple(i for i, _ in tally.removed), kept=tuple(i for i, _ in tally.kept),
-                    freed_bytes=freed, state_bytes_before=_total(before),
-                    state_bytes_after=_total(before) - _total(inside))
+                    freed_bytes=freed, state_bytes_before=total(before),
+                    state_bytes_after=total(before) - total(inside))
 
 
 # -- run directories ------------------------------------------------------------------------------
 
-def _runs(project: Path, runs: Path, tally: _Tally, remote: Any, *, dry_run: bool, keep_final: bool,
+def _runs(project: Path, runs: Path, tally: _Tally, remote: RemoteCheck, *, dry_run: bool, keep_final: bool,
           say: Progress) -> None:
     rdirs = sorted(p for p in runs.iterdir() if p.is_dir() and paths.RUN_ID_PATTERN.fullmatch(p.name))
     say(f"{len(rdirs)} run director{'y' if len(rdirs) == 1 else 'ies'} in {runs}")
@@ -140,11 +141,11 @@ def _runs(project: Path, runs: Path, tally: _Tally, remote: Any, *, dry_run: boo
         _run(project, rdir, tally, remote, seen, dry_run=dry_run, keep_final=keep_final, say=say)
 
 
-def _run(project: Path, rdir: Path, tally: _Tally, remote: Any, seen: set[Path], *, dry_run: bool,
+def _run(project: Path, rdir: Path, tally: _Tally, remote: RemoteCheck, seen: set[Path], *, dry_run: bool,
          keep_final: bool, say: Progress) -> None:
     from mcx.track.sync import unsent
 
-    own = _inodes(rdir, skip=rdir / REPRODUCTIONS)  # sized before gc's own lock record is written
+    own = inodes(rdir, skip=rdir / REPRODUCTIONS)  # sized before gc's own lock record is written
     with _held(rdir, dry_run=dry_run) as holder:
         if holder is not None:
             tally.keep(rdir, "training run", f"held by the run lock ({holder.describe()}): never touched while it "
@@ -170,8 +171,8 @@ def _run(project: Path, rdir: Path, tally: _Tally, remote: Any, seen: set[Path],
                 _delete(item.path)
 
 
-def _stage(project: Path, sdir: Path, recorded: dict[str, str], tally: _Tally, remote: Any, seen: set[Path], *,
-           keep_final: bool) -> None:
+def _stage(project: Path, sdir: Path, recorded: dict[str, str], tally: _Tally, remote: RemoteCheck,
+           seen: set[Path], *, keep_final: bool) -> None:
     from mcx.train.checkpoint import LATEST, RETIRED, CheckpointStore
 
     result = paths.read_json(sdir / paths.RESULT_FILE) or {}
@@ -237,13 +238,13 @@ def _checkpoint_dir(sdir: Path) -> Path:
     return own
 
 
-def _final_kept_why(project: Path, final: Path, recorded: dict[str, str], remote: Any) -> str | None:
+def _final_kept_why(project: Path, final: Path, recorded: dict[str, str], remote: RemoteCheck) -> str | None:
     """Why a finished stage's final checkpoint must stay here; None when DVC can bring it back."""
     md5, where, name = recorded.get("md5"), recorded.get("path"), recorded.get("remote")
     if not md5:
         return "not in DVC (tracking.log_checkpoints = false, or adding it failed): this is the only copy"
     if not where or (project / where).resolve() != final.resolve():
-        return f"DVC records {where}, not this directory"
+        return f"DVC records {where or 'no path'} for this stage, not this directory"
     if not name or name == "null":
         return f"added to DVC as {md5} but never pushed to a remote"
     return remote.lacks(name, md5)
@@ -298,38 +299,35 @@ def _worktrees(project: Path, tally: _Tally, *, dry_run: bool, say: Progress) ->
     from mcx.ops.worktrees import remove, reproduction_worktrees
 
     for wt in reproduction_worktrees(project):
-        if not wt.path.is_dir():
-            tally.remove(wt.admin, "worktree registration", f"registers {wt.path}, which is gone (what `git worktree "
-                         "prune` drops)")
-            if not dry_run:
-                remove(project, wt)
-            continue
-        files = {**_inodes(wt.home), **_inodes(wt.admin)}
-        with _held(wt.home, dry_run=dry_run) as holder:
+        files = {**inodes(wt.home), **inodes(wt.admin)}  # sized before gc's own lock record is written
+        with _held(wt.home, dry_run=dry_run, create=False) as holder:
             if holder is not None:
                 tally.keep(wt.home, "reproduction worktree", f"in use by mcx reproduce ({holder.describe()})", files)
                 continue
-            tally.remove(wt.home, "reproduction worktree", "left by an `mcx reproduce` killed before its cleanup; "
-                         "the reproduction's records are in its run directory", files)
+            if wt.path.is_dir():
+                tally.remove(wt.home, "reproduction worktree", "left by an `mcx reproduce` killed before its cleanup; "
+                             "the reproduction's records are in its run directory", files)
+            else:
+                tally.remove(wt.admin, "worktree registration", f"registers {wt.path}, which is gone (what `git "
+                             "worktree prune` drops)", files)
             if not dry_run:
-                say(f"removing {wt.home}")
+                say(f"removing {tally.removed[-1][0].path}")
                 remove(project, wt)
 
 
-def _locked_leftover(path: Path, tally: _Tally, kind: str, why: str, user: str, *, dry_run: bool,
-                     say: Progress) -> None:
-    files = _inodes(path)
+def _tune_leftover(path: Path, tally: _Tally, *, dry_run: bool, say: Progress) -> None:
+    files = inodes(path)
     with _held(path, dry_run=dry_run) as holder:
         if holder is not None:
-            tally.keep(path, kind, f"in use by {user} ({holder.describe()})", files)
+            tally.keep(path, "tune leftover", f"in use by a running `mcx tune` ({holder.describe()})", files)
             return
-        tally.remove(path, kind, why, files)
+        tally.remove(path, "tune leftover", "the trials of an `mcx tune` that was killed; nothing reads them", files)
         if not dry_run:
             say(f"removing {path}")
             _delete(path)
 
 
-# -- locks, sizes, deletion -----------------------------------------------------------------------
+# -- locks, deletion --------------------------------------------------------------------------
 
 @contextmanager
 def _held(directory: Path, *, dry_run: bool, create: bool = True) -> Iterator[Any]:
@@ -349,45 +347,6 @@ def _held(directory: Path, *, dry_run: bool, create: bool = True) -> Iterator[An
         return
     with lock:
         yield None
-
-
-def _inodes(path: Path, skip: Path | None = None) -> _Inodes:
-    """The regular files at or under ``path`` (not under ``skip``), each inode once with its size, its
-    number of hard links and how many of them are here."""
-    out: _Inodes = {}
-
-    def add(p: str) -> None:
-        st = os.lstat(p)
-        if stat.S_ISREG(st.st_mode):
-            key = (st.st_dev, st.st_ino)
-            out[key] = (st.st_size, st.st_nlink, out[key][2] + 1 if key in out else 1)
-
-    if not path.is_dir() or path.is_symlink():
-        if path.is_symlink() or path.exists():
-            add(str(path))
-        return out
-    for dirpath, dirnames, filenames in os.walk(path):
-        if skip is not None:
-            dirnames[:] = [d for d in dirnames if Path(dirpath, d) != skip]
-        for name in filenames:
-            try:
-                add(os.path.join(dirpath, name))
-            except FileNotFoundError:  # gone meanwhile (a pruned checkpoint)
-                pass
-    return out
-
-
-def _total(files: _Inodes) -> int:
-    return sum(size for size, _, _ in files.values())
-
-
-def _freed(groups: Iterator[_Inodes]) -> int:
-    """Bytes freed by removing every file of ``groups``: an inode counts once all its links go."""
-    links: dict[tuple[int, int], list[int]] = {}
-    for files in groups:
-        for key, (size, nlink, here) in files.items():
-            links.setdefault(key, [size, nlink, 0])[2] += here
-    return sum(size for size, nlink, seen in links.values() if seen >= nlink)
 
 
 def _delete(path: Path) -> None:

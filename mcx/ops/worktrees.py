@@ -17,8 +17,6 @@ from pathlib import Path
 
 from attrs import frozen
 
-from mcx.track.runcache import LockHolder, holder_of
-
 PREFIX = "mcx-repro-"
 CODE = "code"  # the worktree itself, inside the temporary directory
 _OURS = re.compile(rf"^{PREFIX}[0-9a-f]{{12}}-")
@@ -28,7 +26,6 @@ _OURS = re.compile(rf"^{PREFIX}[0-9a-f]{{12}}-")
 class Worktree:
     path: Path  # the worktree (…/mcx-repro-<id>-XXXX/code)
     admin: Path  # its registration: <git common dir>/worktrees/<name>
-    holder: LockHolder | None  # the reproduction using it, if one runs
 
     @property
     def home(self) -> Path:
@@ -49,7 +46,7 @@ def reproduction_worktrees(project: Path) -> list[Worktree]:
         except (OSError, UnicodeDecodeError):
             continue
         if path.name == CODE and _OURS.match(path.parent.name):
-            out.append(Worktree(path, admin, holder_of(path.parent) if path.is_dir() else None))
+            out.append(Worktree(path, admin))
     return out
 
 
