@@ -404,7 +404,7 @@ def test_no_intact_checkpoint_is_an_input_error_that_names_them_and_deletes_noth
     assert error.startswith(f"no intact checkpoint to resume from in {ckpts}: iter_0000060 (state.pt: {cut} B, "
                             f"expected {size} B); iter_0000050 (rng_rank0.pt: crc32 "), error
     assert "Nothing was deleted; " in error and f"delete {ckpts} to train the stage from scratch" in error
-    assert f"DVC, which holds iter_0000060.dvc (`dvc pull --force {ckpts / 'iter_0000060.dvc'}`" in error
+    assert f"restore iter_0000060 from DVC, which recorded it (`dvc pull --force {ckpts / 'iter_0000060.dvc'}`" in error
     assert "\n" not in error  # one paragraph
     assert snapshot(ckpts) == before and (stage / "metrics.jsonl").read_bytes() == metrics
     assert f"ERROR mcx.train: {error}" in (stage / "worker.log").read_text()

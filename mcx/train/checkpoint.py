@@ -195,9 +195,9 @@ class CheckpointStore:
     def no_intact(self, damaged: dict[Path, list[str]]) -> InputError:
         """The error when every checkpoint a resume could start from is damaged (nothing is moved)."""
         said = "; ".join(f"{p.name} ({', '.join(problems)})" for p, problems in damaged.items())
-        recorded = sorted(p.name for p in self.root.glob("iter_*.dvc"))
-        dvc = (f"restore a recorded one from DVC, which holds {', '.join(recorded)} "
-               f"(`dvc pull --force {self.root / recorded[-1]}` in the project)" if recorded else
+        recorded = sorted(self.root.glob("iter_*.dvc"))  # `dvc add` of a stage's final checkpoint
+        dvc = (f"restore {recorded[-1].stem} from DVC, which recorded it (`dvc pull --force {recorded[-1]}` in the "
+               "project)" if recorded else
                "restore a copy from DVC, where mcx records each finished stage's final checkpoint "
                "(`dvc pull --force CHECKPOINT.dvc` in the project)")
         return InputError(f"no intact checkpoint to resume from in {self.root}: {said}. Nothing was deleted;",
