@@ -608,6 +608,9 @@ def test_damaged_checkpoints_are_set_aside_and_old_ones_are_told_apart(tmp_path)
     assert store.set_aside(latest).name == "iter_0000030.damaged"
     (store.root / "iter_0000030").mkdir()
     assert store.set_aside(store.root / "iter_0000030").name == "iter_0000030.damaged.2"
+    # A resume stopped between setting a damaged checkpoint aside and pointing `latest` past it: the
+    # next start takes the newest complete checkpoint before it (and checks that one in turn).
+    assert (store.root / "latest").read_text() == "iter_0000030\n" and store.latest().name == "iter_0000020"
     store.point("iter_0000020")
     store.clean_partial()
     assert store.steps() == [10, 20] and store.latest().name == "iter_0000020"

@@ -105,6 +105,10 @@ class CheckpointStore:
             return None
         name = pointer.read_text(encoding="utf-8").strip()
         path = self.root / name
+        if _ITER.match(name) and not path.exists() and any(self.root.glob(name + DAMAGED + "*")):
+            # Set aside by a resume that stopped before it pointed ``latest`` at an older checkpoint.
+            older = [s for s in self.steps() if s < int(_ITER.match(name).group(1))]
+            return self.path(older[-1]) if older else None
         if not _ITER.match(name) or not (path / META).is_file():
             raise InputError(f"{pointer} names {name!r}, which is not a complete checkpoint;",
                              f"delete {pointer} to start the stage over, or restore the checkpoint directory.")

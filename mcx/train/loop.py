@@ -222,7 +222,7 @@ class Trainer:
             damaged[path] = found
         else:
             raise self.store.no_intact(damaged)
-        if damaged and self.world.is_main:
+        if damaged and self.world.is_main:  # set aside first, then re-point: a stop between is recovered (store.latest)
             step = int(self.store.read_meta(path)["step"])
             for bad, found in damaged.items():
                 kept = self.store.set_aside(bad)
