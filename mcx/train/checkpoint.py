@@ -17,9 +17,10 @@ a crash at any moment safe:
 are partial and ``*.retired`` ones half-deleted: both are removed at the next start.
 
 Loading (loop.py) checks the files against ``checksums.json`` first. A damaged checkpoint is renamed
-to ``iter_NNNNNNN.damaged/`` (kept, never deleted: the user decides) and ``latest`` is pointed at the
-newest intact one; with none intact the stage stops with exit 2 and nothing is moved. Checkpoints of
-format 1 (before checksums, D35) load unchecked.
+to ``iter_NNNNNNN.damaged/`` (kept, never deleted: the user decides), then ``latest`` is pointed at the
+newest intact one (a stop between the two is taken up by ``latest`` at the next start); with none
+intact the stage stops with exit 2 and nothing is moved. Checkpoints of format 1 (before checksums,
+D35) load unchecked.
 """
 
 from __future__ import annotations
