@@ -301,15 +301,27 @@ def reference(tmp_path_factory: pytest.TempPathFactory, embedded_mlflow_db: Path
     return ref
 
 
+def assert_intact(ckpts: Path, step: int, where: str) -> None:
+    """The checkpoint of ``step`` (0: none yet) is complete and every file of it matches its checksums."""
+    if step == 0:
+        return
+    from mcx.train.checksums import verify  # torch-free
+
+    path = ckpts / f"iter_{step:07d}"
+    problems, read = verify(path)
+    assert (path / "meta.json").is_file() and problems == [] and read > 0, f"{where}: {path.name}: {problems}"
+
+
 def assert_kill_left_a_consistent_stage(stage: Path, ref: Reference, last: int, latest: int, floor: list[int],
                                         where: str) -> None:
     """After a SIGKILL at step ``last``: ``latest`` names the newest checkpoint the worker reached, or
     the one before when the kill landed inside that one's save, and never less than what it had
     (``floor``: the checkpoint it resumed from, those it logged as committed); that checkpoint is
-    complete; metrics.jsonl is steps 1..last of the uninterrupted curve, bit for bit."""
+    complete and its files match their checksums; metrics.jsonl is steps 1..last of the uninterrupted
+    curve, bit for bit."""
     boundary = last // INTERVAL * INTERVAL
     assert latest in (boundary, boundary - INTERVAL) and latest >= max(floor), where
-    assert latest == 0 or (stage / "checkpoints" / f"iter_{latest:07d}" / "meta.json").is_file(), where
+    assert_intact(stage / "checkpoints", latest, where)
     assert curve(stage) == ref.curve[:last], where
     assert not (stage / "result.json").exists(), where  # killed before it could write one
 
@@ -492,6 +504,53 @@ def test_sigkill_at_random_steps_through_mcx_run_resumes_and_matches_bitwise(new
     assert_recorded_once(client, stage.parent.name, stage)
 
 
+def test_a_checkpoint_cut_short_after_a_kill_is_set_aside_and_mcx_run_resumes_from_the_one_before(
+        new_project, reference, reaper):
+    """The issue's report, through `mcx run`: the worker SIGKILLed mid-run, then the latest checkpoint's
+    state.pt cut short on disk (resume used to fail on every rerun with "OSError: [Errno 22] Invalid
+    argument", naming no file). The next `mcx run` says which file of which checkpoint is damaged, with
+    the size recorded and the size found, and that it resumes from the checkpoint before; the curve is
+    the uninterrupted one bit for bit, MLflow holds every step once, and result.json and run.json carry
+    the warning. The damaged checkpoint is kept, renamed."""
+    rng = random.Random(KILL_SEED + 4)
+    project = new_project()
+    step = rng.randint(3 * INTERVAL, STEPS // 2 + INTERVAL)  # two checkpoints or more before the kill
+    since = time.time()
+    proc = mcx_popen(project, *RUN)
+    reaper.add(proc.pid)
+    worker = reaper.add(find_worker(proc.pid))
+    stage = stage_of(worker)
+    wait_for_step(stage, step, since=since, pid=worker)
+    os.kill(worker, signal.SIGKILL)
+    code, out, err = finish(proc)
+    assert code == 1, err[-3000:]
+    ckpts = stage / "checkpoints"
+    latest = latest_step(ckpts)
+    assert_intact(ckpts, latest, f"killed at step {step}")
+    state = ckpts / f"iter_{latest:07d}" / "state.pt"
+    size = state.stat().st_size
+    with open(state, "r+b") as f:
+        f.truncate(size // 3)
+
+    res = mcx_inprocess(project, *RUN)
+    assert res.code == 0, res
+    before = latest - INTERVAL
+    warning = (f"checkpoint iter_{latest:07d} is damaged (state.pt: {size // 3} B, expected {size} B); kept as "
+               f"iter_{latest:07d}.damaged. Resuming from iter_{before:07d}, the newest intact checkpoint: the steps "
+               f"after {before} are trained again")
+    assert f"full stage: {warning}" in flat(res.err), res.err[-3000:]
+    assert json.loads((stage / "result.json").read_text())["warnings"] == [warning]
+    record = run_json(project)
+    assert record["status"] == "finished" and record["summary"]["stages"]["full"]["warnings"] == [warning]
+    assert_matches_reference(stage, reference.stage, f"killed at step {step}, then iter_{latest:07d} cut short")
+    assert (ckpts / f"iter_{latest:07d}.damaged" / "state.pt").stat().st_size == size // 3
+    assert_intact(ckpts, latest_step(ckpts), "after the resume")
+    from mlflow import MlflowClient
+
+    assert_recorded_once(MlflowClient(tracking_uri=f"sqlite:///{project / '.mcx' / 'mlflow.db'}"), stage.parent.name,
+                         stage)
+
+
 def assert_recorded_once(client, run_id: str, stage: Path) -> None:
     """The store holds one parent run for ``run_id`` and, in its full-stage child, every number of
     every metrics.jsonl line (``<kind>/<field>`` at the line's step) exactly once. The values of
@@ -612,13 +671,14 @@ def test_sigkill_during_checkpoint_writes_never_takes_a_partial_checkpoint(refer
         if left == "gone":  # the stop landed after the rename: not a kill in the middle of writing
             misses.append(target)
             assert pointer == latest_step(ckpts) in (target, target - INTERVAL), where
+            assert_intact(ckpts, pointer, where)
             continue
         hits.append((target, left))
         before = target - INTERVAL  # the previous complete checkpoint (0: none yet)
         assert pointer == latest_step(ckpts) == before, where
         assert committed(text)[-1:] == ([before] if before > previous else []), where
         assert not (ckpts / f"iter_{target:07d}").exists(), where  # never renamed into place
-        assert before == 0 or (ckpts / f"iter_{before:07d}" / "meta.json").is_file(), where
+        assert_intact(ckpts, before, where)
     previous = latest_step(ckpts)
     pid = zygote.run(stage)
     assert zygote.wait(pid) == 0, (stage / "worker.log").read_text()[-3000:]

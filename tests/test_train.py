@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -134,7 +136,14 @@ def test_smoke_stage_passes_every_check_on_a_dense_model(tmp_path, dataset):
     assert (ckpts / "latest").read_text().strip() == "iter_0000020"
     assert sorted(p.name for p in ckpts.iterdir()) == ["iter_0000017", "iter_0000020", "latest"]
     meta = json.loads((ckpts / "iter_0000020" / "meta.json").read_text())
-    assert meta["step"] == 20 and meta["consumed_samples"] == 160
+    assert meta["step"] == 20 and meta["consumed_samples"] == 160 and meta["format"] == 2
+    # Every file with its size and CRC-32, meta.json included; the ranks' part files merged away.
+    sums = json.loads((ckpts / "iter_0000020" / "checksums.json").read_text())
+    assert sums["algorithm"] == "crc32" and set(sums["files"]) == {"meta.json", "state.pt", "rng_rank0.pt"}
+    assert sorted(p.name for p in (ckpts / "iter_0000020").iterdir()) == \
+        ["checksums.json", "meta.json", "rng_rank0.pt", "state.pt"]
+    assert sums["files"]["state.pt"]["size"] == (ckpts / "iter_0000020" / "state.pt").stat().st_size
+    assert result["warnings"] == []
     # Started again (say the control plane died before reading the result): it resumes at the end,
     # reruns only the final evaluations, and the history is unchanged.
     before = (stage / "metrics.jsonl").read_text()
@@ -179,16 +188,49 @@ def test_smoke_fails_when_the_model_cannot_learn(tmp_path, dataset):
     assert result["checks"]["checkpoint_roundtrip"]["passed"] and result["checks"]["resume_bitwise"]["passed"]
 
 
-def test_smoke_names_the_tensor_a_corrupted_checkpoint_gets_wrong(tmp_path, dataset, monkeypatch):
-    from mcx.train.checkpoint import CORRUPT_ENV
+def test_smoke_names_the_tensor_a_faulty_load_gets_wrong(tmp_path, dataset, monkeypatch):
+    """A backend whose load does not restore what its save wrote (here: one weight nudged after the
+    real load, in this test process only) fails the round trip, naming the tensor."""
+    from mcx.train.cpu import CpuBackend
 
-    monkeypatch.setenv(CORRUPT_ENV, "1")
-    result = run(make_stage(tmp_path / "corrupt", dataset, "smoke"))
+    real_load = CpuBackend.load
+
+    def faulty_load(self, directory):
+        real_load(self, directory)
+        self.model.embedding.word_embeddings.weight.data.add_(1e-3)
+
+    monkeypatch.setattr(CpuBackend, "load", faulty_load)
+    result = run(make_stage(tmp_path / "faulty", dataset, "smoke"))
     assert result["status"] == "failed" and result["exit_code"] == 1
     roundtrip = result["checks"]["checkpoint_roundtrip"]
     assert not roundtrip["passed"]
     assert roundtrip["first_mismatch"] == "model/embedding.word_embeddings.weight"
     assert "model/embedding.word_embeddings.weight differs" in result["error"]
+
+
+def test_smoke_names_the_file_of_a_checkpoint_damaged_after_its_save(tmp_path, dataset, monkeypatch):
+    """The final checkpoint's state.pt cut short on disk after its commit (in this test process): the
+    round trip does not load it, it names the file with the size recorded and the size found."""
+    from mcx.train.checkpoint import CheckpointStore
+
+    real_commit = CheckpointStore.commit
+
+    def commit_then_truncate(self, tmp, meta, pinned=frozenset()):
+        final = real_commit(self, tmp, meta, pinned)
+        if meta["step"] == 20:
+            with open(final / "state.pt", "r+b") as f:
+                f.truncate(1000)
+        return final
+
+    monkeypatch.setattr(CheckpointStore, "commit", commit_then_truncate)
+    result = run(make_stage(tmp_path / "damaged", dataset, "smoke"))
+    assert result["status"] == "failed" and result["exit_code"] == 1
+    roundtrip = result["checks"]["checkpoint_roundtrip"]
+    assert not roundtrip["passed"] and len(roundtrip["damaged"]) == 1
+    assert re.fullmatch(r"state\.pt: 1000 B, expected \d+ B", roundtrip["damaged"][0]), roundtrip
+    assert "checkpoint iter_0000020 is damaged: state.pt: 1000 B, expected" in result["error"]
+    assert result["checks"]["resume_bitwise"]["passed"]  # the pinned checkpoint of step 17 is intact
+    assert (tmp_path / "damaged" / "checkpoints" / "iter_0000020" / "state.pt").stat().st_size == 1000  # left alone
 
 
 def test_divergence_guard_stops_an_absurd_learning_rate(tmp_path, dataset):
@@ -252,6 +294,141 @@ def test_a_killed_worker_resumes_from_latest_and_matches_an_uninterrupted_run(tm
     _same_history(stage, uninterrupted)  # lines past the checkpoint were cut and replayed
 
 
+# -- damaged checkpoints ------------------------------------------------------------------------------
+
+def copy_stage(src: Path, dst: Path) -> Path:
+    """A copy of a stage directory (its checkpoints, metrics and results; not its log), its job.json
+    pointing at its own checkpoints."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("worker.log"))
+    job = json.loads((dst / "job.json").read_text())
+    job["checkpoint_dir"] = str(dst / "checkpoints")
+    (dst / "job.json").write_text(json.dumps(job, indent=1))
+    return dst
+
+
+def truncate(path: Path) -> tuple[int, int]:
+    """Cut ``path`` to half its size; (size before, size after)."""
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.truncate(size // 2)
+    return size, size // 2
+
+
+def flip_byte(path: Path) -> None:
+    """Flip one bit in the middle of ``path``: same size, other content."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(data)
+
+
+def tensors(obj):
+    """The tensors in a nested state dict, in order."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from tensors(value)
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_a_truncated_latest_checkpoint_is_set_aside_and_the_one_before_replays_the_same_curve(
+        tmp_path, uninterrupted):
+    """The issue's failure: the latest checkpoint's state.pt cut short (resume used to fail with
+    "OSError: [Errno 22] Invalid argument" naming no file, on every rerun). Now the worker names the
+    file, the size recorded and the size found, keeps the damaged checkpoint aside, resumes from the
+    one before and trains the steps after it again: the curve is the uninterrupted one, each step once."""
+    from mcx.train import checksums
+
+    stage = copy_stage(uninterrupted, tmp_path / "stage")
+    ckpts = stage / "checkpoints"
+    size, cut = truncate(ckpts / "iter_0000060" / "state.pt")
+    result = run(stage)
+    assert result["status"] == "finished" and result["exit_code"] == 0, result["error"]
+    warning = (f"checkpoint iter_0000060 is damaged (state.pt: {cut} B, expected {size} B); kept as "
+               "iter_0000060.damaged. Resuming from iter_0000050, the newest intact checkpoint: the steps after 50 "
+               "are trained again")
+    assert result["warnings"] == [warning]
+    log = (stage / "worker.log").read_text()
+    assert f"WARNING mcx.train: {warning}" in log and "resumed from iter_0000050" in log
+    _same_history(stage, uninterrupted)  # steps 51-60 and the final evaluations ran again, each recorded once
+    assert [r["step"] for r in records(stage)] == list(range(1, 61))
+    # The damaged checkpoint is kept as it was; `latest` names a new, intact step 60.
+    assert (ckpts / "iter_0000060.damaged" / "state.pt").stat().st_size == cut
+    assert (ckpts / "latest").read_text().strip() == "iter_0000060"
+    assert checksums.verify(ckpts / "iter_0000060")[0] == []
+    assert run(stage)["warnings"] == []  # and the next start finds nothing wrong
+
+
+def test_a_flipped_byte_is_found_by_its_checksum(tmp_path, uninterrupted):
+    """One bit flipped inside a tensor of state.pt: the size is right and torch.load reads the file
+    without complaint (the weight is silently wrong); the CRC-32 does not match, so the checkpoint is
+    set aside and the one before it used."""
+    import torch
+
+    stage = copy_stage(uninterrupted, tmp_path / "stage")
+    state = stage / "checkpoints" / "iter_0000060" / "state.pt"
+    before = torch.load(state, weights_only=True)
+    flip_byte(state)
+    after = torch.load(state, weights_only=True)  # loads: only the checksum tells
+    assert any(not torch.equal(a, b) for a, b in zip(tensors(before), tensors(after), strict=True))
+    result = run(stage)
+    assert result["status"] == "finished", result["error"]
+    (warning,) = result["warnings"]
+    size = (stage / "checkpoints" / "iter_0000060.damaged" / "state.pt").stat().st_size
+    assert re.match(rf"checkpoint iter_0000060 is damaged \(state\.pt: crc32 [0-9a-f]{{8}}, expected [0-9a-f]{{8}} "
+                    rf"at the recorded size of {size} B\); kept as iter_0000060\.damaged\. Resuming from iter_0000050", warning)
+    _same_history(stage, uninterrupted)
+
+
+def test_no_intact_checkpoint_is_an_input_error_that_names_them_and_deletes_nothing(tmp_path, uninterrupted):
+    """Every checkpoint damaged (the latest cut short, the one before with a flipped byte): exit 2, one
+    paragraph naming each checkpoint with its file, what was recorded and what was found, and the fix;
+    nothing deleted or moved, metrics.jsonl untouched."""
+    stage = copy_stage(uninterrupted, tmp_path / "stage")
+    ckpts = stage / "checkpoints"
+    size, cut = truncate(ckpts / "iter_0000060" / "state.pt")
+    flip_byte(ckpts / "iter_0000050" / "rng_rank0.pt")
+    (ckpts / "iter_0000060.dvc").write_text("outs:\n- md5: 0123456789abcdef0123456789abcdef.dir\n")  # recorded in DVC
+    before, metrics = snapshot(ckpts), (stage / "metrics.jsonl").read_bytes()
+    result = run(stage)
+    assert result["status"] == "failed" and result["exit_code"] == 2 and not result["passed"]
+    error = result["error"]
+    assert error.startswith(f"no intact checkpoint to resume from in {ckpts}: iter_0000060 (state.pt: {cut} B, "
+                            f"expected {size} B); iter_0000050 (rng_rank0.pt: crc32 "), error
+    assert "Nothing was deleted; " in error and f"delete {ckpts} to train the stage from scratch" in error
+    assert f"restore iter_0000060 from DVC, which recorded it (`dvc pull --force {ckpts / 'iter_0000060.dvc'}`" in error
+    assert "\n" not in error  # one paragraph
+    assert snapshot(ckpts) == before and (stage / "metrics.jsonl").read_bytes() == metrics
+    assert f"ERROR mcx.train: {error}" in (stage / "worker.log").read_text()
+
+
+def test_a_checkpoint_without_checksums_still_loads_with_a_warning(tmp_path, uninterrupted):
+    """A checkpoint written before checkpoints carried checksums (format 1, no checksums.json) is
+    resumed from as before, with a warning saying its files were not checked."""
+    stage = copy_stage(uninterrupted, tmp_path / "stage")
+    ckpt = stage / "checkpoints" / "iter_0000060"
+    (ckpt / "checksums.json").unlink()
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "format": 1}))
+    result = run(stage)
+    assert result["status"] == "finished", result["error"]
+    assert result["warnings"] == ["checkpoint iter_0000060 has no checksums (written before mcx recorded them, D36): "
+                                  "loaded without checking its files"]
+    assert "resumed from iter_0000060" in (stage / "worker.log").read_text()
+    _same_history(stage, uninterrupted)
+    # Without checksums but of the new format, it is damaged: a lost checksums.json is not an old checkpoint.
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    assert run(stage)["warnings"][0].startswith("checkpoint iter_0000060 is damaged (checksums.json: missing)")
+
+
 @pytest.mark.slow
 def test_torchrun_data_parallel_over_gloo_matches_one_process(tmp_path, dataset):
     single = make_stage(tmp_path / "one", dataset, "full")
@@ -265,6 +442,22 @@ def test_torchrun_data_parallel_over_gloo_matches_one_process(tmp_path, dataset)
     assert result["details"]["num_microbatches"] == 1
     # Same global batches, gradients averaged over ranks instead of accumulated: equal up to rounding.
     assert losses(stage) == pytest.approx(losses(single), rel=2e-4)
+    # Each rank recorded the checksums of its own files; at a resume each checks its share (rank 1 reads
+    # state.pt, the second half of the sorted names) and all agree the checkpoint is damaged.
+    ckpts = stage / "checkpoints"
+    assert set(json.loads((ckpts / "iter_0000020" / "checksums.json").read_text())["files"]) == \
+        {"meta.json", "state.pt", "rng_rank0.pt", "rng_rank1.pt"}
+    first = records(stage)
+    size, cut = truncate(ckpts / "iter_0000020" / "state.pt")
+    proc = worker(stage, nproc=2)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    result = json.loads((stage / "result.json").read_text())
+    assert result["status"] == "finished" and result["warnings"] == [
+        f"checkpoint iter_0000020 is damaged (state.pt: {cut} B, expected {size} B); kept as iter_0000020.damaged. "
+        "Resuming from iter_0000010, the newest intact checkpoint: the steps after 10 are trained again"]
+    keep = ("step", "loss", "grad_norm", "lr")
+    assert [{k: r[k] for k in keep} for r in records(stage)] == [{k: r[k] for k in keep} for r in first]
 
 
 # -- input errors ------------------------------------------------------------------------------------
@@ -352,6 +545,77 @@ def test_checkpoint_store_commits_atomically_and_keeps_the_newest(tmp_path):
     (store.root / "latest").write_text("iter_0000099\n")
     with pytest.raises(InputError, match="not a complete checkpoint"):
         store.latest()
+
+
+def test_checksums_record_seal_and_name_what_changed(tmp_path):
+    """Each rank's part file, merged at the commit with what no rank recorded; then every kind of damage
+    named with the file, what was recorded and what is there, by whichever rank checks that file."""
+    import zlib
+
+    from mcx.train import checksums
+
+    d = tmp_path / "iter_0000010.tmp"
+    d.mkdir()
+    big = os.urandom((9 << 20) + 5)  # more than one read
+    (d / "__0_0.distcp").write_bytes(big)
+    (d / "__1_0.distcp").write_bytes(b"rank one's shard")
+    (d / "meta.json").write_text("{}")  # written by rank 0 at the commit, recorded by no rank
+    assert checksums.record(d, 0, [d / "__0_0.distcp"])["bytes"] == len(big)
+    assert checksums.record(d, 1, [str(d / "__1_0.distcp")])["files"] == 1
+    assert {"checksums.rank0.json", "checksums.rank1.json"} <= set(os.listdir(d))
+    sealed = checksums.seal(d)
+    assert (sealed["files"], sealed["hashed"], sealed["hashed_bytes"]) == (3, 1, 2)
+    assert sorted(os.listdir(d)) == ["__0_0.distcp", "__1_0.distcp", "checksums.json", "meta.json"]
+    files = json.loads((d / "checksums.json").read_text())["files"]
+    assert files["__0_0.distcp"] == {"size": len(big), "crc32": f"{zlib.crc32(big):08x}"}
+    total = len(big) + 16 + 2
+    assert checksums.verify(d) == ([], total)
+    shares = [checksums.verify(d, rank, 2) for rank in (0, 1)]  # two ranks, each its half
+    assert [s[0] for s in shares] == [[], []] and sum(s[1] for s in shares) == total
+
+    with open(d / "__1_0.distcp", "r+b") as f:
+        f.truncate(7)
+    flip_byte(d / "__0_0.distcp")
+    (d / "meta.json").unlink()
+    expected = [f"__0_0.distcp: crc32 {zlib.crc32(bytearray((d / '__0_0.distcp').read_bytes())):08x}, expected "
+                f"{zlib.crc32(big):08x} at the recorded size of {len(big)} B", "__1_0.distcp: 7 B, expected 16 B",
+                "meta.json: missing, expected 2 B"]
+    assert checksums.verify(d)[0] == expected
+    assert sorted(checksums.verify(d, 0, 2)[0] + checksums.verify(d, 1, 2)[0]) == expected
+    (d / "checksums.json").write_text('{"algorithm": "crc32", "files": {"x": {"size": 1')
+    assert checksums.verify(d)[0][0].startswith("checksums.json: unreadable (JSONDecodeError: ")
+
+
+def test_damaged_checkpoints_are_set_aside_and_old_ones_are_told_apart(tmp_path):
+    """The store's side of a damaged checkpoint: where a resume may start, newest first; a checkpoint of
+    format 1 (no checksums) against one that lost them; set aside under a free name, never deleted."""
+    from mcx.train.checkpoint import CheckpointStore
+
+    store = CheckpointStore(tmp_path / "ck", keep=3)
+    for step in (10, 20, 30):
+        tmp = store.begin(step)
+        (tmp / "state.pt").write_bytes(b"x" * step)
+        store.commit(tmp, {"step": step, "consumed_samples": step * 8})
+    latest = store.latest()
+    assert [p.name for p in store.candidates(latest)] == ["iter_0000030", "iter_0000020", "iter_0000010"]
+    assert [p.name for p in store.candidates(store.path(20))] == ["iter_0000020", "iter_0000010"]
+    assert store.check(latest) == [] and store.check(latest, 1, 2) == []
+    (latest / "checksums.json").unlink()
+    assert store.check(latest) == ["checksums.json: missing"]
+    meta = json.loads((latest / "meta.json").read_text())
+    (latest / "meta.json").write_text(json.dumps({**meta, "format": 1}))
+    assert store.check(latest) is None and store.read_meta(latest)["step"] == 30  # before checksums: unchecked
+    assert store.set_aside(latest).name == "iter_0000030.damaged"
+    (store.root / "iter_0000030").mkdir()
+    assert store.set_aside(store.root / "iter_0000030").name == "iter_0000030.damaged.2"
+    # A resume stopped between setting a damaged checkpoint aside and pointing `latest` past it: the
+    # next start takes the newest complete checkpoint before it (and checks that one in turn).
+    assert (store.root / "latest").read_text() == "iter_0000030\n" and store.latest().name == "iter_0000020"
+    store.point("iter_0000020")
+    store.clean_partial()
+    assert store.steps() == [10, 20] and store.latest().name == "iter_0000020"
+    assert sorted(p.name for p in store.root.iterdir()) == [
+        "iter_0000010", "iter_0000020", "iter_0000030.damaged", "iter_0000030.damaged.2", "latest"]
 
 
 def test_metrics_truncation_keeps_the_surviving_timeline(tmp_path):
@@ -692,16 +956,18 @@ def _serve(requests, n: int) -> None:
         request.async_fn(*args, **request.async_fn_kwargs)
 
 
-def _write_buckets(path, _, buckets, __) -> None:
+def _write_buckets(rank, buckets, results_queue) -> None:
+    """MCore's write function's arguments: each bucket's tensors to its file."""
     import torch
 
-    torch.save({name: t for _, _, (_, tensors) in buckets for name, t in tensors}, path)
+    for path, _, (_, tensors) in buckets:
+        torch.save(dict(tensors), path)
 
 
 def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
-    """A rehearsal and a timed save cross into a spawned process, as MCore's persistent writer receives
-    them; MCore's own copy to host runs there (for the rehearsal, as its write), then the save's write,
-    and the writer appends a line for each to worker.log."""
+    """A rehearsal and a timed, checksummed save cross into a spawned process, as MCore's persistent
+    writer receives them; MCore's own copy to host runs there (for the rehearsal, as its write), then the
+    save's write and the checksums of the file it wrote, and the writer appends a line for each to worker.log."""
     import multiprocessing
     import re
     from functools import partial
@@ -713,8 +979,8 @@ def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
     from mcx.train import writer
 
     tensors = [("a", torch.arange(2 ** 18, dtype=torch.float32)), ("b", torch.ones(512, 512))]  # 2 MiB
-    buckets = [("file_0", "key", ([], tensors))]
-    request = AsyncRequest(partial(_write_buckets, tmp_path / "out.pt"), (None, buckets, None), [],
+    buckets = [(str(tmp_path / "out.pt"), "key", ([], tensors))]
+    request = AsyncRequest(_write_buckets, (0, buckets, None), [],
                            preload_fn=partial(FileSystemWriterAsync.preload_tensors, buckets, non_blocking=False))
     (tmp_path / "worker.log").write_text("the trainer's lines\n")
     ctx = multiprocessing.get_context("spawn")
@@ -722,7 +988,7 @@ def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
     process = ctx.Process(target=_serve, args=(queue, 2))
     process.start()
     queue.put(writer.rehearsal(request.preload_fn, tmp_path, 0))
-    queue.put(writer.timed(request, 3, tmp_path, 0))
+    queue.put(writer.timed(writer.checksummed(request, tmp_path, 0), 3, tmp_path, 0))
     process.join(120)
     assert process.exitcode == 0
     saved = torch.load(tmp_path / "out.pt")
@@ -734,9 +1000,14 @@ def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
                      r"0 MiB in 0.00 s\), kept nothing$", lines[1]), lines[1]
     m = re.search(r"\[rank 0\] INFO mcx.train.writer: checkpoint save 3 in the writer: waited ([\d.]+) s for it, "
                   r"received it in ([\d.]+) s, copied 2 MiB to host in ([\d.]+) s \(new pinned buffers: 0, 0 MiB "
-                  r"in 0.00 s\), wrote it in ([\d.]+) s$", lines[2])
+                  r"in 0.00 s\), wrote it in ([\d.]+) s, checksums of 1 file \(2 MiB\) in ([\d.]+) s$", lines[2])
     assert m, lines[2]
-    assert float(m[1]) < 60 and float(m[4]) < 60
+    assert float(m[1]) < 60 and float(m[4]) < 60 and float(m[5]) < 60
+    # The checksums of the file the write produced, in the rank's part file for the commit to merge.
+    from mcx.train import checksums
+
+    part = json.loads((tmp_path / "checksums.rank0.json").read_text())
+    assert part["files"] == {"out.pt": checksums.file_sum(tmp_path / "out.pt")}
 
 
 def test_the_checkpoint_results_queue_warms_up_and_is_left_empty(tmp_path, caplog):

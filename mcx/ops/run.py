@@ -390,6 +390,8 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
         result = {**result, "status": "failed", "error": f"launch ended {outcome.state}: {outcome.detail}"}
     if outcome.state == "preempted" and result.get("status") != "preempted":
         result = {**result, "status": "preempted", "error": outcome.detail}
+    for warning in result.get("warnings") or []:  # e.g. a damaged checkpoint set aside (D36)
+        console.print(f"[yellow]{stage} stage: {_esc(warning)}[/]")
     checkpoint = None
     if result.get("status") == "finished" and pr.spec.tracking.log_checkpoints:
         checkpoint = _track_checkpoint(project, sdir, pr, console)
@@ -488,7 +490,8 @@ def _baseline(project: Path, pr: PlanResult, full: dict[str, Any]) -> dict[str, 
 def _stage_summary(result: dict[str, Any]) -> dict[str, Any]:
     return {"status": result.get("status"), "passed": bool(result.get("passed")), "checks": result.get("checks", {}),
             "control_checks": result.get("control_checks", {}), "metrics": result.get("final", {}),
-            "steps": result.get("steps"), "layer_spec": result.get("layer_spec"), "error": result.get("error")}
+            "steps": result.get("steps"), "layer_spec": result.get("layer_spec"), "error": result.get("error"),
+            "warnings": result.get("warnings", [])}
 
 
 def _summary(pr: PlanResult, results: dict[str, dict[str, Any]], status: str, error: str | None, exit_code: int,

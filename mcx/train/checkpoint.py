@@ -1,23 +1,32 @@
-"""Checkpoint directories: atomic commit, the ``latest`` pointer, retention, resume lookup.
+"""Checkpoint directories: atomic commit, checksums, the ``latest`` pointer, retention, resume lookup.
 
 What goes *inside* a checkpoint is the backend's business (cpu.py: torch.save of plain state
 dicts; gpu.py: Megatron-Core dist_checkpointing). This module owns the directory protocol that makes
 a crash at any moment safe:
 
-1. every rank writes into ``iter_NNNNNNN.tmp/`` (created empty by rank 0);
+1. every rank writes into ``iter_NNNNNNN.tmp/`` (created empty by rank 0), then records the size and
+   CRC-32 of the files it wrote (checksums.py; asynchronous GPU saves: in the writer process);
 2. once all ranks are done, rank 0 writes ``meta.json`` (step, consumed samples, layout, ...),
-   fsyncs it and renames the directory to ``iter_NNNNNNN/``;
+   merges the checksums into ``checksums.json`` (hashing what no rank recorded, ``meta.json`` among
+   them), fsyncs both and the directory, and renames it to ``iter_NNNNNNN/``;
 3. rank 0 writes ``latest.tmp`` naming it and ``os.replace``-s it onto ``latest``;
 4. older complete checkpoints beyond ``checkpoint.keep`` (never a pinned one) are renamed to
    ``iter_NNNNNNN.retired/`` and deleted by a background thread, off the training path.
 
-``latest`` therefore always names a complete checkpoint; leftover ``*.tmp`` directories are partial
-and ``*.retired`` ones half-deleted: both are removed at the next start.
+``latest`` therefore always names a complete checkpoint with checksums; leftover ``*.tmp`` directories
+are partial and ``*.retired`` ones half-deleted: both are removed at the next start.
+
+Loading (loop.py) checks the files against ``checksums.json`` first. A damaged checkpoint is renamed
+to ``iter_NNNNNNN.damaged/`` (kept, never deleted: the user decides), then ``latest`` is pointed at the
+newest intact one (a stop between the two is taken up by ``latest`` at the next start); with none
+intact the stage stops with exit 2 and nothing is moved. Checkpoints of format 1 (before checksums,
+D36) load unchecked.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,16 +36,17 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import InputError
+from mcx.train import checksums
+
+log = logging.getLogger("mcx.train")
 
 LATEST = "latest"
 META = "meta.json"
-FORMAT = 1
+FORMAT = 2  # 2: with checksums.json
+UNCHECKED_FORMAT = 1  # written before checkpoints carried checksums (D36): loaded with a warning
 RETIRED = ".retired"  # a pruned checkpoint, renamed out of the store while a thread deletes it
+DAMAGED = ".damaged"  # a checkpoint whose files do not match its checksums, set aside for the user
 _ITER = re.compile(r"^iter_(\d{7,})$")
-
-# Test hook (one place): when set, every committed checkpoint is corrupted right after commit, so
-# the smoke stage's save/load check must catch it. Used by tests/test_train.py; never set it in use.
-CORRUPT_ENV = "MCX_TEST_CORRUPT_CHECKPOINT"
 
 
 def iter_name(step: int) -> str:
@@ -96,6 +106,10 @@ class CheckpointStore:
             return None
         name = pointer.read_text(encoding="utf-8").strip()
         path = self.root / name
+        if _ITER.match(name) and not path.exists() and any(self.root.glob(name + DAMAGED + "*")):
+            # Set aside by a resume that stopped before it pointed ``latest`` at an older checkpoint.
+            older = [s for s in self.steps() if s < int(_ITER.match(name).group(1))]
+            return self.path(older[-1]) if older else None
         if not _ITER.match(name) or not (path / META).is_file():
             raise InputError(f"{pointer} names {name!r}, which is not a complete checkpoint;",
                              f"delete {pointer} to start the stage over, or restore the checkpoint directory.")
@@ -104,10 +118,28 @@ class CheckpointStore:
     @staticmethod
     def read_meta(path: Path) -> dict[str, Any]:
         meta = json.loads((path / META).read_text(encoding="utf-8"))
-        if meta.get("format") != FORMAT:
-            raise InputError(f"{path} has checkpoint format {meta.get('format')!r}, this worker reads {FORMAT};",
-                             "resume it with the mcx version that wrote it.")
+        if meta.get("format") not in (UNCHECKED_FORMAT, FORMAT):
+            raise InputError(f"{path} has checkpoint format {meta.get('format')!r}, this worker reads "
+                             f"{UNCHECKED_FORMAT} and {FORMAT};", "resume it with the mcx version that wrote it.")
         return meta
+
+    def candidates(self, latest: Path) -> list[Path]:
+        """Where a resume may start, newest first: ``latest``, then the complete checkpoints before it."""
+        step = int(_ITER.match(latest.name).group(1))
+        return [latest, *(self.path(s) for s in reversed(self.steps()) if s < step)]
+
+    @staticmethod
+    def check(path: Path, rank: int = 0, size: int = 1) -> list[str] | None:
+        """This rank's share of the problems of a checkpoint's files (checksums.verify); None for a
+        checkpoint of format 1, which has no checksums to check."""
+        if not (path / checksums.FILE).exists():
+            try:
+                if json.loads((path / META).read_text(encoding="utf-8")).get("format") == UNCHECKED_FORMAT:
+                    return None
+            except (OSError, ValueError) as exc:
+                return [f"{META}: unreadable ({type(exc).__name__}: {exc}), and no {checksums.FILE}"]
+            return [f"{checksums.FILE}: missing"]
+        return checksums.verify(path, rank, size)[0]
 
     # -- writing (rank 0) --------------------------------------------------------------------------
 
@@ -130,21 +162,51 @@ class CheckpointStore:
     def commit(self, tmp: Path, meta: dict[str, Any], pinned: set[int] = frozenset()) -> Path:
         step = int(meta["step"])
         write_json_atomic(tmp / META, {**meta, "format": FORMAT, "saved_at": time.time()})
+        sums = checksums.seal(tmp)
+        _fsync_dir(tmp)
         final = self.path(step)
+        log.info("checkpoint %s checksums: %d files, %.1f MiB; %d of them (%.1f MiB) hashed at the commit in %.2f s",
+                 final.name, sums["files"], sums["bytes"] / 2**20, sums["hashed"], sums["hashed_bytes"] / 2**20,
+                 sums["seconds"])
         if final.exists():  # an abandoned timeline's checkpoint of the same step
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(self.root)
+        self.point(final.name)
+        self.prune(pinned | {step})
+        return final
+
+    def point(self, name: str) -> None:
+        """Make ``latest`` name ``name`` (atomically)."""
         pointer = self.root / LATEST
         pointer_tmp = self.root / (LATEST + ".tmp")
         with open(pointer_tmp, "w", encoding="utf-8") as f:
-            f.write(final.name + "\n")
+            f.write(name + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(pointer_tmp, pointer)
         _fsync_dir(self.root)
-        self.prune(pinned | {step})
-        return final
+
+    def set_aside(self, path: Path) -> Path:
+        """Rename a damaged checkpoint out of the store (``iter_N.damaged``, then ``.damaged.2``, ...)."""
+        target, n = path.with_name(path.name + DAMAGED), 1
+        while target.exists():
+            n += 1
+            target = path.with_name(f"{path.name}{DAMAGED}.{n}")
+        os.replace(path, target)
+        _fsync_dir(self.root)
+        return target
+
+    def no_intact(self, damaged: dict[Path, list[str]]) -> InputError:
+        """The error when every checkpoint a resume could start from is damaged (nothing is moved)."""
+        said = "; ".join(f"{p.name} ({', '.join(problems)})" for p, problems in damaged.items())
+        recorded = sorted(self.root.glob("iter_*.dvc"))  # `dvc add` of a stage's final checkpoint
+        dvc = (f"restore {recorded[-1].stem} from DVC, which recorded it (`dvc pull --force {recorded[-1]}` in the "
+               "project)" if recorded else
+               "restore a copy from DVC, where mcx records each finished stage's final checkpoint "
+               "(`dvc pull --force CHECKPOINT.dvc` in the project)")
+        return InputError(f"no intact checkpoint to resume from in {self.root}: {said}. Nothing was deleted;",
+                          f"delete {self.root} to train the stage from scratch, or {dvc}, then run again.")
 
     def prune(self, pinned: set[int] = frozenset()) -> list[int]:
         """Retire complete checkpoints beyond the newest ``keep`` (pinned ones survive).

@@ -16,7 +16,8 @@ calls CUDA throughout. On CPU this module therefore:
    DDP: scale by 1/dp, then sum), for torchrun with several CPU processes;
 5. clips gradients with torch (same coefficient as MCore's clip_grad_norm_fp32);
 6. checkpoints with ``torch.save`` of plain state dicts: rank 0 writes model, optimizer and
-   scheduler; every rank writes its RNG states.
+   scheduler; every rank writes its RNG states, then records the checksums of what it wrote
+   (synchronously: on the training path, D36).
 
 Supported on CPU: data parallelism only, fp32, no recomputation (MCore's recompute checkpointing
 saves CUDA RNG states). Anything else is an error naming the key, never a silent downgrade.
@@ -38,6 +39,7 @@ from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 from megatron.core.transformer.moe.router import Router, router_gating_linear
 
 from mcx.errors import SpecError
+from mcx.train import checksums
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
 from mcx.train.job import Job
@@ -210,10 +212,13 @@ class CpuBackend:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def save(self, directory: Path, on_done) -> None:
+        written = [directory / f"rng_rank{self.world.rank}.pt"]
         if self.world.is_main:
+            written.insert(0, directory / STATE_FILE)
             _save_file({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict()}, directory / STATE_FILE)
-        _save_file(rng_state(), directory / f"rng_rank{self.world.rank}.pt")
+                        "scheduler": self.scheduler.state_dict()}, written[0])
+        _save_file(rng_state(), written[-1])
+        checksums.record(directory, self.world.rank, written)
         self.world.barrier()
         on_done()
         self.world.barrier()
@@ -232,15 +237,6 @@ class CpuBackend:
 
     def prepare_saves(self, scratch: Path) -> None:
         """Nothing to prepare: saves are synchronous on CPU."""
-
-    def corrupt_checkpoint(self, directory: Path) -> str:
-        """Test hook (checkpoint.CORRUPT_ENV): perturb one model tensor in a saved checkpoint."""
-        path = directory / STATE_FILE
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        name = next(k for k, v in state["model"].items() if isinstance(v, torch.Tensor) and v.is_floating_point())
-        state["model"][name] = state["model"][name] + 1e-3
-        _save_file(state, path)
-        return name
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """Everything a resume restores, flat and named (for the save/load round-trip check)."""

@@ -10,7 +10,8 @@
 * ``dist_checkpointing`` (torch_dist format, fully parallel save over DP) of model + optimizer +
   scheduler + every rank's RNG states (Python, NumPy, torch, CUDA and MCore's CUDA RNG tracker);
   async saves go through MCore's ``AsyncCallsQueue`` with a persistent writer process and a save
-  plan cached after the first save (D19), and are committed when every rank has written;
+  plan cached after the first save (D19), and are committed when every rank has written; each rank's
+  files are checksummed right after their write, in the writer for async saves (D36);
 * FP8 (Transformer Engine spec only), recompute and deterministic mode are TransformerConfig fields
   (model.py); the deterministic environment is set in runtime.py before CUDA starts.
 
@@ -286,29 +287,37 @@ class GpuBackend:
         is_async = self.async_queue is not None
         state = self._sharded_state_dict(is_loading=False)
         t1 = time.perf_counter()
+        # A synchronous save is this request executed in place, as MCore's own synchronous save does it,
+        # so that both kinds record their checksums alike, right after the write (writer.checksummed).
         request = dist_checkpointing.save(
             state, str(directory), sharded_strategy=self._save_strategy,
             validate_access_integrity=self._saves == 0,  # the structure is checked once, then assumed
-            async_sharded_save=is_async, async_strategy="nvrx" if HAVE_NVRX else "mcore",
+            async_sharded_save=True, async_strategy="nvrx" if is_async and HAVE_NVRX else "mcore",
             content_metadata={"distrib_optim_sharding_type": _SHARDING})
         t2 = time.perf_counter()
         self._saves += 1
+        if isinstance(request, AsyncRequest):  # MCore's writer; nvidia-resiliency-ext's leaves them to the commit
+            request = writer.checksummed(request, directory, self.world.rank)
+        committing: list[float] = []  # when a synchronous save's finalization (its commit) began
         if not is_async:
-            on_done()
-            self.world.barrier()
-        else:
-            request.add_finalize_fn(on_done)
-            request.add_finalize_fn(self.world.barrier)
-            if isinstance(request, AsyncRequest):  # MCore's writer (not nvidia-resiliency-ext's)
+            request.add_finalize_fn(lambda: committing.append(time.perf_counter()))
+        request.add_finalize_fn(on_done)
+        request.add_finalize_fn(self.world.barrier)
+        if is_async:
+            if isinstance(request, AsyncRequest):
                 request = writer.timed(request, self._saves, self._stage_dir, self.world.rank)
             self.async_queue.schedule_async_request(request)  # the copy to host memory; writing goes on
-        t3 = time.perf_counter()
+            phases = f"plan {t2 - t1:.2f} s, copy to host {time.perf_counter() - t2:.2f} s"
+        else:
+            request.execute_sync()
+            sums = getattr(request.async_fn, "figures", None) or {"seconds": 0.0}
+            phases = (f"plan and write {committing[0] - t1 - sums['seconds']:.2f} s, checksums {sums['seconds']:.2f} s, "
+                      f"commit {time.perf_counter() - committing[0]:.2f} s")
         # Where a save's stall goes (docs/benchmarks.md, checkpoint stall): the state dict; the save plan
-        # (built at the first saves, then cached), with the whole write when synchronous; then the copy to
-        # host memory (asynchronous) or the commit.
-        log.info("checkpoint save %d paused training %.2f s: state dict %.2f s, %s %.2f s, %s %.2f s",
-                 self._saves, t3 - t0, t1 - t0, "plan" if is_async else "plan and write", t2 - t1,
-                 "copy to host" if is_async else "commit", t3 - t2)
+        # (built at the first saves, then cached), with the whole write, the checksums of this rank's files
+        # and the commit when synchronous; the copy to host memory when asynchronous.
+        log.info("checkpoint save %d paused training %.2f s: state dict %.2f s, %s", self._saves,
+                 time.perf_counter() - t0, t1 - t0, phases)
 
     def prepare_saves(self, scratch: Path) -> None:
         """Rehearse the first asynchronous save's copy to host memory, in the background (D30).
@@ -387,9 +396,6 @@ class GpuBackend:
             for state in opt.optimizer.state.values():
                 if isinstance(state.get("step"), torch.Tensor):
                     state["step"] = torch.full_like(state["step"], step)
-
-    def corrupt_checkpoint(self, directory: Path) -> str:
-        raise NotImplementedError("the checkpoint-corruption test hook is implemented for the CPU backend only")
 
     def state_tensors(self) -> dict[str, torch.Tensor]:
         """This rank's model shards and optimizer state (main params, moments, steps, lrs)."""

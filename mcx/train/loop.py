@@ -7,7 +7,10 @@ final checkpoint, a validation pass (unless the last step just ran one) and the 
 
 Resuming: when ``checkpoints/latest`` exists, model, optimizer, scheduler, RNG states, step and
 consumed samples are restored from it, metrics.jsonl is cut back to that step, and the data position
-follows from the consumed samples, so the resumed run continues the exact timeline.
+follows from the consumed samples, so the resumed run continues the exact timeline. Its files are
+checked against their checksums first; a damaged checkpoint is named and set aside, and the newest
+intact one before it is used instead (its later steps are trained again, the same timeline), with a
+warning in worker.log and result.json; none intact is an input error (checkpoint.py).
 
 Evaluation ``k`` (at step ``k * eval_interval`` < train_iters; the final one after the last step) reads validation
 samples ``[(k-1) * E * G, k * E * G)`` (E = eval_iters, G = global batch), which is where
@@ -110,6 +113,7 @@ class Outcome:
     error: str | None = None
     evals: dict[str, dict[str, Any]] = field(default_factory=dict)
     measured: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what the stage must report though it went on
 
 
 class Trainer:
@@ -129,6 +133,7 @@ class Trainer:
         self.saved_step: int | None = None
         self.saves_prepared = False  # the backend readied its checkpoint writer (prepare_saves)
         self.step: int | None = None  # the last step finished (the system-metrics sampler reads it, no lock)
+        self.warnings: list[str] = []
 
     # -- data ---------------------------------------------------------------------------------------
 
@@ -184,17 +189,57 @@ class Trainer:
             if self.world.is_main:
                 final = self.store.commit(tmp, meta, self.pinned)
                 log.info("checkpoint %s committed", final.name)
-                if ckpt.CORRUPT_ENV in os.environ:
-                    name = self.backend.corrupt_checkpoint(final)
-                    log.warning("test hook %s: corrupted %s in %s", ckpt.CORRUPT_ENV, name, final.name)
 
         try:
             self.backend.save(tmp, on_done)
         except (OSError, RuntimeError) as exc:
             raise save_error(exc, self.store.root, tmp) from exc
 
+    def problems(self, path: Path) -> list[str] | None:
+        """Every rank's checks of a checkpoint's files, each rank reading its share (checkpoint.check):
+        the problems found, or None for a checkpoint without checksums (format 1). Collective."""
+        t0 = time.perf_counter()
+        found = self.world.gather_object(self.store.check(path, self.world.rank, self.world.size))
+        if any(f is None for f in found):
+            return None
+        out = list(dict.fromkeys(p for f in found for p in f))
+        log.info("checkpoint %s checked against its checksums in %.2f s: %s", path.name, time.perf_counter() - t0,
+                 "; ".join(out) or "intact")
+        return out
+
+    def _intact(self, latest: Path) -> Path:
+        """The newest checkpoint, from ``latest`` back, whose files match their checksums; the damaged
+        ones before it are set aside and ``latest`` names it. None intact: InputError, nothing moved."""
+        damaged: dict[Path, list[str]] = {}
+        for path in self.store.candidates(latest):
+            found = self.problems(path)
+            if found is None:
+                self._warn(f"checkpoint {path.name} has no checksums (written before mcx recorded them, D36): "
+                           "loaded without checking its files")
+                break
+            if not found:
+                break
+            damaged[path] = found
+        else:
+            raise self.store.no_intact(damaged)
+        if damaged and self.world.is_main:  # set aside first, then re-point: a stop between is recovered (store.latest)
+            step = int(self.store.read_meta(path)["step"])
+            for bad, found in damaged.items():
+                kept = self.store.set_aside(bad)
+                self._warn(f"checkpoint {bad.name} is damaged ({', '.join(found)}); kept as {kept.name}. Resuming "
+                           f"from {path.name}, the newest intact checkpoint: the steps after {step} are trained again")
+            self.store.point(path.name)
+        self.world.barrier()
+        return path
+
+    def _warn(self, message: str) -> None:
+        """Said once (rank 0), in worker.log and in result.json's ``warnings``."""
+        if self.world.is_main:
+            log.warning("%s", message)
+            self.warnings.append(message)
+
     def resume(self) -> tuple[int, int]:
-        """(step, consumed samples) of the latest checkpoint, restored into the backend; (0, 0) if none."""
+        """(step, consumed samples) of the newest intact checkpoint, restored into the backend; (0, 0) if none."""
         if self.world.is_main:
             self.store.clean_partial()
         self.world.barrier()
@@ -203,6 +248,7 @@ class Trainer:
             self.metrics.truncate_after(0, final=False)
             self.step = 0
             return 0, 0
+        latest = self._intact(latest)
         meta = self.store.read_meta(latest)
         want = self.meta(meta["step"], meta["consumed_samples"])
         for key in ("backend", "layout"):
@@ -255,7 +301,7 @@ class Trainer:
         step, consumed = self.resume()
         guard = DivergenceGuard(t.loss_spike_factor, t.loss_spike_window,
                                 [r.get("loss") for r in self.metrics.history("train")])
-        outcome = Outcome(status="finished", step=step, consumed_samples=consumed)
+        outcome = Outcome(status="finished", step=step, consumed_samples=consumed, warnings=self.warnings)
         self.progress.start(t.train_iters, step, f"{self.job.stage} {self.job.run_id}")
         train_it = self.batches(self.data.train, consumed)
         interval = self.spec.checkpoint.interval

@@ -71,7 +71,8 @@ def summarize(train: list[dict[str, Any]], measured: list[dict[str, Any]], evals
 
 def make_result(*, status: str, passed: bool, checks: dict[str, Any] | None = None, final: dict[str, Any] | None = None,
                 error: str | None = None, steps: int = 0, layer_spec: str | None = None, exit_code: int | None = None,
-                details: dict[str, Any] | None = None, out_of_memory: dict[str, Any] | None = None) -> dict[str, Any]:
+                details: dict[str, Any] | None = None, out_of_memory: dict[str, Any] | None = None,
+                warnings: list[str] | None = None) -> dict[str, Any]:
     return {
         "status": status,
         "passed": passed,
@@ -83,6 +84,7 @@ def make_result(*, status: str, passed: bool, checks: dict[str, Any] | None = No
         "exit_code": EXIT_CODES[status] if exit_code is None else exit_code,
         "details": details or {},
         "out_of_memory": out_of_memory,  # what the allocator held when the worker ran out (stage.out_of_memory)
+        "warnings": warnings or [],  # what the stage went on despite (a damaged checkpoint set aside, ...)
         "versions": versions(),
     }
 

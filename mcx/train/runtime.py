@@ -79,6 +79,14 @@ class World:
             else:
                 dist.barrier()
 
+    def gather_object(self, obj) -> list:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if self.size == 1:
+            return [obj]
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
     def broadcast_object(self, obj):
         if self.size == 1:
             return obj

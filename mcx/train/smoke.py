@@ -5,11 +5,11 @@ Each check is ``{"passed": bool, "detail": str, ...values}`` in result.json ``ch
 * ``loss_finite``: every training loss is a finite number;
 * ``loss_falling``: mean of the last ``loss_window`` losses < mean of the first ``loss_window``
   minus ``min_loss_drop``;
-* ``checkpoint_roundtrip``: the final checkpoint, loaded into a freshly built model and optimizer,
-  gives every tensor (weights, optimizer moments and steps, learning rates, schedule position)
-  bit for bit; the first differing tensor is named;
-* ``resume_bitwise``: from the checkpoint ``resume_check_iters`` steps before the end, a fresh
-  model replays those steps and every loss equals the recorded one exactly;
+* ``checkpoint_roundtrip``: the final checkpoint's files match their checksums, and loaded into a
+  freshly built model and optimizer it gives every tensor (weights, optimizer moments and steps,
+  learning rates, schedule position) bit for bit; the damaged file or the first differing tensor is named;
+* ``resume_bitwise``: from the checkpoint ``resume_check_iters`` steps before the end (its files
+  checked likewise), a fresh model replays those steps and every loss equals the recorded one exactly;
 * ``throughput``: tokens/s, TFLOP/s and peak memory were measured (finite, positive).
 """
 
@@ -97,10 +97,20 @@ def check_throughput(measured: list[dict[str, Any]]) -> Check:
             "detail": f"measured over {len(tps)} steps" if ok else "throughput or memory could not be measured"}
 
 
+def damaged(directory: Path, problems: list[str] | None) -> Check:
+    """A failed check for a checkpoint whose files do not match their checksums."""
+    found = problems if problems is not None else ["it has no checksums"]
+    return {"passed": False, "damaged": found,
+            "detail": f"checkpoint {directory.name} is damaged: {', '.join(found)}; the files on disk are not "
+                      "what the save wrote (check the filesystem)"}
+
+
 def run_checks(job: Job, world: World, train_records: list[dict[str, Any]], live: Backend,
                make_fresh: Callable[[], Backend], final_dir: Path, resume_dir: Path,
-               replay_from: Callable[[Backend, Path, int], list[float]]) -> dict[str, Check]:
-    """All smoke checks. ``replay_from(backend, resume_dir, steps)`` returns the replayed losses.
+               replay_from: Callable[[Backend, Path, int], list[float]],
+               problems: Callable[[Path], list[str] | None]) -> dict[str, Check]:
+    """All smoke checks. ``replay_from(backend, resume_dir, steps)`` returns the replayed losses;
+    ``problems(directory)`` checks a checkpoint's files against its checksums (collective).
 
     Every rank compares its own tensors (model-parallel shards on GPU); a mismatch on any rank
     fails the check everywhere."""
@@ -108,17 +118,23 @@ def run_checks(job: Job, world: World, train_records: list[dict[str, Any]], live
     checks = check_losses(job, losses)
     fresh = make_fresh()
     try:
-        fresh.load(final_dir)
-        roundtrip = compare_states(live.state_tensors(), fresh.state_tensors())
-        if not world.all(roundtrip["passed"]) and roundtrip["passed"]:
-            roundtrip = {"passed": False, "tensors": roundtrip["tensors"],
-                         "detail": "a tensor differs after save and load on another rank (see worker.log)"}
+        found = problems(final_dir)
+        if found != []:
+            roundtrip = damaged(final_dir, found)
+        else:
+            fresh.load(final_dir)
+            roundtrip = compare_states(live.state_tensors(), fresh.state_tensors())
+            if not world.all(roundtrip["passed"]) and roundtrip["passed"]:
+                roundtrip = {"passed": False, "tensors": roundtrip["tensors"],
+                             "detail": "a tensor differs after save and load on another rank (see worker.log)"}
         if not roundtrip["passed"]:
             log.warning("rank %d: %s", world.rank, roundtrip["detail"])
         checks["checkpoint_roundtrip"] = roundtrip
         n = job.checks.resume_check_iters
         expected = [(int(r["step"]), r["loss"]) for r in train_records[-n:]]
-        checks["resume_bitwise"] = check_resume(expected, lambda: replay_from(fresh, resume_dir, n))
+        found = problems(resume_dir)
+        checks["resume_bitwise"] = damaged(resume_dir, found) if found != [] else \
+            check_resume(expected, lambda: replay_from(fresh, resume_dir, n))
     finally:
         fresh.close()
     # The whole timeline's steps (a stage resumed after its last step timed none itself).

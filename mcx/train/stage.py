@@ -154,7 +154,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
 
         checks = smoke.run_checks(job, world, train_records, backend,
                                   lambda: make_backend(job, world, vocab, stage_dir), trainer.store.path(outcome.step),
-                                  trainer.store.path(smoke.resume_check_step(job)), replay)
+                                  trainer.store.path(smoke.resume_check_step(job)), replay, trainer.problems)
         failed = [f"{name}: {c['detail']}" for name, c in checks.items() if not c["passed"]]
         if failed:
             status, error = "failed", "smoke check failed: " + "; ".join(failed)
@@ -168,7 +168,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     backend.close()
     return make_result(status=status, passed=status == "finished", checks=checks,
                        final=summarize(train_records, outcome.measured, outcome.evals), error=error,
-                       steps=outcome.step, layer_spec=backend.layer_spec, details=details)
+                       steps=outcome.step, layer_spec=backend.layer_spec, details=details, warnings=outcome.warnings)
 
 
 def out_of_memory(exc: BaseException, device: str) -> dict[str, Any] | None:

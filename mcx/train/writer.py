@@ -1,4 +1,5 @@
-"""MCore's checkpoint writer: started early, its results queue warmed, its requests timed (D30, D31).
+"""MCore's checkpoint writer: started early, its results queue warmed, its requests timed (D30, D31) and
+checksummed (D35).
 
 Starting (trainer side). ``start`` runs as soon as the worker has imported Megatron-Core:
 * MCore's persistent writer process (asynchronous saves) is a spawned interpreter that imports
@@ -21,11 +22,18 @@ writer says in the stage's worker.log where one save's time went:
     checkpoint save 2 in the writer: waited 0.00 s for it, received it in 0.01 s, copied 1342 MiB to
     host in 0.05 s (new pinned buffers: 0, 0 MiB in 0.00 s), wrote it in 2.10 s
 
+and a checksummed save (below) adds ", checksums of N files (M MiB) in C s".
+
 "waited" is the time between the trainer handing the request over and the writer starting on it: the
 writer still starting up (GPU session 8: the first save's pause was mostly this), an earlier request
 still running, or the trainer's pickling. ``rehearsal`` is the request that runs a save's copy after the
 first step, so that the first real save finds the writer's pinned buffers made (D30). The timing
 classes run in the writer process and log through the stage's own logging set-up.
+
+Checksums. ``checksummed`` wraps a request's write so that, right after writing, it records the size and
+CRC-32 of the files it wrote (``checksums.record``): in the writer process for an asynchronous save, where
+training does not wait for it, and before the save's finalization, which commits the checkpoint. A
+synchronous save runs the same request in place (gpu.py), so both kinds record their checksums alike.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from typing import Any, Callable
 import torch
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue, AsyncRequest
 from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
+
+from mcx.train import checksums
 
 MIB = 1024 ** 2
 log = logging.getLogger("mcx.train.writer")
@@ -146,10 +156,34 @@ class TimedWrite:
         c = self.copy.figures if self.copy is not None else None
         copy = (f"copied {c['mib']:.0f} MiB to host in {c['seconds']:.2f} s (new pinned buffers: "
                 f"{c['new']:.0f}, {c['new_mib']:.0f} MiB in {c['new_seconds']:.2f} s), ") if c else ""
-        what, wrote = (f"checkpoint save {self.save}", f"wrote it in {write_seconds:.2f} s") if self.save else (
-            "the rehearsed copy (D30)", "kept nothing")
+        s = getattr(self.fn, "figures", None)  # a SummedWrite's checksums, taken within write_seconds
+        summed = (f", checksums of {s['files']:.0f} file{'s' if s['files'] != 1 else ''} ({s['bytes'] / MIB:.0f} MiB) "
+                  f"in {s['seconds']:.2f} s") if s else ""
+        what, wrote = (f"checkpoint save {self.save}", f"wrote it in {write_seconds - (s['seconds'] if s else 0):.2f} s"
+                       f"{summed}") if self.save else ("the rehearsed copy (D30)", "kept nothing")
         log.info("%s in the writer: waited %.2f s for it, received it in %.2f s, %s%s", what,
                  max(0.0, began - self.sent), max(0.0, (c["start"] if c else began) - began), copy, wrote)
+
+
+class SummedWrite:
+    """A request's ``async_fn`` (the write), then the checksums of the files it wrote. MCore's write
+    function takes (rank, write buckets, results queue), each bucket starting with its file's path."""
+
+    def __init__(self, fn: Callable[..., Any], directory: Path, rank: int) -> None:
+        self.fn, self.directory, self.rank = fn, directory, rank
+        self.figures: dict[str, float] | None = None  # checksums.record's, once written
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.fn(*args, **kwargs)
+        self.figures = checksums.record(self.directory, self.rank, [bucket[0] for bucket in args[1]])
+        return out
+
+
+def checksummed(request: AsyncRequest, directory: Path, rank: int) -> AsyncRequest:
+    """``request`` (an MCore ``AsyncRequest``) recording the checksums of what it writes (D35)."""
+    if request.async_fn is None:  # this rank writes nothing
+        return request
+    return request._replace(async_fn=SummedWrite(request.async_fn, directory, rank))
 
 
 def timed(request: AsyncRequest, save: int, stage_dir: Path, rank: int) -> AsyncRequest:
