@@ -273,14 +273,23 @@ def test_a_final_checkpoint_stays_unless_the_remote_holds_every_object(git_dvc_p
     assert "the only copy" in kept[str(nolog / "full" / "checkpoints" / "iter_0000012")][2]
 
 
-def test_an_interrupted_stage_without_a_valid_latest_keeps_its_checkpoints(git_dvc_project: Path):
+def test_a_stage_without_a_result_or_a_valid_latest_keeps_its_checkpoints(git_dvc_project: Path):
     project = git_dvc_project
     rdir = make_run_dir(project, RID, stages=("full",))
-    ckpt = stage(rdir, "full", [4, 8], status="interrupted")  # no `latest`: the stage would start over
+    ckpt = stage(rdir, "full", [4, 8], status="interrupted", latest=8)  # no result.json
+    (ckpt / "iter_0000012.tmp").mkdir()  # a worker whose `mcx run` was killed may be saving it right now
     record(project, rdir, {}, "interrupted")
     result = gc(project)
     assert result.removed == ()
-    assert {items(result, "kept")[str(ckpt / n)][0] for n in ("iter_0000004", "iter_0000008")} == {"checkpoint"}
+    kept = items(result, "kept")
+    assert {n: kept[str(ckpt / n)][0] for n in ("iter_0000004", "iter_0000008", "iter_0000012.tmp")} == {
+        "iter_0000004": "checkpoint", "iter_0000008": "latest checkpoint", "iter_0000012.tmp": "checkpoint"}
+    assert "no result.json" in kept[str(ckpt / "iter_0000004")][2]
+    (ckpt / "latest").unlink()
+    write_result(rdir / "full", 8, status="failed")  # ended, but no valid `latest` to resume from
+    result = gc(project)
+    assert [i.kind for i in result.removed] == ["partial checkpoint"]
+    assert "no valid `latest`" in items(result, "kept")[str(ckpt / "iter_0000004")][2]
 
 
 def test_force_attempt_numbers_survive_gc_of_the_archive(git_dvc_project: Path):

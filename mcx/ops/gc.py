@@ -7,8 +7,9 @@ Everything under ``.mcx/`` is listed, removed or kept, with a reason (docs/decis
   directory is cleaned; a run whose records the tracking store does not have yet is left whole.
   In a finished stage: the intermediate checkpoints, partial saves and the dataset index cache go; the
   final checkpoint goes only once its recorded DVC hash is verified, object by object, on the remote
-  it was pushed to (``--keep-final`` keeps it). In an unfinished stage: ``latest`` stays (it
-  resumes the stage), older checkpoints and partial saves go. The records stay.
+  it was pushed to (``--keep-final`` keeps it). In a stage that ended unfinished: ``latest`` stays
+  (it resumes the stage), older checkpoints and partial saves go. A stage without ``result.json`` is
+  left as it is: a worker outlives a killed ``mcx run`` and may still be saving. The records stay.
 - archived attempts (``archive/<id>-<time>/``, left by ``mcx run --force``), unless their records
   never reached the tracking store;
 - reproduction worktrees left by a killed ``mcx reproduce`` and registrations whose directory is gone
@@ -175,8 +176,9 @@ def _stage(project: Path, sdir: Path, recorded: dict[str, str], tally: _Tally, r
            seen: set[Path], *, keep_final: bool) -> None:
     from mcx.train.checkpoint import LATEST, RETIRED, CheckpointStore
 
-    result = paths.read_json(sdir / paths.RESULT_FILE) or {}
-    done = result.get("status") == "finished" and result.get("passed", True)  # run.py reuses exactly these
+    result = paths.read_json(sdir / paths.RESULT_FILE)
+    ended = isinstance(result, dict)  # the worker writes result.json last: without it, it may still run
+    done = ended and result.get("status") == "finished" and result.get("passed", True)  # what run.py reuses
     ckpt = _checkpoint_dir(sdir)
     if done and (sdir / "cache").is_dir():
         tally.remove(sdir / "cache", "dataset cache", "Megatron-Core's dataset index cache of a finished stage; "
@@ -186,10 +188,7 @@ def _stage(project: Path, sdir: Path, recorded: dict[str, str], tally: _Tally, r
     if ckpt.resolve() in seen or not ckpt.is_dir():
         return
     seen.add(ckpt.resolve())
-    for p in sorted(ckpt.iterdir()):
-        if p.name.endswith((".tmp", RETIRED)):
-            tally.remove(p, "partial checkpoint", "left by an interrupted save or pruning; the worker deletes it at "
-                         "its next start anyway")
+    partial = [p for p in sorted(ckpt.iterdir()) if p.name.endswith((".tmp", RETIRED))]
     try:
         latest = (ckpt / LATEST).read_text(encoding="utf-8").strip() or None
     except (OSError, UnicodeDecodeError):
@@ -197,6 +196,14 @@ def _stage(project: Path, sdir: Path, recorded: dict[str, str], tally: _Tally, r
     store = CheckpointStore(ckpt, keep=1)
     steps = [store.path(s) for s in store.steps()]
     final = ckpt / latest if latest else None
+    if not ended:  # a worker outlives a killed `mcx run` (its own session) and may be saving right now
+        for p in (*partial, *steps):
+            tally.keep(p, "latest checkpoint" if p == final else "checkpoint", "the stage has no result.json: it "
+                       "was interrupted, or its worker still runs without its `mcx run`; left as it is")
+        return
+    for p in partial:
+        tally.remove(p, "partial checkpoint", "left by an interrupted save or pruning; the worker would delete it "
+                     "at its next start")
     if not done and (final is None or final not in steps):
         for p in steps:
             tally.keep(p, "checkpoint", "the unfinished stage has no valid `latest`; left for you to look at")
@@ -212,8 +219,7 @@ def _stage(project: Path, sdir: Path, recorded: dict[str, str], tally: _Tally, r
     if final is None or final not in steps:
         return
     if not done:
-        tally.keep(final, "latest checkpoint", f"the stage {result.get('status') or 'did not finish'}; "
-                   "`mcx run` resumes it from here")
+        tally.keep(final, "latest checkpoint", f"the stage {result.get('status')}; `mcx run` resumes it from here")
         return
     why = "kept by --keep-final" if keep_final else _final_kept_why(project, final, recorded, remote)
     if why:
@@ -242,7 +248,8 @@ def _final_kept_why(project: Path, final: Path, recorded: dict[str, str], remote
     """Why a finished stage's final checkpoint must stay here; None when DVC can bring it back."""
     md5, where, name = recorded.get("md5"), recorded.get("path"), recorded.get("remote")
     if not md5:
-        return "not in DVC (tracking.log_checkpoints = false, or adding it failed): this is the only copy"
+        return ("not in DVC (tracking.log_checkpoints = false, adding it failed, or its `mcx run` ended first): "
+                "this is the only copy")
     if not where or (project / where).resolve() != final.resolve():
         return f"DVC records {where or 'no path'} for this stage, not this directory"
     if not name or name == "null":
@@ -353,4 +360,4 @@ def _delete(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
-        path.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)  # gone meanwhile is fine

@@ -1,5 +1,5 @@
 """MCore's checkpoint writer: started early, its results queue warmed, its requests timed (D30, D31) and
-checksummed (D35).
+checksummed (D36).
 
 Starting (trainer side). ``start`` runs as soon as the worker has imported Megatron-Core:
 * MCore's persistent writer process (asynchronous saves) is a spawned interpreter that imports
@@ -180,7 +180,7 @@ class SummedWrite:
 
 
 def checksummed(request: AsyncRequest, directory: Path, rank: int) -> AsyncRequest:
-    """``request`` (an MCore ``AsyncRequest``) recording the checksums of what it writes (D35)."""
+    """``request`` (an MCore ``AsyncRequest``) recording the checksums of what it writes (D36)."""
     if request.async_fn is None:  # this rank writes nothing
         return request
     return request._replace(async_fn=SummedWrite(request.async_fn, directory, rank))
