@@ -368,6 +368,21 @@ def test_a_file_written_within_the_racy_window_is_not_kept(project: Path) -> Non
         collect_data(spec_in(project), project)
 
 
+def test_dvcignore_patterns_are_applied_or_make_a_difference_a_warning(project: Path) -> None:
+    (project / ".dvcignore").write_text("# scratch files\n*.tmp\nscratch/\n")
+    (project / "data" / "quickstart" / "run.tmp").write_bytes(b"ignored by DVC")
+    (project / "data" / "scratch").mkdir()
+    (project / "data" / "scratch" / "x.bin").write_bytes(b"ignored too")
+    assert collect_data(spec_in(project), project)["info"]["dataset"]["verified"] == "content matches the DVC record"
+    (project / "data" / "quickstart" / "keep.bin").write_bytes(b"not ignored")
+    with pytest.raises(DataError, match=r"\(added: data/quickstart/keep\.bin\)"):
+        collect_data(spec_in(project), project)
+    (project / ".dvcignore").write_text("*.tmp\n!keep.bin\n")  # negation: DVC's own matcher decides
+    data = collect_data(spec_in(project), project)
+    assert data["info"]["dataset"]["verified"] == "not verified (.dvcignore)"
+    assert any("`dvc status`" in w and ".dvcignore" in w for w in data["warnings"])
+
+
 @pytest.mark.parametrize("content", ["{not json", '{"format": "something else", "version": 1, "files": {}}',
                                      "malformed-entry"])
 def test_a_corrupt_or_foreign_hash_file_is_ignored_and_rebuilt(project: Path, content: str) -> None:

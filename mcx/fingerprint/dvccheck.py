@@ -55,7 +55,11 @@ def workspace_files(top: Path, patterns: list[Pattern]) -> tuple[list[tuple[str,
     files: list[tuple[str, Path]] = []
     unsure: list[Path] = []
 
-    def walk(d: Path, rel: str, pats: list[Pattern]) -> None:
+    def walk(d: Path, rel: str, pats: list[Pattern], above: frozenset[tuple[int, int]]) -> None:
+        st = os.stat(d)
+        if (st.st_dev, st.st_ino) in above:
+            return  # a symbolic link back to a directory above: a loop
+        above = above | {(st.st_dev, st.st_ino)}
         with os.scandir(d) as it:
             entries = list(it)
         if any(e.name == ".dvcignore" for e in entries):
@@ -71,11 +75,11 @@ def workspace_files(top: Path, patterns: list[Pattern]) -> tuple[list[tuple[str,
             if any(fnmatch.fnmatchcase(e.name, g) and (is_dir or not dir_only) for g, dir_only in pats):
                 continue
             if is_dir:
-                walk(Path(e.path), f"{rel}{e.name}/", pats)
+                walk(Path(e.path), f"{rel}{e.name}/", pats, above)
             else:
                 files.append((rel + e.name, Path(e.path)))
 
-    walk(top, "", patterns)
+    walk(top, "", patterns, frozenset())
     return sorted(files), unsure
 
 
