@@ -6,7 +6,7 @@ Hashed (``id``), for ``data.path`` and, when set, ``data.tokenizer.path`` / ``da
   "subpath": null}``. For a path inside a tracked directory (``data.dvc`` tracks ``data/``, the spec
   says ``data/quickstart``) the identity is the directory's hash plus ``subpath: "quickstart"``; the
   record's ``info`` says so. A change anywhere in ``data/`` then changes the ID: exact, if coarse.
-  The record is trusted only after the workspace's output hashes to it (``dvccheck``): a file whose
+  The record is trusted only after the workspace's output hashes to it (``dvcworkspace``): a file whose
   bytes changed since ``dvc add`` makes it a DataError naming the file (``dvc add`` / ``dvc checkout``).
 - not tracked: ``{"source": "sha256", "value": ...}``, sha256 over the sorted relative paths and the
   sha256 of each file's bytes, with a warning (track it: `dvc add`).
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError
-from mcx.fingerprint.dvccheck import check_output
+from mcx.fingerprint.dvcworkspace import check_output
 from mcx.fingerprint.dvcfiles import DvcOut, find_out, norm
 from mcx.fingerprint.filehashes import FileHashes
 from mcx.hashing import digest

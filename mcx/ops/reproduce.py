@@ -117,8 +117,8 @@ def data_changes(project: Path, spec: Any, record: Any) -> list[dict[str, Any]]:
                 continue
             if now != recorded.get(name):
                 was = (recorded.get(name) or {}).get("value")
-                changes.append({"key": key, "path": value,
-                                "reason": f"{key} = {value!r} is version {now.get('value')} here; the run trained on {was}"})
+                reason = f"{key} = {value!r} is version {now.get('value')} here; the run trained on {was}"
+                changes.append({"key": key, "path": value, "reason": reason})
     finally:
         hashes.save()
     return changes
