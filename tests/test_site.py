@@ -86,7 +86,8 @@ def test_plan_describes_the_target_and_warns_about_this_machine(project: Path) -
     warnings = "\n".join(plan["warnings"])
     assert "Transformer Engine is not importable on this machine" in warnings
     assert "data.path: '/nonexistent-lustre/data'" in warnings and "data.tokenizer.path:" in warnings
-    assert warnings.count("checked again when the job starts") == 2
+    assert "GiB free on its file system, but one checkpoint of this model" in warnings  # ~1 TB into this machine's .mcx/
+    assert warnings.count("checked again when the job starts") == 3
     text = mcx(project, "plan", "llama70b.toml", "--set", "model.vocab_size=128256")
     assert text.returncode == 0 and "ID unknown here" in text.stdout
     assert not (project / ".mcx").exists()
@@ -96,9 +97,9 @@ def test_run_checks_this_machine_before_anything_starts_and_says_everything_at_o
     proc = mcx(project, "run", "llama70b.toml", "--set", "model.vocab_size=128256")
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr
-    assert err.startswith("mcx: error: 5 problems:") and "Traceback" not in err, err
+    assert err.startswith("mcx: error: 6 problems:") and "Traceback" not in err, err
     for key in ("model.transformer_impl:", "parallel.sequence_parallel:", "data.path:", "data.tokenizer.path:",
-                "launch.kind:"):
+                "checkpoint.dir (unset: the run directory, .mcx/ in the project):", "launch.kind:"):
         assert f"  {key}" in err, (key, err)
     assert not (project / ".mcx").exists()
 
@@ -244,3 +245,28 @@ def test_a_slurm_smoke_stage_fails_fast_naming_the_key(tmp_path: Path) -> None:
     assert "full" not in summary["stages"]  # nothing more was submitted
     log = (project / ".mcx" / "runs" / summary["run_id"] / "smoke" / "worker.log").read_text()
     assert "Megatron" not in log and "torch" not in log  # refused before the worker imported them
+
+
+def test_a_checkpoint_directory_without_room_for_a_checkpoint_is_refused_at_launch(tmp_path: Path) -> None:
+    # 80 layers of width 8192 (a 70B model): one checkpoint is about 14 bytes a parameter, ~900 GiB, far
+    # more than this machine's disk holds; the tiny quickstart's checkpoints fit anywhere.
+    root = tmp_path / "project"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    shutil.copyfile(ROOT / "data.dvc", root / "data.dvc")
+    (root / ".dvc").mkdir()
+    (root / "tiny.toml").write_text((ROOT / "experiments" / "tiny.toml").read_text())
+    big = ["--set", "model.num_layers=80", "--set", "model.hidden_size=8192", "--set", "model.num_attention_heads=64",
+           "--set", "model.num_query_groups=8", "--set", "model.ffn_hidden_size=28672"]
+    free = shutil.disk_usage(tmp_path).free
+    assert free < 900 * (1 << 30), "this test needs a disk smaller than one 70B checkpoint"
+    plan = mcx(root, "plan", "tiny.toml", *big, "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert any("GiB free on its file system, but one checkpoint of this model" in w
+               for w in json.loads(plan.stdout)["warnings"])
+    run = mcx(root, "run", "tiny.toml", *big)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    assert "checkpoint.dir (unset: the run directory, .mcx/ in the project): " in run.stderr
+    assert not (root / ".mcx").exists()
+    assert mcx(root, "plan", "tiny.toml", "--json").returncode == 0
+    assert not any("GiB free" in w for w in json.loads(mcx(root, "plan", "tiny.toml", "--json").stdout)["warnings"])

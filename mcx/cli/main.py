@@ -212,6 +212,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from mcx.ops.gc import gc
+
+    err = _console(stderr=True)
+    project = _project(args)
+    result = gc(project, dry_run=args.dry_run, keep_final=args.keep_final,
+                progress=lambda msg: err.print(f"gc: {msg}", markup=False, soft_wrap=True))
+    if args.json:
+        _emit_json(result.to_dict())
+    else:
+        from mcx.report.gc_view import render_gc
+
+        _console().print(render_gc(result, project))
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -318,6 +334,14 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_args(s)
     s.add_argument("--megatron-args", action="store_true", help="only the pretrain_gpt.py arguments")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("gc", help="remove what mcx no longer needs from .mcx/ (intermediate checkpoints, archived "
+                       "attempts, stale worktrees...); print what it frees")
+    s.add_argument("--dry-run", action="store_true", help="list what would be removed; remove nothing")
+    s.add_argument("--keep-final", action="store_true",
+                   help="keep finished stages' final checkpoints even where the DVC remote holds them")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_gc)
 
     s = sub.add_parser("tune", help="micro-batch sweep on the real hardware; writes the best into a new spec")
     _spec_args(s)

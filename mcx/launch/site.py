@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -93,3 +94,17 @@ def writable(path: Path, key: str) -> Problems:
         return [(key, f"{path} is not writable on this machine{made}: {exc.strerror or exc}; choose a directory the "
                  "job can write, or fix its permissions or free space")]
     return []
+
+
+def free_space(path: Path, need: int, key: str, what: str) -> Problems:
+    """Room for ``need`` bytes (``what``: e.g. "one checkpoint of this model") where ``path`` is or would be made."""
+    base = _existing_ancestor(Path(os.path.abspath(path)))
+    try:
+        free = shutil.disk_usage(base).free
+    except OSError:
+        return []  # writable() says what is wrong with the place itself
+    if free >= need:
+        return []
+    gib = 1 << 30
+    return [(key, f"{path}: {free / gib:,.1f} GiB free on its file system, but {what} takes about {need / gib:,.1f} "
+             "GiB; free space there or choose a directory on a larger file system")]

@@ -72,9 +72,11 @@ def te_for_plan(spec: ExperimentSpec, at_launch: bool = False, warnings: list[st
     return te
 
 
-def _site(spec: ExperimentSpec, root: Path, record: Any) -> Problems:
-    """What this machine lacks for the job: data and tokenizer files, writable checkpoint and run directories."""
+def _site(spec: ExperimentSpec, root: Path, record: Any, params: int | None) -> Problems:
+    """What this machine lacks for the job: data and tokenizer files, writable checkpoint and run
+    directories with room for a checkpoint of ``params`` parameters (None: unknown)."""
     from mcx.launch import site
+    from mcx.plan.memory import checkpoint_bytes
     from mcx.track.paths import STATE_DIR
 
     tracked = {key for name, key in (("dataset", "data.path"), ("tokenizer", "data.tokenizer.path"),
@@ -83,10 +85,25 @@ def _site(spec: ExperimentSpec, root: Path, record: Any) -> Problems:
     # A DVC-tracked path that is not pulled yet is fetched by `mcx run` (the fingerprint says so).
     pulled_later = frozenset(k for k in tracked if not (root / _data_value(spec, k)).exists())
     problems = site.dataset(spec, root, skip=pulled_later)
+    ckpt_key, ckpt_dir = (("checkpoint.dir", root / spec.checkpoint.dir) if spec.checkpoint.dir is not None
+                          else ("checkpoint.dir (unset: the run directory, .mcx/ in the project)", root / STATE_DIR))
+    problems += site.writable(ckpt_dir, ckpt_key)
     if spec.checkpoint.dir is not None:
-        problems += site.writable(root / spec.checkpoint.dir, "checkpoint.dir")
-    problems += site.writable(root / STATE_DIR, "run directory (.mcx/ in the project)")
+        problems += site.writable(root / STATE_DIR, "run directory (.mcx/ in the project)")
+    if params is not None and not any(key == ckpt_key for key, _ in problems):
+        problems += site.free_space(ckpt_dir, checkpoint_bytes(spec, params), ckpt_key,
+                                    "one checkpoint of this model (weights, fp32 main weights, Adam's moments)")
     return problems
+
+
+def _params(spec: ExperimentSpec, plan: Any, vocab: int | None) -> int | None:
+    """The model's parameters, also for a spec whose layout did not plan (counted at TP 1)."""
+    from mcx.plan.params import count_params, effective_vocab_size
+
+    if plan is not None:
+        return plan.params.total
+    vocab = vocab or effective_vocab_size(spec)
+    return None if vocab is None else count_params(spec.model, vocab, 1).total
 
 
 def _data_value(spec: ExperimentSpec, key: str) -> str:
@@ -119,7 +136,7 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
                          rehash_data=verify_data)
     except DataError as exc:  # e.g. a tracked dataset changed since `dvc add`: said with the rest
         raise SpecError(_dedupe([*problems, ("", str(exc))])) from None
-    site = _site(spec, project, record)
+    site = _site(spec, project, record, _params(spec, plan, vocab))
     if at_launch:
         data_keys = ("data.path", "data.prefix", "data.tokenizer.path", "data.tokenizer.merges")
         problems += [p for p in site if runs_here(spec) or p[0] in data_keys]

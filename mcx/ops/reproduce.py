@@ -166,10 +166,12 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     from mcx.fingerprint.hardware import collect_hardware
     from mcx.fingerprint.record import load_record
     from mcx.ops.run import RunOptions, run_spec
+    from mcx.ops.worktrees import CODE, PREFIX
     from mcx.report.rundata import load_run_dir
     from mcx.report.seeds import seed_runs
     from mcx.report.verdict import seed_spread_band, verdict, verdict_to_dict
     from mcx.spec import loads_spec
+    from mcx.track.runcache import acquire
 
     rdir = _record_dir(project, run_id)
     record = load_record(project, run_id)
@@ -203,8 +205,9 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     options = RunOptions(stage="all" if stages == ["smoke", "full"] else stages[0], skip_smoke="smoke" not in stages,
                          yes=True, output=output if output in ("bar", "quiet", "json") else "quiet", verify_data=True)
     restored: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix=f"mcx-repro-{run_id}-") as tmp:
-        code = code_worktree(project, record, Path(tmp) / "code")
+    # The lock, held while the worktree lives, tells `mcx gc` that the worktree is in use.
+    with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{run_id}-") as tmp, acquire(Path(tmp)):
+        code = code_worktree(project, record, Path(tmp) / CODE)
         worktree = Path(code["worktree"])
         try:
             if changes:  # before a label is taken: data that cannot be restored leaves nothing behind

@@ -203,14 +203,23 @@ def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *,
 
 
 def _archive(project: Path, rdir: Path) -> None:
-    """--force: keep the previous attempt under .mcx/archive/ instead of deleting it."""
+    """--force: keep the previous attempt under .mcx/archive/ instead of deleting it.
+
+    The next attempt's number stays in the run directory: counted from the archive, it would start
+    over once `mcx gc` empties it, and the new attempt would reuse an old attempt's MLflow run.
+    """
+    from mcx.track.paths import write_json_atomic
+
     if not rdir.exists():
         return
+    attempt = (_read_json(rdir / "run.json") or {}).get("attempt")
     dest = project / ".mcx" / "archive" / f"{rdir.name}-{time.strftime('%Y%m%dT%H%M%S')}"
     dest.mkdir(parents=True)
     for child in rdir.iterdir():
         if child.name != "lock":
             shutil.move(str(child), dest / child.name)
+    if isinstance(attempt, int):
+        write_json_atomic(rdir / "run.json", {"attempt": attempt + 1})
 
 
 def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dict[str, Any]:

@@ -24,6 +24,9 @@ from mcx.errors import InputError, TrainingFailed
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
 from mcx.spec import load_spec
 
+TUNE_PREFIX = "mcx-tune-"  # <project>/.mcx/mcx-tune-XXXX/: the trials' work directory (mcx gc knows it)
+
+
 def _records(metrics: Path) -> list[dict[str, Any]]:
     out = []
     if metrics.is_file():
@@ -100,6 +103,7 @@ def _log_says_out_of_memory(stage_dir: Path) -> bool:
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
          console: Any) -> dict[str, Any]:
     from mcx.ops.plan import plan_loaded
+    from mcx.track.runcache import acquire
 
     if steps < 2 or max_mbs < 1:
         raise InputError("--steps must be at least 2 and --max-micro-batch at least 1;", "e.g. --steps 6.")
@@ -111,7 +115,8 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
         raise InputError(f"no micro-batch size divides train.global_batch_size={gbs} over dp={dp};",
                          "raise the global batch size.")
     trials: list[dict[str, Any]] = []
-    work = Path(tempfile.mkdtemp(prefix="mcx-tune-", dir=project / ".mcx" if (project / ".mcx").is_dir() else None))
+    work = Path(tempfile.mkdtemp(prefix=TUNE_PREFIX, dir=project / ".mcx" if (project / ".mcx").is_dir() else None))
+    lock = acquire(work)  # held while the trials run: `mcx gc` removes only a work directory nobody holds
     try:
         for mbs in candidates:
             console.print(f"[bold]tune[/]: micro_batch_size={mbs}, {steps} measured steps")
@@ -130,6 +135,7 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
             console.print(f"  {trial['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
                           f"peak {trial['mem_peak_bytes'] / 2**30:.1f} GiB")
     finally:
+        lock.release()
         shutil.rmtree(work, ignore_errors=True)
     fitting = [t for t in trials if t["fits"]]
     if not fitting:

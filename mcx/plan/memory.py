@@ -107,6 +107,13 @@ def _bytes_per_param(spec: ExperimentSpec) -> tuple[float, int, int]:
     return weights, 2 if t.grad_reduce_in_bf16 else 4, 12
 
 
+def checkpoint_bytes(spec: ExperimentSpec, params: int) -> int:
+    """Bytes of one checkpoint of ``params`` parameters: the weights as trained (bf16 or fp32) and the
+    optimizer's state (fp32 main weights where the weights are 16-bit, and Adam's two moments)."""
+    weights = 4 if spec.train.precision == "fp32" else 2
+    return int(params * (weights + (0 if weights == 4 else 4) + 8))
+
+
 def _layer_elements(spec: ExperimentSpec, layout: Layout) -> tuple[float, float]:
     """(kept activations of one layer, its input alone) in elements per token of one GPU's share."""
     s = Shapes.of(spec.model)

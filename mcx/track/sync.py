@@ -15,6 +15,7 @@ from pathlib import Path
 
 from attrs import frozen
 
+from mcx.errors import InputError
 from mcx.track import paths
 from mcx.track.forward import MetricsForwarder
 from mcx.track.recorder import RUN, TARGET_FILE, RunRecorder
@@ -107,6 +108,16 @@ def sync_recorder(rec: RunRecorder) -> SyncEntry:
     )
 
 
+def unsent(project_root: Path, run_dir: Path) -> tuple[int, int]:
+    """What of ``run_dir``'s records its tracking store lacks, as far as the spool knows: journal
+    operations and metrics-file bytes. Sends and writes nothing; (0, 0) for a run never recorded."""
+    try:
+        rec = RunRecorder.load(project_root, run_dir)
+    except InputError:
+        return 0, 0
+    return len(rec.journal.pending()), sum(MetricsForwarder(rec, s).pending_bytes() for s in rec.stages())
+
+
 def sync(project_root: Path, *, tracking_uri: str | None = None, run_ids: list[str] | None = None) -> SyncReport:
     """Send every spooled record of the project (or of ``run_ids``) to its tracking store.
 
@@ -123,4 +134,4 @@ def sync(project_root: Path, *, tracking_uri: str | None = None, run_ids: list[s
     return SyncReport(tuple(entries), time.perf_counter() - t0)
 
 
-__all__ = ["RUN", "SyncEntry", "SyncReport", "sync", "sync_recorder", "tracked_run_dirs"]
+__all__ = ["RUN", "SyncEntry", "SyncReport", "sync", "sync_recorder", "tracked_run_dirs", "unsent"]
