@@ -5,10 +5,12 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import attrs
@@ -33,6 +35,7 @@ from mcx.fingerprint.config import NOT_HASHED, canonical_config
 from mcx.fingerprint.data import collect_data
 from mcx.fingerprint.environment import collect_environment, cuda_version
 from mcx.fingerprint.explain import flatten
+from mcx.fingerprint.filehashes import cache_path, load
 from mcx.fingerprint.hardware import cpu_model, identity, parse_gpu_query, parse_topology, visible
 from mcx.spec import load_spec
 from mcx.spec.convert import field_types
@@ -264,6 +267,189 @@ def test_untracked_data_is_hashed_by_content_with_a_warning(tmp_path: Path) -> N
     assert collect_data(spec, tmp_path)["id"] == first["id"]
     (tmp_path / "data" / "quickstart" / "corpus.idx").write_bytes(b"MMIDIDX\x00\x00" + b"\x02" * 23)
     assert collect_data(spec, tmp_path)["id"] != first["id"]
+
+
+# ---------------------------------------------------------------- data: content, and the hashes kept by stat
+
+
+def age(root: Path, seconds: int = 60) -> None:
+    """Every file under ``root`` as if last written ``seconds`` ago (hashes of newer files are not kept)."""
+    past = time.time_ns() - seconds * 10**9
+    for p in root.rglob("*"):
+        if p.is_file():
+            os.utime(p, ns=(past, past))
+
+
+def flip(path: Path, offset: int = 1000, n: int = 64) -> bytes:
+    """Overwrite ``n`` bytes in place (same size, same inode) with their complement; returns the old bytes."""
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        old = f.read(n)
+        f.seek(offset)
+        f.write(bytes(b ^ 0xFF for b in old))
+    return old
+
+
+def forge(path: Path) -> None:
+    """A change a stat cannot see: bytes overwritten in place, then inode, size and mtime as before."""
+    st = os.stat(path)
+    flip(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def kept(project: Path) -> dict:
+    return load(cache_path(project))
+
+
+def test_same_size_edit_of_tracked_data_is_refused_naming_the_files(project: Path) -> None:
+    (project / ".mcx").mkdir()
+    age(project / "data")
+    clean = collect_data(spec_in(project), project)
+    flip(project / "data" / "quickstart" / "corpus.bin")  # 64 bytes, size unchanged
+    (project / "data" / "quickstart" / "extra.bin").write_bytes(b"x")
+    (project / "data" / "other" / "notes.txt").unlink()
+    with pytest.raises(DataError, match="changed since DVC recorded it in data.dvc") as exc:
+        collect_data(spec_in(project), project)
+    # Named from the record's .dir listing in DVC's cache.
+    assert ("changed: data/quickstart/corpus.bin; added: data/quickstart/extra.bin; removed: data/other/notes.txt"
+            in exc.value.message)
+    assert "`dvc add data`" in exc.value.hint and "`dvc checkout data.dvc`" in exc.value.hint
+    assert exc.value.exit_code == 2
+    assert clean["info"]["dataset"]["verified"] == "content matches the DVC record"
+
+
+def test_without_dvcs_listing_the_kept_hashes_name_the_changed_file(project: Path) -> None:
+    shutil.rmtree(project / ".dvc" / "cache")
+    corpus = project / "data" / "quickstart" / "corpus.bin"
+    old = flip(corpus)  # nothing kept yet: the difference is found, not where
+    with pytest.raises(DataError, match=r"it hashes to \w+\.dir, DVC recorded \w+\.dir; `dvc status` names the files"):
+        collect_data(spec_in(project), project)
+    assert flip(corpus) != old and corpus.read_bytes()[1000:1064] == old  # the recorded bytes again
+    (project / ".mcx").mkdir()
+    age(project / "data")
+    collect_data(spec_in(project), project)  # keeps every file's md5
+    flip(corpus)
+    with pytest.raises(DataError, match="changed since mcx last hashed them: data/quickstart/corpus.bin"):
+        collect_data(spec_in(project), project)
+
+
+def test_unchanged_data_is_not_read_and_a_full_rehash_sees_what_stat_cannot(project: Path) -> None:
+    (project / ".mcx").mkdir()
+    age(project / "data")
+    first = collect_data(spec_in(project), project)
+    assert first["info"]["dataset"]["content"] == {"files": 3, "read": 3, "bytes_read": 2048 + 32 + 46,
+                                                   "kept_hashes": "used"}
+    assert set(kept(project)) == {str(p) for p in (project / "data").rglob("*") if p.is_file()}
+    again = collect_data(spec_in(project), project)
+    assert again["id"] == first["id"]
+    assert again["info"]["dataset"]["content"] == {"files": 3, "read": 0, "bytes_read": 0, "kept_hashes": "used"}
+    # The proof that nothing was read: bytes changed behind an unchanged (inode, mtime, size) go unseen.
+    forge(project / "data" / "quickstart" / "corpus.bin")
+    blind = collect_data(spec_in(project), project)
+    assert blind["id"] == first["id"] and blind["info"]["dataset"]["content"]["read"] == 0
+    with pytest.raises(DataError, match="changed: data/quickstart/corpus.bin"):  # what --verify-data asks for
+        collect_data(spec_in(project), project, rehash=True)
+    with pytest.raises(DataError, match="changed: data/quickstart/corpus.bin"):  # the full re-hash was kept
+        collect_data(spec_in(project), project)
+
+
+def test_a_file_written_within_the_racy_window_is_not_kept(project: Path) -> None:
+    """Its mtime could be reused by a second write in the same timestamp tick (git's racy-clean rule)."""
+    (project / ".mcx").mkdir()
+    age(project / "data")
+    corpus = project / "data" / "quickstart" / "corpus.bin"
+    os.utime(corpus)  # modified just now (content unchanged)
+    collect_data(spec_in(project), project)
+    assert str(corpus) not in kept(project) and str(project / "data" / "other" / "notes.txt") in kept(project)
+    forge(corpus)  # a second write in the same tick: same inode, mtime, size
+    with pytest.raises(DataError, match="changed: data/quickstart/corpus.bin"):
+        collect_data(spec_in(project), project)
+
+
+def test_dvcignore_patterns_are_applied_or_make_a_difference_a_warning(project: Path) -> None:
+    (project / ".dvcignore").write_text("# scratch files\n*.tmp\nscratch/\n")
+    (project / "data" / "quickstart" / "run.tmp").write_bytes(b"ignored by DVC")
+    (project / "data" / "scratch").mkdir()
+    (project / "data" / "scratch" / "x.bin").write_bytes(b"ignored too")
+    assert collect_data(spec_in(project), project)["info"]["dataset"]["verified"] == "content matches the DVC record"
+    (project / "data" / "quickstart" / "keep.bin").write_bytes(b"not ignored")
+    with pytest.raises(DataError, match=r"\(added: data/quickstart/keep\.bin\)"):
+        collect_data(spec_in(project), project)
+    (project / ".dvcignore").write_text("*.tmp\n!keep.bin\n")  # negation: DVC's own matcher decides
+    data = collect_data(spec_in(project), project)
+    assert data["info"]["dataset"]["verified"] == "not verified (.dvcignore)"
+    assert any("`dvc status`" in w and ".dvcignore" in w for w in data["warnings"])
+
+
+@pytest.mark.parametrize("content", ["{not json", '{"format": "something else", "version": 1, "files": {}}',
+                                     "malformed-entry"])
+def test_a_corrupt_or_foreign_hash_file_is_ignored_and_rebuilt(project: Path, content: str) -> None:
+    (project / ".mcx").mkdir()
+    age(project / "data")
+    corpus = project / "data" / "quickstart" / "corpus.bin"
+    st = corpus.stat()
+    wrong = {str(corpus): [st.st_ino, st.st_mtime_ns, st.st_size, {"md5": "0" * 32}]}  # would refuse if trusted
+    if content == "malformed-entry":
+        wrong[str(project / "data" / "other" / "notes.txt")] = [1, 2, 3, {"md5": "not hex"}]
+        content = json.dumps({"format": "mcx file hashes", "version": 1, "files": wrong})
+    elif content.startswith("{\"format"):
+        content = json.dumps({**json.loads(content), "files": wrong})
+    cache_path(project).write_text(content)
+    data = collect_data(spec_in(project), project)
+    assert data["info"]["dataset"]["content"]["read"] == 3
+    assert kept(project)[str(corpus)][3]["md5"] == hashlib.md5(corpus.read_bytes()).hexdigest()
+
+
+def test_untracked_data_edited_in_place_changes_the_id_reading_only_that_file(tmp_path: Path) -> None:
+    write_dataset(tmp_path)
+    (tmp_path / ".mcx").mkdir()
+    age(tmp_path / "data")
+    spec = load_spec(TINY)
+    first = collect_data(spec, tmp_path)
+    assert collect_data(spec, tmp_path)["info"]["dataset"]["content"]["read"] == 0
+    flip(tmp_path / "data" / "quickstart" / "corpus.bin")
+    edited = collect_data(spec, tmp_path)
+    assert edited["id"]["dataset"]["source"] == "sha256" and edited["id"] != first["id"]
+    assert edited["info"]["dataset"]["content"] == {"files": 2, "read": 1, "bytes_read": 2048, "kept_hashes": "used"}
+
+
+def test_mcx_run_refuses_an_in_place_edit_before_training_and_plan_agrees(tmp_path: Path) -> None:
+    """The issue's case, as a user meets it: 64 bytes of the quickstart's .bin overwritten in place."""
+    from conftest import make_e2e_project, mcx_subprocess
+
+    project = make_e2e_project(tmp_path / "project")
+    (project / ".mcx").mkdir()  # as a first run leaves it
+    age(project / "data")
+    planned = mcx_subprocess(project, "plan", "experiments/tiny.toml", "--json")
+    assert planned.code == 0, planned
+    run_id_before = planned.json()["run_id"]
+    old = flip(project / "data" / "quickstart" / "corpus.bin")
+    for verb in (["run"], ["plan"]):
+        res = mcx_subprocess(project, *verb, "experiments/tiny.toml", "--json")
+        assert res.code == 2, res
+        assert "changed since DVC recorded it in data.dvc" in res.err and "data/quickstart/corpus.bin" in res.err
+        assert "`dvc add data`" in res.err and "`dvc checkout data.dvc`" in res.err and "Traceback" not in res.err
+    assert sorted(p.name for p in (project / ".mcx").iterdir()) == ["file-hashes.json"]  # nothing trained
+    flip(project / "data" / "quickstart" / "corpus.bin")
+    assert (project / "data" / "quickstart" / "corpus.bin").read_bytes()[1000:1064] == old
+    again = mcx_subprocess(project, "plan", "experiments/tiny.toml", "--json")
+    assert again.code == 0 and again.json()["run_id"] == run_id_before, again
+
+
+def test_verify_data_reads_what_the_kept_hashes_cannot_see(tmp_path: Path) -> None:
+    from conftest import make_e2e_project, mcx_subprocess
+
+    project = make_e2e_project(tmp_path / "project")
+    (project / ".mcx").mkdir()
+    age(project / "data")
+    assert mcx_subprocess(project, "plan", "experiments/tiny.toml", "--json").code == 0
+    forge(project / "data" / "quickstart" / "corpus.bin")
+    assert mcx_subprocess(project, "run", "experiments/tiny.toml", "--dry-run").code == 0  # a stat sees nothing
+    res = mcx_subprocess(project, "run", "experiments/tiny.toml", "--dry-run", "--verify-data")
+    assert res.code == 2 and "data/quickstart/corpus.bin" in res.err, res
+    assert mcx_subprocess(project, "plan", "experiments/tiny.toml").code == 2  # the re-hash was kept
 
 
 # ---------------------------------------------------------------- run IDs

@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
     opts = RunOptions(stage=args.stage, force=args.force, yes=args.yes, dry_run=args.dry_run,
                       skip_smoke=args.skip_smoke, output="json" if args.json else ("quiet" if args.quiet else "bar"),
-                      wait=args.wait, confirm=_ask if interactive else None)
+                      wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data)
     summary = run(args.spec, args.overrides, project=_project(args), options=opts, console=_console(stderr=True))
     if args.json:
         _emit_json(summary)
@@ -261,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="confirm a job above the spec's GPU-hour budget (on a terminal mcx asks instead)")
     s.add_argument("--dry-run", action="store_true", help="show the plan and the launch scripts; run nothing")
     s.add_argument("--wait", action="store_true", help="if the run ID is training elsewhere, wait for it")
+    s.add_argument("--verify-data", action="store_true",
+                   help="read every data file again instead of trusting hashes kept for files whose inode, mtime "
+                        "and size are unchanged")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--json", action="store_true", help="last stdout line: one JSON summary")
     s.set_defaults(func=cmd_run)

@@ -66,9 +66,14 @@ def directory_md5(directory: Path) -> DirHash:
             path = Path(root) / name
             entries.append({"md5": file_md5(path), "relpath": path.relative_to(directory).as_posix()})
             size += path.stat().st_size
-    entries.sort(key=lambda e: e["relpath"])
+    return DirHash(md5=tree_md5([(e["relpath"], e["md5"]) for e in entries]), nfiles=len(entries), size=size)
+
+
+def tree_md5(files: list[tuple[str, str]]) -> str:
+    """DVC's ``md5`` of a directory from its files' (posix relative path, md5) pairs."""
+    entries = sorted(({"md5": md5, "relpath": rel} for rel, md5 in files), key=lambda e: e["relpath"])
     blob = json.dumps(entries, sort_keys=True).encode("utf-8")
-    return DirHash(md5=hashlib.md5(blob, usedforsecurity=False).hexdigest() + ".dir", nfiles=len(entries), size=size)
+    return hashlib.md5(blob, usedforsecurity=False).hexdigest() + ".dir"
 
 
 def read_dvc_file(dvc_file: Path) -> tuple[Path, DirHash]:

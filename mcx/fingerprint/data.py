@@ -1,4 +1,4 @@
-"""Data identity: the content hash DVC already holds for the spec's dataset, never re-reading it.
+"""Data identity: the content of the spec's data, read again only where a file changed.
 
 Hashed (``id``), for ``data.path`` and, when set, ``data.tokenizer.path`` / ``data.tokenizer.merges``:
 
@@ -6,11 +6,14 @@ Hashed (``id``), for ``data.path`` and, when set, ``data.tokenizer.path`` / ``da
   "subpath": null}``. For a path inside a tracked directory (``data.dvc`` tracks ``data/``, the spec
   says ``data/quickstart``) the identity is the directory's hash plus ``subpath: "quickstart"``; the
   record's ``info`` says so. A change anywhere in ``data/`` then changes the ID: exact, if coarse.
-  Before trusting the record, the output's file count and total size are compared with what DVC
-  wrote (``stat`` only, no reading); a mismatch is a DataError (``dvc add`` / ``dvc checkout``). An
-  in-place edit that keeps every size escapes this check; ``dvc status`` sees it.
+  The record is trusted only after the workspace's output hashes to it (``dvcworkspace``): a file whose
+  bytes changed since ``dvc add`` makes it a DataError naming the file (``dvc add`` / ``dvc checkout``).
 - not tracked: ``{"source": "sha256", "value": ...}``, sha256 over the sorted relative paths and the
-  sha256 of each file's bytes, streamed, with a warning (track it: `dvc add`).
+  sha256 of each file's bytes, with a warning (track it: `dvc add`).
+
+Each file's hash comes from ``FileHashes``: a ``stat`` for a file whose (inode, mtime, size) is
+unchanged since it was last hashed, a read otherwise; ``rehash=True`` (``mcx run --verify-data``,
+``mcx reproduce``) reads every file. ``info.<name>.content`` counts the files and bytes read.
 
 Missing data is a DataError naming the key and the fix (``mcx data prepare`` or ``dvc pull``),
 except that ``require_data=False`` (``mcx plan``, ``mcx explain`` on a fresh clone) takes the hash of
@@ -24,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError
-from mcx.fingerprint.code import file_sha256
-from mcx.fingerprint.dvcfiles import DvcOut, dvc_root, dvcignore_files, find_out, has_patterns, norm
+from mcx.fingerprint.dvcworkspace import check_output
+from mcx.fingerprint.dvcfiles import DvcOut, find_out, norm
+from mcx.fingerprint.filehashes import FileHashes
 from mcx.hashing import digest
 from mcx.spec import ExperimentSpec
 from mcx.spec.schema import DataSpec
-
-_DVC_SKIPPED_DIRS = {".git", ".hg", ".dvc"}  # DVC's default ignores inside a tracked directory
 
 
 def _files(path: Path) -> list[tuple[str, Path]]:
@@ -45,91 +47,15 @@ def _files(path: Path) -> list[tuple[str, Path]]:
     return sorted(found)
 
 
-def tree_sha256(path: Path) -> tuple[str, int, int]:
-    """(sha256, file count, total bytes) over a file or a directory tree, streamed."""
+def tree_sha256(path: Path, hashes: FileHashes) -> tuple[str, int, int]:
+    """(sha256, file count, total bytes) over a file or a directory tree."""
     files = _files(path)
     size = sum(p.stat().st_size for _, p in files)
     if files == [("", path)]:
-        return file_sha256(path), 1, size
-    return digest([[rel, file_sha256(p)] for rel, p in files]), len(files), size
-
-
-def _shape(path: Path) -> tuple[int, int, list[Path]]:
-    """(file count, total bytes, .dvcignore files inside) as DVC counts a tracked output."""
-    if path.is_file():
-        return 1, path.stat().st_size, []
-    nfiles = size = 0
-    ignores = []
-    for d, dirs, files in os.walk(path, followlinks=True):
-        dirs[:] = [x for x in dirs if x not in _DVC_SKIPPED_DIRS]
-        for name in files:
-            if name == ".git":
-                continue
-            if name == ".dvcignore" and has_patterns(Path(d, name)):
-                ignores.append(Path(d, name))
-            nfiles += 1
-            size += Path(d, name).stat().st_size
-    return nfiles, size, ignores
-
-
-def _patterns(ignores: list[Path]) -> list[str] | None:
-    """The plain glob patterns of these .dvcignore files; None when one uses negation or anchors
-    (then DVC's own matcher decides, and mcx only warns)."""
-    out: list[str] = []
-    for f in ignores:
-        for line in f.read_text(encoding="utf-8", errors="replace").splitlines():
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith("!") or "/" in line.rstrip("/"):
-                return None
-            out.append(line.rstrip("/"))
-    return out
-
-
-def _shape_without(path: Path, patterns: list[str]) -> tuple[int, int]:
-    """(file count, total bytes) of a directory, leaving out names that match a pattern."""
-    import fnmatch
-
-    def ignored(name: str) -> bool:
-        return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-    nfiles = size = 0
-    for d, dirs, files in os.walk(path, followlinks=True):
-        dirs[:] = [x for x in dirs if x not in _DVC_SKIPPED_DIRS and not ignored(x)]
-        for name in files:
-            if name == ".git" or ignored(name):
-                continue
-            nfiles += 1
-            size += Path(d, name).stat().st_size
-    return nfiles, size
-
-
-def _check_fresh(out: DvcOut, key: str, shown: str, warnings: list[str]) -> str:
-    """Compare the output's file count and size with DVC's record; returns what was verified."""
-    if out.size is None:
-        warnings.append(f"{key}: {out.record} records no size for {out.path}; not verified against the workspace")
-        return "not verified (no size recorded)"
-    nfiles, size, inside = _shape(out.path)
-    want_files = out.nfiles if out.nfiles is not None else 1
-    if (nfiles, size) == (want_files, out.size):
-        return "file count and total size match the DVC record"
-    ignores = [*dvcignore_files(dvc_root(out.path) or out.path, out.path), *inside]
-    now = f"{nfiles} files, {size} bytes now; {want_files} files, {out.size} bytes recorded"
-    patterns = _patterns(ignores)
-    if patterns is not None and out.path.is_dir():
-        kept = _shape_without(out.path, patterns)
-        if kept == (want_files, out.size):
-            return "file count and total size match the DVC record (.dvcignore applied)"
-        now = f"{kept[0]} files, {kept[1]} bytes now (.dvcignore applied); {want_files} files, {out.size} bytes recorded"
-        ignores = []  # the patterns were understood and do not explain the difference
-    if ignores:
-        warnings.append(f"{key}: {out.path} differs from {out.record} ({now}), possibly because of "
-                        f"{', '.join(map(str, ignores))}; run `dvc status` to be sure")
-        return "not verified (.dvcignore)"
-    raise DataError(f"{key} = {shown!r}: {out.path} changed since DVC recorded it in {out.record} ({now})",
-                    f"record the new version with `dvc add {out.path}` (or `dvc commit`), "
-                    f"or restore the recorded one with `dvc checkout {out.record}`.")
+        return hashes.hash(path, "sha256"), 1, size
+    found = [[rel, hashes.hash(p, "sha256")] for rel, p in files]
+    hashes.forget_under(path, {str(p) for _, p in files})
+    return digest(found), len(files), size
 
 
 def _dvc_identity(out: DvcOut, full: Path) -> dict[str, Any]:
@@ -138,14 +64,23 @@ def _dvc_identity(out: DvcOut, full: Path) -> dict[str, Any]:
 
 
 def content_identity(project_root: Path, value: str, key: str, warnings: list[str],
-                     require_data: bool = True, allow_absent: bool = False) -> dict[str, Any]:
+                     require_data: bool = True, allow_absent: bool = False,
+                     hashes: FileHashes | None = None, rehash: bool = False) -> dict[str, Any]:
     """``{"id": ..., "info": ...}`` for one data path of the spec (``key`` names it in messages).
 
     With ``require_data=False`` a DVC-tracked path that is not in the workspace (not pulled yet)
     gets the hash DVC recorded, which is what ``dvc pull`` will bring, and a warning. With
     ``allow_absent`` (planning away from the data) a missing untracked path gets the identity
-    ``{"source": "absent"}``, which no run ID is made from (mcx.ops.plan).
+    ``{"source": "absent"}``, which no run ID is made from (mcx.ops.plan). ``hashes``: the file
+    hashes to use (``collect_data`` shares one among the paths); without it the project's are
+    opened here (``rehash``: read every file) and saved.
     """
+    if hashes is None:
+        hashes = FileHashes.for_project(project_root, full=rehash)
+        try:
+            return content_identity(project_root, value, key, warnings, require_data, allow_absent, hashes)
+        finally:
+            hashes.save()
     full = norm(Path(project_root) / value)
     out = find_out(full)
     if not full.exists():
@@ -165,23 +100,37 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
         fix = ("prepare it with `mcx data prepare SPEC` or fetch it with `dvc pull`" if key == "data.path"
                else "fix the path (relative to the project root) or fetch the file with `dvc pull`")
         raise DataError(f"{key} = {value!r}: {full} does not exist", fix + ".")
+    before = hashes.stats()
     if out is not None:
         ident = _dvc_identity(out, full)
+        verified = check_output(out, hashes, key=key, shown=value, project_root=norm(project_root),
+                                warnings=warnings)
         info: dict[str, Any] = {"path": str(full), "record": str(out.record), "stage": out.stage,
-                                "size": out.size, "nfiles": out.nfiles,
-                                "verified": _check_fresh(out, key, value, warnings)}
+                                "size": out.size, "nfiles": out.nfiles, "verified": verified,
+                                "content": _cost(hashes, before)}
         if ident["subpath"] is not None:
             info["note"] = (f"inside the DVC-tracked {out.path}: the identity is that directory's hash "
                             f"plus the relative path {ident['subpath']!r}")
         return {"id": ident, "info": info}
-    sha, nfiles, size = tree_sha256(full)
+    try:
+        sha, nfiles, size = tree_sha256(full, hashes)
+    except OSError as exc:
+        raise DataError(f"{key} = {value!r}: cannot read {exc.filename} ({exc.strerror})",
+                        "fix the file's permissions.") from None
     if nfiles == 0:
         raise DataError(f"{key} = {value!r}: {full} holds no files",
                         "prepare it with `mcx data prepare SPEC` or fetch it with `dvc pull`.")
     warnings.append(f"{key} = {value!r} is not tracked by DVC; hashed its {nfiles} files ({size} bytes) "
-                    f"by content; `dvc add {value}` makes this instant and reproducible")
+                    f"by content; `dvc add {value}` makes it restorable by hash")
     return {"id": {"source": "sha256", "value": sha},
-            "info": {"path": str(full), "record": None, "size": size, "nfiles": nfiles}}
+            "info": {"path": str(full), "record": None, "size": size, "nfiles": nfiles,
+                     "content": _cost(hashes, before)}}
+
+
+def _cost(hashes: FileHashes, before: dict[str, int]) -> dict[str, Any]:
+    """What checking one path cost: files looked at, files and bytes read, whether kept hashes were used."""
+    now = hashes.stats()
+    return {**{k: now[k] - before[k] for k in now}, "kept_hashes": "not used (full re-hash)" if hashes.full else "used"}
 
 
 def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
@@ -192,12 +141,19 @@ def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
 
 
 def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = True,
-                 allow_absent: bool = False) -> dict[str, Any]:
-    """The data component: ``{"id": ..., "info": ..., "warnings": [...]}`` (see ``content_identity``)."""
+                 allow_absent: bool = False, rehash: bool = False) -> dict[str, Any]:
+    """The data component: ``{"id": ..., "info": ..., "warnings": [...]}`` (see ``content_identity``).
+
+    ``rehash``: read every file instead of trusting the hashes kept for unchanged ones.
+    """
     warnings: list[str] = []
     ident: dict[str, Any] = {}
     info: dict[str, Any] = {}
-    for name, (key, value) in data_paths(spec.data).items():
-        part = content_identity(project_root, value, key, warnings, require_data, allow_absent)
-        ident[name], info[name] = part["id"], part["info"]
+    hashes = FileHashes.for_project(project_root, full=rehash)
+    try:
+        for name, (key, value) in data_paths(spec.data).items():
+            part = content_identity(project_root, value, key, warnings, require_data, allow_absent, hashes)
+            ident[name], info[name] = part["id"], part["info"]
+    finally:
+        hashes.save()  # what was read is worth keeping, whether or not the data passed
     return {"id": ident, "info": info, "warnings": warnings}

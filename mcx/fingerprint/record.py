@@ -78,6 +78,7 @@ def collect(
     probe_hardware: bool = True,
     require_data: bool = True,
     allow_absent: bool = False,
+    rehash_data: bool = False,
 ) -> FingerprintRecord:
     """Fingerprint ``spec`` as it would run from ``project_root`` on this machine.
 
@@ -87,6 +88,7 @@ def collect(
     ``require_data=False``: a DVC-tracked dataset that is not pulled yet is identified by its DVC
     record (for planning and explaining); training needs the default. ``allow_absent``: a missing
     untracked path is recorded as absent instead of raising (``mcx plan`` away from the data).
+    ``rehash_data``: read every data file, trusting no kept hash (``mcx run --verify-data``).
 
     Raises DataError for missing or modified data, InputError for a bad lockfile name, and
     EnvironmentProblem when git cannot read the repository.
@@ -96,7 +98,7 @@ def collect(
         "code": collect_code(root),
         "environment": collect_environment(root, lockfile),
         "config": collect_config(spec),
-        "data": collect_data(spec, root, require_data, allow_absent),
+        "data": collect_data(spec, root, require_data, allow_absent, rehash_data),
         "hardware": collect_hardware(spec, probe_hardware),
     }
     warnings = tuple(f"{name}: {w}" for name, part in parts.items() for w in part["warnings"])

@@ -100,21 +100,27 @@ def _drift(recorded: dict[str, Any], now: dict[str, Any]) -> list[dict[str, Any]
 
 def data_changes(project: Path, spec: Any, record: Any) -> list[dict[str, Any]]:
     """The spec's data paths that are not, here, the version the run trained on (missing, changed
-    since their DVC record, or another version): ``{"key", "path", "reason"}`` each."""
+    since their DVC record, or another version): ``{"key", "path", "reason"}`` each. Every data
+    file is read: a change that kept a file's inode, mtime and size is found too."""
     from mcx.fingerprint.data import content_identity, data_paths
+    from mcx.fingerprint.filehashes import FileHashes
 
     recorded = record.data.get("id") or {}
     changes = []
-    for name, (key, value) in data_paths(spec.data).items():
-        try:
-            now = content_identity(project.resolve(), value, key, [], require_data=True)["id"]
-        except DataError as exc:
-            changes.append({"key": key, "path": value, "reason": exc.message.rstrip(";")})
-            continue
-        if now != recorded.get(name):
-            was = (recorded.get(name) or {}).get("value")
-            changes.append({"key": key, "path": value,
-                            "reason": f"{key} = {value!r} is version {now.get('value')} here; the run trained on {was}"})
+    hashes = FileHashes.for_project(project.resolve(), full=True)  # every file read: no kept hash trusted
+    try:
+        for name, (key, value) in data_paths(spec.data).items():
+            try:
+                now = content_identity(project.resolve(), value, key, [], require_data=True, hashes=hashes)["id"]
+            except DataError as exc:
+                changes.append({"key": key, "path": value, "reason": exc.message.rstrip(";")})
+                continue
+            if now != recorded.get(name):
+                was = (recorded.get(name) or {}).get("value")
+                reason = f"{key} = {value!r} is version {now.get('value')} here; the run trained on {was}"
+                changes.append({"key": key, "path": value, "reason": reason})
+    finally:
+        hashes.save()
     return changes
 
 
@@ -145,7 +151,7 @@ def restore_data(project: Path, worktree: Path, spec: Any, record: Any, run_id: 
         except DataError as exc:
             raise DataError(f"{why}; so the recorded version must be restored, but {exc.message}", exc.hint) from None
         restored.append({"key": key, "path": rel.as_posix(), "md5": md5})
-    now = collect_data(spec, worktree)["id"]
+    now = collect_data(spec, worktree, rehash=True)["id"]
     if now != recorded:
         raise DataError(f"{why}; the data restored into the recorded commit's worktree is {now}, not the "
                         f"recorded {recorded};", "the record and the commit's .dvc files disagree: restore the data "
@@ -197,7 +203,7 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     original = load_run_dir(rdir)
     stages = list(original.stages) or ["full"]
     options = RunOptions(stage="all" if stages == ["smoke", "full"] else stages[0], skip_smoke="smoke" not in stages,
-                         yes=True, output=output if output in ("bar", "quiet", "json") else "quiet")
+                         yes=True, output=output if output in ("bar", "quiet", "json") else "quiet", verify_data=True)
     restored: list[dict[str, Any]] = []
     # The lock, held while the worktree lives, tells `mcx gc` that the worktree is in use.
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{run_id}-") as tmp, acquire(Path(tmp)):

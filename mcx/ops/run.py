@@ -33,6 +33,7 @@ class RunOptions:
     skip_smoke: bool = False
     output: str = "bar"  # bar | quiet | json (the worker's progress display)
     wait: bool = False
+    verify_data: bool = False  # read every data file, trusting no kept hash (mcx.fingerprint.filehashes)
     # Asked when the full stage is over budget.max_gpu_hours and --yes was not given (the CLI asks
     # on a terminal); gets the gate's message, returns whether to go on. None: refuse.
     confirm: Callable[[str], bool] | None = None
@@ -70,7 +71,8 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
     from mcx.track import paths
 
     try:
-        pr = plan_loaded(spec, code_path or project, require_data=False, at_launch=not options.dry_run)
+        pr = plan_loaded(spec, code_path or project, require_data=False, at_launch=not options.dry_run,
+                         verify_data=options.verify_data)
     except SpecError as exc:  # with what the launcher itself cannot do, in the same report
         extra = [p for p in _launcher_problems(spec) if p not in exc.problems]
         raise SpecError([*exc.problems, *extra], exc.source) from None
