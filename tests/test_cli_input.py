@@ -251,6 +251,17 @@ def test_a_project_that_does_not_exist(project):
     assert "project directory" in err and "does not exist" in err and "--project" in err
 
 
+def test_prepare_inside_a_dvc_tracked_output_is_refused(project):
+    """data.dvc tracks all of data/: a new dataset there would change its hash, and every quickstart
+    spec would then exit 2; mcx data prepare says so and writes nothing (D35)."""
+    write(project, "corpus.jsonl", '{"text": "a document"}\n')
+    err = one_paragraph(bad_input(project, "data", "prepare", "corpus.jsonl", "--out", "data/mine"))
+    assert "--out data/mine is inside data/, which DVC tracks as one output in data.dvc" in err
+    assert "e.g. --out datasets/mine, then `dvc add datasets/mine`" in err
+    assert "pass --inside-tracked" in err and "`dvc add data` (and commit data.dvc)" in err
+    assert err.rstrip().endswith("Nothing was written.")
+
+
 # --- mcx import -------------------------------------------------------------------------------------
 
 _SCRIPT = """#!/bin/bash

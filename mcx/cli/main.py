@@ -98,12 +98,14 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
     manifest = prepare(project=_project(args), source=args.source, out=args.out, tokenizer=args.tokenizer,
                        tokenizer_kind=args.tokenizer_kind, merges=args.merges, vocab_size=args.vocab_size,
-                       json_key=args.json_key, force=args.force)
+                       json_key=args.json_key, force=args.force, inside_tracked=args.inside_tracked)
     if args.json:
         _emit_json(manifest)
     else:
         _console().print(f"prepared {manifest['out_dir']}: {manifest['documents']} documents, "
                          f"{manifest['tokens']} tokens, vocab {manifest['vocab_size']}")
+        if manifest.get("dvc_add"):
+            _console().print(manifest["dvc_add"], markup=False, soft_wrap=True)  # a command to copy: never wrapped
     return 0
 
 
@@ -261,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vocab-size", type=int, default=None, help="vocabulary of a BPE trained on the corpus")
     s.add_argument("--json-key", default="text", help="JSONL field holding the text")
     s.add_argument("--force", action="store_true", help="replace an existing, different dataset")
+    s.add_argument("--inside-tracked", action="store_true",
+                   help="write --out inside another DVC-tracked output (then record its new version with dvc add)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_data_prepare)
 
