@@ -151,7 +151,7 @@ def test_bad_set(project, item, shown):
 BAD_IDS = ["../../etc/passwd", "abc;rm -rf /", "$(reboot)", "`touch PWNED`", "abc;touch PWNED", "$(touch PWNED)",
            "0123456789AB", "0123456789ab/../x", "-", "~"]
 VERB_MODULES = {"show": "mcx.ops.records", "reproduce": "mcx.ops.reproduce", "compare": "mcx.ops.compare",
-                "explain": "mcx.ops.explain", "baseline": "mcx.ops.records"}
+                "explain": "mcx.ops.explain", "baseline": "mcx.ops.records", "pull": "mcx.ops.pull"}
 
 
 def _ready(verb: str) -> bool:
@@ -166,7 +166,7 @@ def test_explain_refuses_a_malformed_run_id(project, run_id):
     assert not (project / "PWNED").exists() and not (project.parent / "PWNED").exists()
 
 
-@pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "baseline"])
+@pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "baseline", "pull"])
 def test_run_id_verbs_refuse_malformed_ids(project, verb):
     if not _ready(verb):
         pytest.skip(f"{VERB_MODULES[verb]} not written yet")
@@ -190,6 +190,7 @@ def test_explain_of_a_directory_is_not_a_spec(project, ref):
     pytest.param(["compare", "0123456789ab"], id="compare"),
     pytest.param(["compare", "--baseline", "fedcba987654", "0123456789ab"], id="compare-baseline"),
     pytest.param(["explain", "0123456789ab", "fedcba987654"], id="explain"),
+    pytest.param(["pull", "0123456789ab"], id="pull"),
 ])
 def test_unknown_run_id_writes_nothing(project, args):
     verb = args[0]
@@ -221,7 +222,7 @@ def test_overlong_names(project, args):
     assert "too long" in bad_input(project, *args)
 
 
-@pytest.mark.parametrize("verb", ["show", "reproduce", "compare"])
+@pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "pull"])
 def test_an_overlong_run_id_is_refused(project, verb):
     if not _ready(verb):
         pytest.skip(f"{VERB_MODULES[verb]} not written yet")

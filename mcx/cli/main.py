@@ -109,6 +109,31 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _size(n: int | None) -> str:
+    return "size unknown" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from mcx.ops.pull import pull
+
+    result = pull(args.run_id, project=_project(args), remote=args.remote)
+    if args.json:
+        _emit_json(result)
+        return 0
+    remote = result["remote"]
+    source = f"remote {remote['name']!r} ({remote['url']})"
+    out = _console()
+    for ck in result["checkpoints"]:
+        what = f"{ck['path']} ({ck['stage']} stage checkpoint, {ck['nfiles']} files, {_size(ck['size'])})"
+        out.print(f"fetched {what} from {source}" if ck["fetched"] else f"already here: {what}", markup=False,
+                  soft_wrap=True)
+    for d in result["data"]:
+        what = f"{d['key']} = {d['path']}: version {d['md5']} of {d['output']}"
+        out.print(f"fetched {what} from {source}" if d["fetched"] else f"already here: {d['path']} ({d['key']}), "
+                  "not fetched", markup=False, soft_wrap=True)
+    return 0
+
+
 def cmd_ls(args: argparse.Namespace) -> int:
     from mcx.ops.records import list_runs
 
@@ -267,6 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write --out inside another DVC-tracked output (then record its new version with dvc add)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_data_prepare)
+
+    s = sub.add_parser("pull", help="fetch a run's final checkpoints (and its dataset version if missing) from DVC")
+    s.add_argument("run_id")
+    s.add_argument("--remote", help="DVC remote name, URL or path to fetch from (default: where the run pushed)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_pull)
 
     s = sub.add_parser("ls", help="list recorded runs")
     s.add_argument("--experiment")
