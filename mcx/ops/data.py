@@ -156,6 +156,16 @@ def tracked_outputs(project: Path, data: DataSpec, data_id: dict[str, Any]) -> d
     return outs
 
 
+def data_versions(project: Path, data: DataSpec, data_id: dict[str, Any]) -> list[dict[str, Any]]:
+    """The DVC-tracked data versions a run trains on, as its checkpoint pointers record them:
+    ``[{"key": "data.path", "path": "data/quickstart", "output": "data", "md5": "....dir"}]``."""
+    from mcx.fingerprint.data import data_paths
+
+    values = dict(data_paths(data).values())
+    return [{"key": key, "path": values[key], "output": rel.as_posix(), "md5": md5}
+            for rel, (md5, key) in tracked_outputs(project, data, data_id).items()]
+
+
 def keep_dataset(project: Path, data: DataSpec, data_id: dict[str, Any], *, remote: str | None,
                  console: Any) -> None:
     """Keep the DVC-tracked data a run trains on in the DVC cache and on the remote, by hash, so that
