@@ -637,7 +637,7 @@ def _team_project(tmp_path: Path) -> tuple[Path, Path, dict]:
         md5 = repo.add([str(a / "data")])[0].outs[0].hash_info.value
         repo.push(targets=[str(a / "data.dvc")])
     _commit(a, ".gitignore", ".dvc/config", "data.dvc", msg="team remote, data")
-    return a, shared, {"key": "data.path", "path": "data/quickstart", "output": "data", "md5": md5}
+    return a, shared, {"spec": "data.path", "path": "data/quickstart", "output": "data", "md5": md5}
 
 
 def test_checkpoint_pointers_are_committed_and_a_second_clone_pulls_them(tmp_path: Path) -> None:

@@ -128,8 +128,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
         out.print(f"fetched {what} from {source}" if ck["fetched"] else f"already here: {what}", markup=False,
                   soft_wrap=True)
     for d in result["data"]:
-        what = f"{d['key']} = {d['path']}: version {d['md5']} of {d['output']}"
-        out.print(f"fetched {what} from {source}" if d["fetched"] else f"already here: {d['path']} ({d['key']}), "
+        what = f"{d['spec']} = {d['path']}: version {d['md5']} of {d['output']}"
+        out.print(f"fetched {what} from {source}" if d["fetched"] else f"already here: {d['path']} ({d['spec']}), "
                   "not fetched", markup=False, soft_wrap=True)
     return 0
 

@@ -158,11 +158,12 @@ def tracked_outputs(project: Path, data: DataSpec, data_id: dict[str, Any]) -> d
 
 def data_versions(project: Path, data: DataSpec, data_id: dict[str, Any]) -> list[dict[str, Any]]:
     """The DVC-tracked data versions a run trains on, as its checkpoint pointers record them:
-    ``[{"key": "data.path", "path": "data/quickstart", "output": "data", "md5": "....dir"}]``."""
+    ``[{"spec": "data.path", "path": "data/quickstart", "output": "data", "md5": "....dir"}]``
+    (not "key": records are redacted by name, and "key" reads as a secret)."""
     from mcx.fingerprint.data import data_paths
 
     values = dict(data_paths(data).values())
-    return [{"key": key, "path": values[key], "output": rel.as_posix(), "md5": md5}
+    return [{"spec": key, "path": values[key], "output": rel.as_posix(), "md5": md5}
             for rel, (md5, key) in tracked_outputs(project, data, data_id).items()]
 
 

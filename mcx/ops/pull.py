@@ -38,9 +38,9 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
     data = []
     entries = {(e.get("output"), e.get("md5")): e for p in pointers for e in p.data}
     for (output, md5), entry in entries.items():
-        row = {"key": entry.get("key"), "path": entry.get("path"), "output": output, "md5": md5, "fetched": False}
+        row = {"spec": entry.get("spec"), "path": entry.get("path"), "output": output, "md5": md5, "fetched": False}
         if not (root / str(entry.get("path"))).exists():
-            target = _inside(root, root / str(output), f"{entry.get('key')}'s DVC output")
+            target = _inside(root, root / str(output), f"{entry.get('spec')}'s DVC output")
             pointer = _pointer(root, str(md5), target)
             try:
                 row["fetched"] = fetch(root, pointer, remote=name, url=url)

@@ -20,7 +20,7 @@ from attrs import frozen
 
 from mcx.errors import DataError, RunIdError
 from mcx.track import paths
-from mcx.track.dvc_store import DvcRecord, _inside, _locked, _quiet, _repo, _root, _git_view
+from mcx.track.dvc_store import DvcRecord, _git_view, _inside, _locked, _quiet, _repo, _root
 
 
 @frozen
@@ -34,7 +34,7 @@ class Pointer:
     nfiles: int | None
     size: int | None
     remote: dict[str, Any]  # {"name", "url"} the run pushed to; url None when it held credentials
-    data: list[dict[str, Any]]  # [{"key", "path", "output", "md5"}]: the dataset versions the run trained on
+    data: list[dict[str, Any]]  # [{"spec", "path", "output", "md5"}]: the dataset versions the run trained on
 
 
 def read_pointers(project_root: Path, run_id: str) -> list[Pointer]:
@@ -98,7 +98,7 @@ def fetch(project_root: Path, dvc_file: Path, *, remote: str, url: str | None = 
             stats = _locked(repo.pull, targets=[str(pointer)], remote=remote)
         except ConfirmRemoveError:
             raise DataError(f"{target} holds files that are not version {md5};",
-                            f"move it away (or delete it) and run again; nothing was changed there.") from None
+                            "move it away (or delete it) and run again; nothing was changed there.") from None
         except CheckoutError:
             _remove(new)
             raise DataError(f"{where} does not hold version {md5} of {target.relative_to(root)};",
