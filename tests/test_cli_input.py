@@ -151,7 +151,7 @@ def test_bad_set(project, item, shown):
 BAD_IDS = ["../../etc/passwd", "abc;rm -rf /", "$(reboot)", "`touch PWNED`", "abc;touch PWNED", "$(touch PWNED)",
            "0123456789AB", "0123456789ab/../x", "-", "~"]
 VERB_MODULES = {"show": "mcx.ops.records", "reproduce": "mcx.ops.reproduce", "compare": "mcx.ops.compare",
-                "explain": "mcx.ops.explain", "baseline": "mcx.ops.records"}
+                "explain": "mcx.ops.explain", "baseline": "mcx.ops.records", "pull": "mcx.ops.pull"}
 
 
 def _ready(verb: str) -> bool:
@@ -166,7 +166,7 @@ def test_explain_refuses_a_malformed_run_id(project, run_id):
     assert not (project / "PWNED").exists() and not (project.parent / "PWNED").exists()
 
 
-@pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "baseline"])
+@pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "baseline", "pull"])
 def test_run_id_verbs_refuse_malformed_ids(project, verb):
     if not _ready(verb):
         pytest.skip(f"{VERB_MODULES[verb]} not written yet")
@@ -190,6 +190,7 @@ def test_explain_of_a_directory_is_not_a_spec(project, ref):
     pytest.param(["compare", "0123456789ab"], id="compare"),
     pytest.param(["compare", "--baseline", "fedcba987654", "0123456789ab"], id="compare-baseline"),
     pytest.param(["explain", "0123456789ab", "fedcba987654"], id="explain"),
+    pytest.param(["pull", "0123456789ab"], id="pull"),
 ])
 def test_unknown_run_id_writes_nothing(project, args):
     verb = args[0]
@@ -221,7 +222,7 @@ def test_overlong_names(project, args):
     assert "too long" in bad_input(project, *args)
 
 
-@pytest.mark.parametrize("verb", ["show", "reproduce", "compare"])
+@pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "pull"])
 def test_an_overlong_run_id_is_refused(project, verb):
     if not _ready(verb):
         pytest.skip(f"{VERB_MODULES[verb]} not written yet")
@@ -249,6 +250,17 @@ def test_usage_errors_are_one_paragraph(project, args, shown):
 def test_a_project_that_does_not_exist(project):
     err = one_paragraph(bad_input(project, "--project", str(project / "nowhere"), "plan", "tiny.toml"))
     assert "project directory" in err and "does not exist" in err and "--project" in err
+
+
+def test_prepare_inside_a_dvc_tracked_output_is_refused(project):
+    """data.dvc tracks all of data/: a new dataset there would change its hash, and every quickstart
+    spec would then exit 2; mcx data prepare says so and writes nothing (D38)."""
+    write(project, "corpus.jsonl", '{"text": "a document"}\n')
+    err = one_paragraph(bad_input(project, "data", "prepare", "corpus.jsonl", "--out", "data/mine"))
+    assert "--out data/mine is inside data/, which DVC tracks as one output in data.dvc" in err
+    assert "e.g. --out datasets/mine, then `dvc add datasets/mine`" in err
+    assert "pass --inside-tracked" in err and "`dvc add data` (and commit data.dvc)" in err
+    assert err.rstrip().endswith("Nothing was written.")
 
 
 # --- mcx import -------------------------------------------------------------------------------------

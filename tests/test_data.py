@@ -471,3 +471,54 @@ def test_manifest_is_canonical_json(quickstart: Path) -> None:
     manifest = json.loads(text)
     for name, sha in {**manifest["dataset"]["files"], **manifest["tokenizer"]["files"]}.items():
         assert hashlib.sha256((path.parent / name).read_bytes()).hexdigest() == sha
+
+
+# --- mcx data prepare beside a DVC-tracked data/ (the README's example) ----------------------------------
+
+
+def _readme_commands() -> list[str]:
+    """The README tour's `mcx data prepare` line and the `dvc add` line after it, as written."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    found = re.search(r"^(mcx data prepare [^#\n]*?)\s+#.*\n(dvc add [^#\n]*?)\s+#", readme, re.M)
+    assert found, "the README's data prepare example is gone"
+    return [found.group(1), found.group(2)]
+
+
+@pytest.mark.slow
+def test_the_readme_example_prepares_beside_data_and_the_quickstart_still_plans(tmp_path: Path) -> None:
+    import shlex
+
+    from conftest import make_e2e_project, mcx_subprocess
+
+    project = make_e2e_project(tmp_path / "project")
+    with open(project / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for doc in itertools.islice(megatron_core_corpus().documents(), 40, 60):
+            f.write(json.dumps({"text": doc}) + "\n")
+
+    def dvc(*args: str) -> None:
+        subprocess.run([PYTHON, "-m", "dvc", *args], cwd=project, env=ENV, check=True, capture_output=True)
+
+    prepare_line, add_line = _readme_commands()
+    res = mcx_subprocess(project, *shlex.split(prepare_line)[1:])
+    assert res.code == 0, res
+    assert f"`{add_line}`" in res.out  # the command prints what the README says to run next
+    dvc(*shlex.split(add_line)[1:])
+    out = shlex.split(prepare_line)[shlex.split(prepare_line).index("--out") + 1]
+    assert (project / f"{out}.dvc").is_file()
+    assert mcx_subprocess(project, "plan", "experiments/tiny.toml").code == 0
+
+    # Inside data/ (data.dvc): refused, nothing written; with --inside-tracked written, and the
+    # quickstart specs exit 2 until the new version of data/ is recorded as the command says.
+    data = tree_bytes(project / "data")
+    res = mcx_subprocess(project, "data", "prepare", "corpus.jsonl", "--out", "data/mine")
+    assert res.code == 2 and "--inside-tracked" in res.err, res
+    assert tree_bytes(project / "data") == data
+    res = mcx_subprocess(project, "data", "prepare", "corpus.jsonl", "--out", "data/mine", "--inside-tracked")
+    assert res.code == 0, res
+    assert "data/mine is inside data: record the new version of data with `dvc add data` and commit data.dvc" in res.out
+    res = mcx_subprocess(project, "plan", "experiments/tiny.toml")
+    assert res.code == 2 and "data.dvc" in res.err, res
+    dvc("add", "data")
+    assert mcx_subprocess(project, "plan", "experiments/tiny.toml").code == 0

@@ -203,7 +203,9 @@ def test_final_checkpoint_is_added_to_dvc_and_pushed_to_the_embedded_remote(proj
     assert (ckdir / "latest").read_text().strip() == "iter_0000012"
     import yaml
 
-    dvc = yaml.safe_load((ckdir / "iter_0000012.dvc").read_text())
+    pointer = project / ".mcx" / "checkpoints" / rid / "full.dvc"  # the pointer git carries (D38)
+    dvc = yaml.safe_load(pointer.read_text())
+    assert dvc["outs"][0]["path"] == f"../../runs/{rid}/full/checkpoints/iter_0000012"
     md5 = dvc["outs"][0]["md5"]
     assert md5.endswith(".dir")
     tags = parent_runs(project, rid)[0].data.tags
@@ -216,9 +218,13 @@ def test_final_checkpoint_is_added_to_dvc_and_pushed_to_the_embedded_remote(proj
     assert {e["relpath"] for e in entries} >= {"meta.json"}
     for e in entries:  # every file of the checkpoint is in the remote
         assert (remote / e["md5"][:2] / e["md5"][2:]).is_file(), e
-    # Recording left the project's git tree clean (a dirty tree would change the next run ID).
-    status = subprocess.run(["git", "-C", str(project), "status", "--porcelain"], capture_output=True, text=True)
-    assert status.stdout == ""
+    # Recording changed nothing in the git tree but the pointers for the user to commit, which the
+    # code fingerprint leaves out with the rest of .mcx/ (test_second_run_is_cached_and_trains_nothing).
+    status = subprocess.run(["git", "-C", str(project), "status", "--porcelain", "-uall"], capture_output=True,
+                            text=True)
+    assert {f".mcx/checkpoints/{rid}/full.dvc", f".mcx/checkpoints/{rid}/smoke.dvc"} <= {
+        line[3:] for line in status.stdout.splitlines()}
+    assert all(line.startswith("?? .mcx/checkpoints/") for line in status.stdout.splitlines()), status.stdout
 
 
 def test_second_run_is_cached_and_trains_nothing(project, a):

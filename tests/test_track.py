@@ -585,6 +585,199 @@ def test_pull_data_brings_back_a_missing_dataset(tmp_path: Path) -> None:
         pull_data(b, Path("data/other"))
 
 
+# --- sharing checkpoints with other clones (D38) --------------------------------------------------------
+
+SHARED_IGNORE = "/.mcx/*\n!/.mcx/checkpoints/\n"  # what the project's .gitignore holds
+
+
+def _commit(root: Path, *paths_: str, msg: str) -> None:
+    subprocess.run(["git", "add", *paths_], cwd=root, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e.invalid", "commit", "-qm", msg], cwd=root, check=True)
+
+
+def _dvc(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The dvc command line, as a user types it in the project."""
+    return subprocess.run([sys.executable, "-m", "dvc", *args], cwd=root, capture_output=True, text=True,
+                          env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+
+
+def _clone(src: Path, dest: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(src), str(dest)], check=True)
+    return dest
+
+
+def _hashes(d: Path) -> dict[str, str]:
+    import hashlib
+
+    return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _checkpoint(project: Path, stage: str, step: int) -> Path:
+    ck = project / ".mcx" / "runs" / RID / stage / "checkpoints" / f"iter_{step:07d}"
+    ck.mkdir(parents=True)
+    (ck / "model.pt").write_bytes(os.urandom(40_000))
+    (ck / "common.pt").write_bytes(os.urandom(300))
+    return ck
+
+
+def _team_project(tmp_path: Path) -> tuple[Path, Path, dict]:
+    """A project whose team set up a shared remote the DVC way (`dvc remote add -d`, committed), with a
+    dataset `dvc add`ed and pushed there; returns (project, remote, the dataset entry a pointer records)."""
+    from dvc.repo import Repo
+
+    a = make_git_dvc_project(tmp_path / "a")
+    (a / ".gitignore").write_text(SHARED_IGNORE)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    assert _dvc(a, "remote", "add", "-d", "team", str(shared)).returncode == 0
+    (a / "data" / "quickstart").mkdir(parents=True)
+    (a / "data" / "quickstart" / "corpus.bin").write_bytes(os.urandom(30_000))
+    with Repo(str(a)) as repo:  # `dvc add data && dvc push`
+        md5 = repo.add([str(a / "data")])[0].outs[0].hash_info.value
+        repo.push(targets=[str(a / "data.dvc")])
+    _commit(a, ".gitignore", ".dvc/config", "data.dvc", msg="team remote, data")
+    return a, shared, {"spec": "data.path", "path": "data/quickstart", "output": "data", "md5": md5}
+
+
+def test_checkpoint_pointers_are_committed_and_a_second_clone_pulls_them(tmp_path: Path) -> None:
+    from mcx.ops.pull import pull
+    from mcx.track.paths import pointer_file
+    from mcx.track.share import configured_remotes, share_hint
+
+    a, shared, data = _team_project(tmp_path)
+    cks = {"smoke": _checkpoint(a, "smoke", 3), "full": _checkpoint(a, "full", 6)}
+    recs = {stage: track_checkpoint(a, ck, dvc_file=pointer_file(a, RID, stage),
+                                    meta={"run_id": RID, "stage": stage, "data": [data]}) for stage, ck in cks.items()}
+    import yaml
+
+    doc = yaml.safe_load(pointer_file(a, RID, "full").read_text())
+    assert doc["outs"][0]["path"] == f"../../runs/{RID}/full/checkpoints/iter_0000006"
+    assert doc["outs"][0]["md5"] == recs["full"].md5 and doc["outs"][0]["nfiles"] == 2
+    assert doc["meta"]["mcx"] == {"run_id": RID, "stage": "full", "data": [data],
+                                  "remote": {"name": "team", "url": str(shared)}}
+    assert recs["full"].remote == "team"  # the project's default remote, not the embedded one
+    assert not (a / ".mcx" / "dvc-remote").exists() and not list((a / ".mcx" / "runs").rglob("*.dvc"))
+    untracked = subprocess.run(["git", "status", "--porcelain", "-uall"], cwd=a, capture_output=True, text=True).stdout
+    assert untracked.splitlines() == [f"?? .mcx/checkpoints/{RID}/full.dvc", f"?? .mcx/checkpoints/{RID}/smoke.dvc"]
+    hint = share_hint(a, recs["full"], RID, "full", configured_remotes(a))
+    assert f"git add .mcx/checkpoints/{RID}" in hint and f"dvc pull .mcx/checkpoints/{RID}/full.dvc" in hint
+    assert f"mcx pull {RID}" in hint and "this machine only" not in hint
+    _commit(a, ".mcx/checkpoints", msg="run pointers")
+
+    b = _clone(a, tmp_path / "b")  # plain DVC, as a colleague would
+    res = _dvc(b, "pull", f".mcx/checkpoints/{RID}/full.dvc")
+    assert res.returncode == 0, res.stderr
+    full_b = b / recs["full"].path
+    assert _hashes(full_b) == _hashes(cks["full"]) and len(_hashes(full_b)) == 2
+    assert not (b / recs["smoke"].path).exists() and not (b / "data").exists()
+
+    got = pull(RID, project=b)  # the rest: the smoke stage's checkpoint and the dataset, missing here
+    assert got["remote"] == {"name": "team", "url": str(shared)}
+    assert [(c["stage"], c["fetched"]) for c in got["checkpoints"]] == [("smoke", True), ("full", False)]
+    assert [(d["path"], d["fetched"]) for d in got["data"]] == [("data/quickstart", True)]
+    assert _hashes(b / recs["smoke"].path) == _hashes(cks["smoke"])
+    assert _hashes(b / "data") == _hashes(a / "data")
+    again = pull(RID, project=b)
+    assert not any(c["fetched"] for c in again["checkpoints"]) and not again["data"][0]["fetched"]
+    assert _git_status(b) == ""
+
+    c = _clone(a, tmp_path / "c")  # a bare `dvc pull` fetches the data, not every run's checkpoints
+    assert _dvc(c, "pull").returncode == 0
+    assert (c / "data" / "quickstart" / "corpus.bin").is_file() and not (c / ".mcx" / "runs").exists()
+
+
+def test_mcx_pull_refuses_unknown_runs_and_unreachable_remotes_and_writes_nothing(tmp_path: Path) -> None:
+    from mcx.ops.pull import pull
+    from mcx.track.paths import pointer_file
+
+    a, shared, data = _team_project(tmp_path)
+    track_checkpoint(a, _checkpoint(a, "full", 6), dvc_file=pointer_file(a, RID, "full"),
+                     meta={"run_id": RID, "stage": "full", "data": [data]})
+    _commit(a, ".mcx/checkpoints", msg="run pointers")
+    c = _clone(a, tmp_path / "c")
+
+    def nothing_written() -> None:
+        assert not (c / ".mcx" / "runs").exists() and not (c / "data").exists() and _git_status(c) == ""
+        assert not (c / ".dvc" / "config.local").exists()
+
+    with pytest.raises(RunIdError, match="unknown run ID 0123456789ab: no .mcx/checkpoints/0123456789ab/") as err:
+        pull("0123456789ab", project=c)
+    assert "mcx ls" in str(err.value)
+    with pytest.raises(RunIdError, match="is not a run ID"):
+        pull("../../etc", project=c)
+    nowhere = tmp_path / "nowhere"
+    with pytest.raises(DataError, match=f"remote {nowhere} is not reachable from here") as err:
+        pull(RID, project=c, remote=str(nowhere))
+    assert "--remote NAME_OR_URL" in str(err.value)
+    nothing_written()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="does not hold version"):
+        pull(RID, project=c, remote=str(empty))
+    nothing_written()
+    shared.rename(tmp_path / "moved")  # the team's remote itself is gone
+    with pytest.raises(DataError, match=f"remote 'team' \\({shared}\\) is not reachable from here"):
+        pull(RID, project=c)
+    nothing_written()
+    got = pull(RID, project=c, remote=str(tmp_path / "moved"))  # named by path: held in memory only
+    assert got["checkpoints"][0]["fetched"] and got["data"][0]["fetched"]
+    assert not (c / ".dvc" / "config.local").exists()
+
+
+def test_a_remote_given_as_a_path_is_made_absolute_and_reaches_a_clone(tmp_path: Path, monkeypatch) -> None:
+    from mcx.ops.pull import pull
+    from mcx.track.paths import pointer_file
+    from mcx.track.share import configured_remotes, share_hint
+
+    a = make_git_dvc_project(tmp_path / "a")
+    (a / ".gitignore").write_text(SHARED_IGNORE)
+    _commit(a, ".gitignore", msg="ignore")
+    monkeypatch.chdir(tmp_path)  # a relative path is the project's, not the working directory's
+    shared = tmp_path / "shared"
+    assert ensure_remote(a, "../shared") == "mcx"
+    assert configured_remotes(a).urls["mcx"] == str(shared) and configured_remotes(a).default == "mcx"
+    assert "mcx" not in configured_remotes(a).shared and _git_status(a) == ""  # .dvc/config untouched
+    shared.mkdir()
+    ck = _checkpoint(a, "full", 4)
+    rec = track_checkpoint(a, ck, remote="../shared", dvc_file=pointer_file(a, RID, "full"),
+                           meta={"run_id": RID, "stage": "full", "data": []})
+    assert rec.remote == "mcx" and any(shared.rglob("*.dir"))
+    hint = share_hint(a, rec, RID, "full", configured_remotes(a))
+    assert f"remote 'mcx' ({shared}) is configured on this machine only" in hint and "dvc remote add -d" in hint
+    _commit(a, ".mcx/checkpoints", msg="run pointers")
+
+    b = _clone(a, tmp_path / "b")
+    assert _dvc(b, "pull", f".mcx/checkpoints/{RID}/full.dvc").returncode != 0  # no remote configured there yet
+    got = pull(RID, project=b)  # the URL the pointer records, held in memory
+    assert got["remote"] == {"name": "mcx", "url": str(shared)} and got["checkpoints"][0]["fetched"]
+    assert _hashes(b / rec.path) == _hashes(ck) and not (b / ".dvc" / "config.local").exists()
+    c = _clone(a, tmp_path / "c")  # what the hint says to do once, committed: then plain DVC works too
+    assert _dvc(c, "remote", "add", "-d", "team", str(shared)).returncode == 0
+    assert _dvc(c, "pull", f".mcx/checkpoints/{RID}/full.dvc").returncode == 0
+    assert _hashes(c / rec.path) == _hashes(ck)
+
+
+def test_the_projects_own_default_remote_is_used_and_not_shadowed(tmp_path: Path) -> None:
+    from mcx.track.paths import pointer_file
+    from mcx.track.share import configured_remotes, share_hint
+
+    a = make_git_dvc_project(tmp_path / "a")  # .gitignore: /.mcx/ (before D38)
+    assert ensure_remote(a) == "mcx-local" and configured_remotes(a).default == "mcx-local"
+    assert _dvc(a, "remote", "add", "-d", "team", str(tmp_path / "team")).returncode == 0
+    (tmp_path / "team").mkdir()
+    assert ensure_remote(a) == "team"  # mcx's own default in config.local no longer shadows it
+    assert configured_remotes(a).default == "team" and "core" not in (a / ".dvc" / "config.local").read_text()
+    assert _dvc(a, "remote", "add", "--local", "-d", "mine", str(tmp_path / "mine")).returncode == 0
+    assert ensure_remote(a) == "mine"  # the user's own choice on this machine
+    # A project that still ignores all of .mcx/: the pointer is written (DVC without git) and the
+    # hint names the .gitignore change.
+    rec = track_checkpoint(a, _checkpoint(a, "full", 2), remote="team", dvc_file=pointer_file(a, RID, "full"))
+    assert rec.remote == "team" and Path(rec.dvc_file).is_file()
+    assert "in .gitignore replace `/.mcx/` with `/.mcx/*` and `!/.mcx/checkpoints/`" in share_hint(
+        a, rec, RID, "full", configured_remotes(a))
+
+
 # --- baselines ------------------------------------------------------------------------------------------
 
 def _recorded(project: Path, run_id: str, final_loss: float) -> None:
@@ -784,6 +977,7 @@ def test_tracking_uri_with_credentials_is_refused(tmp_path: Path, monkeypatch: p
 
 def test_control_plane_import_stays_light() -> None:
     code = ("import sys, mcx.track, mcx.track.sync, mcx.track.query, mcx.track.dvc_store, mcx.track.baseline\n"
+            "import mcx.track.share, mcx.ops.pull\n"
             "heavy = [m for m in sys.modules\n"
             "         if m.split('.')[0] in ('mlflow', 'dvc', 'dvc_data', 'torch', 'sqlalchemy')]\n"
             "assert not heavy, heavy")

@@ -98,12 +98,39 @@ def cmd_data_prepare(args: argparse.Namespace) -> int:
 
     manifest = prepare(project=_project(args), source=args.source, out=args.out, tokenizer=args.tokenizer,
                        tokenizer_kind=args.tokenizer_kind, merges=args.merges, vocab_size=args.vocab_size,
-                       json_key=args.json_key, force=args.force)
+                       json_key=args.json_key, force=args.force, inside_tracked=args.inside_tracked)
     if args.json:
         _emit_json(manifest)
     else:
         _console().print(f"prepared {manifest['out_dir']}: {manifest['documents']} documents, "
                          f"{manifest['tokens']} tokens, vocab {manifest['vocab_size']}")
+        if manifest.get("dvc_add"):
+            _console().print(manifest["dvc_add"], markup=False, soft_wrap=True)  # a command to copy: never wrapped
+    return 0
+
+
+def _size(n: int | None) -> str:
+    return "size unknown" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from mcx.ops.pull import pull
+
+    result = pull(args.run_id, project=_project(args), remote=args.remote)
+    if args.json:
+        _emit_json(result)
+        return 0
+    remote = result["remote"]
+    source = f"remote {remote['name']!r} ({remote['url']})"
+    out = _console()
+    for ck in result["checkpoints"]:
+        what = f"{ck['path']} ({ck['stage']} stage checkpoint, {ck['nfiles']} files, {_size(ck['size'])})"
+        out.print(f"fetched {what} from {source}" if ck["fetched"] else f"already here: {what}", markup=False,
+                  soft_wrap=True)
+    for d in result["data"]:
+        what = f"{d['spec']} = {d['path']}: version {d['md5']} of {d['output']}"
+        out.print(f"fetched {what} from {source}" if d["fetched"] else f"already here: {d['path']} ({d['spec']}), "
+                  "not fetched", markup=False, soft_wrap=True)
     return 0
 
 
@@ -280,8 +307,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--vocab-size", type=int, default=None, help="vocabulary of a BPE trained on the corpus")
     s.add_argument("--json-key", default="text", help="JSONL field holding the text")
     s.add_argument("--force", action="store_true", help="replace an existing, different dataset")
+    s.add_argument("--inside-tracked", action="store_true",
+                   help="write --out inside another DVC-tracked output (then record its new version with dvc add)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_data_prepare)
+
+    s = sub.add_parser("pull", help="fetch a run's final checkpoints (and its dataset version if missing) from DVC")
+    s.add_argument("run_id")
+    s.add_argument("--remote", help="DVC remote name, URL or path to fetch from (default: where the run pushed)")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_pull)
 
     s = sub.add_parser("ls", help="list recorded runs")
     s.add_argument("--experiment")

@@ -17,7 +17,7 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 
 def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: str | None,
             tokenizer_kind: str | None, merges: str | None, vocab_size: int | None, json_key: str,
-            force: bool) -> dict[str, Any]:
+            force: bool, inside_tracked: bool = False) -> dict[str, Any]:
     from mcx.data.corpus import jsonl_corpus, text_corpus
     from mcx.data.dataset import read_manifest
     from mcx.data.prepare import prepare as build
@@ -45,8 +45,45 @@ def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: st
     corpus = jsonl_corpus([src], text_key=json_key) if src.suffix == ".jsonl" else text_corpus([src])
     tok = TokenizerSpec(kind=kind, path=tokenizer, merges=merges, vocab_size=vocab_size or 8192)
     out_dir = Path(out) if Path(out).is_absolute() else project / out
+    enclosing = _enclosing_output(project, out_dir)
+    if enclosing is not None and not inside_tracked:
+        rel_out, record = enclosing
+        elsewhere = f"datasets/{out_dir.name}"
+        raise DataError(f"--out {out} is inside {rel_out}/, which DVC tracks as one output in {record}: a dataset "
+                        f"written there changes that output's hash, so every spec whose data.path is under {rel_out}/ "
+                        f"no longer matches {record} and exits 2 until the new version is recorded;",
+                        f"write it outside {rel_out} (e.g. --out {elsewhere}, then `dvc add {elsewhere}`), or pass "
+                        f"--inside-tracked to write it there and then record the new version with `dvc add {rel_out}` "
+                        f"(and commit {record}). Nothing was written.")
     manifest = build(corpus, tok, out_dir, base_dir=project, force=force)
-    return _summary(manifest, out_dir)
+    return {**_summary(manifest, out_dir), "dvc_add": _dvc_add_hint(project, out_dir, enclosing)}
+
+
+def _enclosing_output(project: Path, out_dir: Path) -> tuple[str, str] | None:
+    """(output, its .dvc or dvc.lock file), project-relative, when ``out_dir`` lies inside another
+    DVC-tracked output (``data/mine`` inside ``data``, which ``data.dvc`` tracks); else None."""
+    from mcx.fingerprint.dvcfiles import find_out, norm
+
+    root, full = norm(project), norm(out_dir)
+    found = find_out(full)
+    if found is None or found.path == full or not found.path.is_relative_to(root):
+        return None
+    return found.path.relative_to(root).as_posix() or ".", found.record.relative_to(root).as_posix()
+
+
+def _dvc_add_hint(project: Path, out_dir: Path, enclosing: tuple[str, str] | None) -> str | None:
+    """The `dvc add` that records the prepared dataset (its enclosing output's new version, if any)."""
+    from mcx.fingerprint.dvcfiles import norm
+
+    root, full = norm(project), norm(out_dir)
+    if not full.is_relative_to(root) or not (root / ".dvc").is_dir():
+        return None
+    if enclosing is not None:
+        rel_out, record = enclosing
+        return (f"{full.relative_to(root).as_posix()} is inside {rel_out}: record the new version of {rel_out} with "
+                f"`dvc add {rel_out}` and commit {record}")
+    rel = full.relative_to(root).as_posix()
+    return f"track it with DVC: `dvc add {rel}` (then commit {rel}.dvc and the .gitignore beside it)"
 
 
 def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None) -> Path:
@@ -117,6 +154,17 @@ def tracked_outputs(project: Path, data: DataSpec, data_id: dict[str, Any]) -> d
             continue  # not where the record says; the identity check after a restore reports it
         outs.setdefault(out.relative_to(root), (ident["value"], key))
     return outs
+
+
+def data_versions(project: Path, data: DataSpec, data_id: dict[str, Any]) -> list[dict[str, Any]]:
+    """The DVC-tracked data versions a run trains on, as its checkpoint pointers record them:
+    ``[{"spec": "data.path", "path": "data/quickstart", "output": "data", "md5": "....dir"}]``
+    (not "key": records are redacted by name, and "key" reads as a secret)."""
+    from mcx.fingerprint.data import data_paths
+
+    values = dict(data_paths(data).values())
+    return [{"spec": key, "path": values[key], "output": rel.as_posix(), "md5": md5}
+            for rel, (md5, key) in tracked_outputs(project, data, data_id).items()]
 
 
 def keep_dataset(project: Path, data: DataSpec, data_id: dict[str, Any], *, remote: str | None,

@@ -405,14 +405,27 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
 
 def _track_checkpoint(project: Path, sdir: Path, pr: PlanResult, console: Any) -> dict[str, Any] | None:
     from mcx.launch.base import latest_checkpoint
+    from mcx.ops.data import data_versions
+    from mcx.track import paths
     from mcx.track.dvc_store import track_checkpoint
+    from mcx.track.share import configured_remotes, share_hint
 
     latest = latest_checkpoint(sdir)
     if latest is None:
         return None
     ckpt_dir = Path(_read_json(sdir / "job.json")["checkpoint_dir"]) / latest
+    # The run's own stages get a pointer git can carry (.mcx/checkpoints/<id>/<stage>.dvc, D38);
+    # a reproduction's checkpoints keep theirs beside them.
+    own = sdir.parent == paths.run_dir(project, pr.run_id)
+    pointer = paths.pointer_file(project, pr.run_id, sdir.name) if own else None
+    meta = {"run_id": pr.run_id, "stage": sdir.name,
+            "data": data_versions(project, pr.spec.data, pr.record.data.get("id") or {})} if own else None
     try:
-        return track_checkpoint(project, ckpt_dir, remote=pr.spec.tracking.dvc_remote).to_dict()
+        rec = track_checkpoint(project, ckpt_dir, remote=pr.spec.tracking.dvc_remote, dvc_file=pointer, meta=meta)
+        if own:
+            hint = share_hint(project, rec, pr.run_id, sdir.name, configured_remotes(project))
+            console.print(_esc(hint), soft_wrap=True)  # commands to copy: never wrapped
+        return rec.to_dict()
     except McxError as exc:
         console.print(f"[yellow]checkpoint not added to DVC: {_esc(exc)}[/]")
         return None

@@ -203,7 +203,7 @@ class LaunchSpec:
 class TrackingSpec:
     uri: str | None = None  # None: MLFLOW_TRACKING_URI, else the embedded store under .mcx/
     experiment: str | None = None  # None: the spec's name
-    dvc_remote: str | None = None  # None: the embedded local remote under .mcx/
+    dvc_remote: str | None = None  # None: the project's default DVC remote, else the embedded one under .mcx/
     log_checkpoints: bool = True
     system_metrics_interval_s: float = 10.0  # GPU and host sampling on every node (mcx.train.system); 0: off
 

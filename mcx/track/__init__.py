@@ -16,6 +16,7 @@ Modules, by what they hold:
 - ``redact``: the one redaction function applied to everything that leaves the machine
 - ``runcache``: run lock and ``lookup(project_root, run_id) -> RunState``
 - ``dvc_store``: checkpoints added/pushed by hash, datasets and checkpoints restored by hash
+- ``share``: a run's committed checkpoint pointers (``.mcx/checkpoints/<id>/``), fetching them in any clone
 - ``baseline``: named baselines in the store, ``compare_to_baseline`` verdicts
 - ``query``: ``list_runs``, ``show_run``, ``metric_history``
 
@@ -31,9 +32,10 @@ Decisions (the reasons are in each module's docstring):
   the names mcx.report uses for curves; the final metrics of the full stage go on the parent run
   under the same names (smoke's under ``smoke/``).
 - Baselines are experiment tags of the ``mcx-baselines`` experiment (no placeholder runs).
-- DVC: the embedded remote is configured in ``.dvc/config.local``; checkpoints under ``.mcx/`` are
-  added with DVC's git view switched off (DVC refuses ``.dvc`` files in git-ignored folders), and
-  found again by the md5 recorded in MLflow.
+- DVC: the remote is the project's default (a team's, in ``.dvc/config``), else the embedded one in
+  ``.dvc/config.local``; mcx never writes ``.dvc/config``. A run's checkpoints are added through
+  pointer files git carries (``.mcx/checkpoints/<id>/<stage>.dvc``, the one committed part of
+  ``.mcx/``), and found again by them or by the md5 recorded in MLflow (D38).
 """
 
 from mcx.track.baseline import (

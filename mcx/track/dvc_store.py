@@ -3,19 +3,22 @@
 The project is a DVC repository (``dvc init`` beside ``git init``). mcx uses DVC's Python API
 (``dvc.repo.Repo``: about 0.6 s to import, no subprocess per call) with absolute paths throughout.
 
-Remote: ``[tracking] dvc_remote`` names a remote configured in the project, or gives a URL/path
-that mcx configures as the remote ``mcx`` in ``.dvc/config.local``; unset, it is the embedded
-remote ``mcx-local`` = ``<project>/.mcx/dvc-remote``, also in ``.dvc/config.local`` (machine-local,
-never committed). That is made the default remote only if the project has no default of its own, so
-a team's shared remote configured in ``.dvc/config`` keeps working for plain ``dvc push``/``pull``.
+Remote (``ensure_remote``): ``[tracking] dvc_remote`` names a remote configured in the project, or
+gives a URL or path, which mcx configures as the remote ``mcx`` in ``.dvc/config.local`` (a local
+path made absolute against the project root). Unset, it is the default remote DVC itself would use
+here (a team's ``dvc remote add -d`` in the committed ``.dvc/config``: what a clone's ``dvc pull``
+reads), else the embedded remote ``mcx-local`` = ``<project>/.mcx/dvc-remote``, machine-local in
+``.dvc/config.local``. mcx makes its remote the default in ``.dvc/config.local`` only where no other
+default exists, and drops that when the project gets one of its own. mcx never writes ``.dvc/config``:
+a tracked file changed by a run would change the code identity, hence the ID, of the next run.
 
-Checkpoints live in run directories under ``.mcx/``, which git ignores; DVC refuses ``.dvc`` files
-in git-ignored places, so checkpoint operations open the repository without its git view
-(``core.no_scm`` for that call only). The ``.dvc`` file is written beside the checkpoint directory
-(``.mcx/runs/<id>/<stage>/checkpoints.dvc``), nothing in the git work tree changes, and the hash
-(``md5``, ``nfiles``, ``size``) goes into MLflow (``mcx.checkpoint.<stage>.md5``), from where any
-clone that reaches the same remote restores it by hash. ``dvc gc --workspace`` does not see these
-``.dvc`` files: the remote, not the local cache, is where checkpoints are kept.
+Checkpoints: a run's stage checkpoint is described by a pointer file git can carry,
+``.mcx/checkpoints/<id>/<stage>.dvc`` (``track_checkpoint(dvc_file=...)``; docs/decisions.md D38,
+``mcx.track.share``), opened with DVC's git view. Without a pointer (a reproduction's checkpoints) the
+``.dvc`` file goes beside the checkpoint under the git-ignored ``.mcx/runs/``, which DVC refuses in its
+git view, so those calls open the repository without it (``core.no_scm`` for that call only). Either
+way the hash (``md5``, ``nfiles``, ``size``) goes into MLflow (``mcx.checkpoint.<stage>.md5``), from
+where any clone that reaches the same remote restores it by hash.
 
 Datasets: ``mcx run`` keeps the version it trains on in the cache and on the remote
 (``keep_version``), and ``mcx reproduce`` brings a recorded version back into the reproduction's own
@@ -79,8 +82,9 @@ def _root(project_root: Path) -> Path:
 
 
 @contextmanager
-def _repo(root: Path, *, git_view: bool) -> Iterator[Repo]:
-    """The DVC repo at ``root``; without ``git_view`` it ignores git (for paths inside .mcx/)."""
+def _repo(root: Path, *, git_view: bool, config: dict[str, Any] | None = None) -> Iterator[Repo]:
+    """The DVC repo at ``root``; without ``git_view`` it ignores git (for git-ignored .dvc files under .mcx/).
+    ``config`` is merged over the config files, in memory only."""
     from dvc.lock import LockError
     from dvc.repo import Repo
     from dvc.scm import SCM
@@ -88,7 +92,8 @@ def _repo(root: Path, *, git_view: bool) -> Iterator[Repo]:
     deadline = time.monotonic() + LOCK_RETRY_S
     while True:
         try:
-            repo = Repo(str(root)) if git_view else Repo(str(root), scm=SCM(str(root), no_scm=True))
+            scm = None if git_view else SCM(str(root), no_scm=True)
+            repo = Repo(str(root), scm=scm, config=config)
             break
         except LockError:
             if time.monotonic() > deadline:
@@ -124,6 +129,26 @@ def _inside(root: Path, path: Path, what: str) -> Path:
     return full
 
 
+def _url(root: Path, remote: str) -> str:
+    """A remote URL as mcx configures it: a local path made absolute against the project root."""
+    return remote if "://" in remote else os.path.normpath(root / os.path.expanduser(remote))
+
+
+def _own_default(repo: Repo) -> str | None:
+    """The default remote the user or the project chose, if any (not mcx's embedded one). mcx's own
+    default in config.local is dropped when another level has one, as it would shadow it."""
+    levels = ("local", "repo", "global", "system")
+    chosen = [(repo.config.read(level).get("core") or {}).get("remote") for level in levels]
+    local = chosen[0]
+    if local and local != EMBEDDED_REMOTE:
+        return local
+    other = next((name for name in chosen[1:] if name), None)  # the nearest level wins, as in DVC
+    if other and local == EMBEDDED_REMOTE:
+        with repo.config.edit("local") as conf:
+            conf.get("core", {}).pop("remote", None)
+    return other
+
+
 def ensure_remote(project_root: Path, remote: str | None = None) -> str:
     """The name of the DVC remote mcx pushes to, configured if needed (see the module docstring)."""
     root = _root(project_root)
@@ -132,10 +157,13 @@ def ensure_remote(project_root: Path, remote: str | None = None) -> str:
         if remote is not None and remote in remotes:
             return remote
         if remote is None:
+            default = _own_default(repo)
+            if default is not None:
+                return default
             name, url = EMBEDDED_REMOTE, str(paths.state_dir(root) / paths.DVC_REMOTE_DIR)
             Path(url).mkdir(parents=True, exist_ok=True)
         else:
-            name, url = CONFIGURED_REMOTE, remote
+            name, url = CONFIGURED_REMOTE, _url(root, remote)
         with repo.config.edit("local") as conf:
             if conf.get("remote", {}).get(name, {}).get("url") != url:
                 conf.setdefault("remote", {})[name] = {"url": url}
@@ -152,22 +180,65 @@ def _record(root: Path, stage: Any, remote: str | None) -> DvcRecord:
                      dvc_file=str(Path(stage.path).resolve()), remote=remote)
 
 
-def track_checkpoint(project_root: Path, path: Path, *, remote: str | None = None, push: bool = True) -> DvcRecord:
+def track_checkpoint(project_root: Path, path: Path, *, remote: str | None = None, push: bool = True,
+                     dvc_file: Path | None = None, meta: dict[str, Any] | None = None) -> DvcRecord:
     """``dvc add`` a finished stage's checkpoint directory and push it; returns its hash record.
 
-    ``remote`` is ``[tracking] dvc_remote`` (None: the embedded remote). Adding the same content
-    again is a no-op that returns the same md5.
+    ``remote`` is ``[tracking] dvc_remote`` (None: see ``ensure_remote``). ``dvc_file``: where the
+    ``.dvc`` file goes (a run's pointer, ``paths.pointer_file``), with ``meta`` and the remote pushed
+    to under its ``meta.mcx``; None: beside the checkpoint. Adding the same content again is a no-op
+    that returns the same md5.
     """
+    from dvc.exceptions import DvcException
+
     root = _root(project_root)
     full = _inside(root, Path(path), "checkpoint directory")
     if not full.exists():
         raise InputError(f"checkpoint directory {full} does not exist", "the stage wrote no checkpoint to track.")
     name = ensure_remote(root, remote) if push else None
-    with _repo(root, git_view=False) as repo:
-        stages = _locked(repo.add, [str(full)])
+    pointer = None if dvc_file is None else _inside(root, Path(dvc_file), ".dvc file")
+    with _repo(root, git_view=pointer is not None and _git_view(root, pointer)) as repo:
+        if pointer is None:
+            stages = _locked(repo.add, [str(full)])
+        else:  # a hand-written pointer (path and meta), completed by `dvc commit`
+            url = repo.config.get("remote", {}).get(name, {}).get("url") if name else None
+            _write_pointer(pointer, full, {**(meta or {}), "remote": {"name": name, "url": _shareable(url)}})
+            try:
+                stages = _locked(repo.commit, str(pointer), force=True)
+            except BaseException:
+                pointer.unlink(missing_ok=True)
+                raise
         if push:
-            _locked(repo.push, targets=[stages[0].path], remote=name)
+            try:
+                _locked(repo.push, targets=[stages[0].path], remote=name)
+            except DvcException as exc:  # hashed and in the cache: `dvc push` can send it later
+                raise EnvironmentProblem(f"{full} is in the DVC cache but could not be pushed to remote {name!r}: "
+                                         f"{exc}", f"push it when the remote is reachable: dvc push {stages[0].path}"
+                                         ) from None
         return _record(root, stages[0], name)
+
+
+def _write_pointer(pointer: Path, target: Path, meta: dict[str, Any]) -> None:
+    import yaml  # PyYAML, a dvc dependency
+
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"outs": [{"path": os.path.relpath(target, pointer.parent)}], "meta": {"mcx": meta}}
+    pointer.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+
+
+def _shareable(url: str | None) -> str | None:
+    """``url`` if it may go into a committed file (no credentials in it), else None."""
+    from mcx.track.redact import redact_text
+
+    return str(url) if url is not None and redact_text(str(url)) == str(url) else None
+
+
+def _git_view(root: Path, dvc_file: Path) -> bool:
+    """Whether DVC may open the project with git for ``dvc_file``: not for a git-ignored one (DVC
+    refuses those) nor for mcx's restore pointers (they would overlap the project's own .dvc files)."""
+    if paths.state_dir(root) / RESTORE_DIR in dvc_file.parents:
+        return False
+    return not paths.git_ignores(root, dvc_file)
 
 
 def _pointer(root: Path, md5: str, target: Path) -> Path:
@@ -203,8 +274,7 @@ def restore(
         pointer = _inside(root, Path(dvc_file), ".dvc file")
         target = None
     name = ensure_remote(root, remote)
-    git_view = paths.state_dir(root) not in pointer.parents
-    with _repo(root, git_view=git_view) as repo:
+    with _repo(root, git_view=_git_view(root, pointer)) as repo:
         try:
             _locked(repo.pull, targets=[str(pointer)], remote=name, force=force)
         except (CheckoutError, ConfirmRemoveError) as exc:

@@ -4,6 +4,9 @@
     <project>/.mcx/mlartifacts/<exp>/     embedded MLflow artifacts, one folder per experiment
     <project>/.mcx/dvc-remote/            embedded DVC remote
     <project>/.mcx/runs/<run_id>/         run directory (docs/architecture.md)
+    <project>/.mcx/checkpoints/<run_id>/  DVC pointers to the run's final checkpoints, <stage>.dvc: the one
+                                          part of .mcx/ that is committed (.gitignore: /.mcx/* then
+                                          !/.mcx/checkpoints/), so that clones can pull them (D38)
         track/                            the spool: journal.jsonl, acked.json, ids.json, target.json,
                                           artifacts/ (redacted copies of what is uploaded), lock
         <stage>/tracked.json              metrics cursor: what of <stage>/metrics.jsonl MLflow holds
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +27,7 @@ from mcx.errors import RunIdError
 
 STATE_DIR = ".mcx"
 RUNS = "runs"
+POINTERS = "checkpoints"
 EMBEDDED_DB = "mlflow.db"
 EMBEDDED_ARTIFACTS = "mlartifacts"
 DVC_REMOTE_DIR = "dvc-remote"
@@ -53,6 +58,23 @@ def check_run_id(run_id: str) -> str:
 
 def run_dir(project_root: Path, run_id: str) -> Path:
     return runs_dir(project_root) / check_run_id(run_id)
+
+
+def pointer_dir(project_root: Path, run_id: str) -> Path:
+    return state_dir(project_root) / POINTERS / check_run_id(run_id)
+
+
+def pointer_file(project_root: Path, run_id: str, stage: str) -> Path:
+    """The committed .dvc file of a run stage's final checkpoint."""
+    return pointer_dir(project_root, run_id) / f"{stage}.dvc"
+
+
+def git_ignores(project_root: Path, path: Path) -> bool:
+    """Whether the project's git ignore rules match ``path`` (tracked or not, as DVC checks it);
+    False outside git."""
+    proc = subprocess.run(["git", "-C", str(project_root), "check-ignore", "-q", "--no-index", str(path)],
+                          capture_output=True)
+    return proc.returncode == 0
 
 
 def read_json(path: Path, default: Any = None) -> Any:
