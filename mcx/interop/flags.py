@@ -325,7 +325,7 @@ FLAGS: tuple[Row, ...] = (
     # ---- tracking, baseline, budget
     _r("tracking.uri", "mcx", (), NA, "MLflow tracking URI; unset means $MLFLOW_TRACKING_URI, else the embedded store.", _TRACK),
     _r("tracking.experiment", "mcx", (), NA, "MLflow experiment; unset means the spec's name.", _TRACK),
-    _r("tracking.dvc_remote", "mcx", (), NA, "DVC remote for checkpoints and data; unset means the embedded local remote.", _TRACK),
+    _r("tracking.dvc_remote", "mcx", (), NA, "DVC remote for checkpoints and data; unset means the project's default DVC remote, else the embedded local one.", _TRACK),
     _r("tracking.log_checkpoints", "mcx", (), NA, "Record checkpoints as DVC-tracked artifacts.", _TRACK),
     _r("tracking.system_metrics_interval_s", "mcx", (), NA,
        "Seconds between GPU and host samples on every node (system/* metrics in MLflow); 0 turns them off.", _TRACK),

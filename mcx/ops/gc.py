@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import asdict, frozen
 
+from mcx.fingerprint.filehashes import CACHE_FILE
 from mcx.ops.usage import Inodes, freed_bytes, inodes, total
 from mcx.track import paths
 from mcx.track.dvc_store import RESTORE_DIR
@@ -49,6 +50,10 @@ KEPT_STORES = {  # top-level entries of .mcx/ that are records, never garbage
                            "checkpoints and dataset versions restored by hash"),
     RESTORE_DIR: ("restore pointers", "small .dvc pointers a restore writes; a running mcx run or reproduce may be "
                 "reading one"),
+    paths.POINTERS: ("checkpoint pointers", "each run's committed .dvc pointers to its checkpoints (git carries them to "
+                     "other clones, D38)"),
+    CACHE_FILE: ("data file hashes", "each data file's hash by inode, mtime and size (D37); rebuilt if removed, at the "
+                 "cost of reading the data once"),
 }
 
 
