@@ -20,7 +20,7 @@ from conftest import _git, make_e2e_project, mcx_inprocess
 from test_track import make_run_dir, write_result
 
 from mcx.ops.gc import gc
-from mcx.track import RunRecorder, restore, track_checkpoint
+from mcx.track import RunRecorder, paths, restore, track_checkpoint
 
 RID, FAILED, BUSY, UNSENT, SHORT = "aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc", "dddddddddddd", "eeeeeeeeeeee"
 
@@ -384,9 +384,9 @@ def test_gc_after_a_real_tiny_run_then_restore_and_reproduce(tmp_path: Path):
     # Nothing mcx reads was lost: the run is still found finished, and its finals come back by hash.
     again = mcx_inprocess(project, "run", "experiments/tiny.toml", *FAST, "--json", "--quiet")
     assert again.code == 0 and again.json()["cached"] is True, again
-    for s, final in finals.items():
+    for s, final in finals.items():  # by the run's committed pointer, as `dvc pull` of it or `mcx pull` does (D38)
         assert not final.exists()
-        restore(project, dvc_file=final.parent / f"{final.name}.dvc")
+        restore(project, dvc_file=paths.pointer_file(project, run_id, s))
         assert snapshot(final) == final_files[s]
 
     rep = mcx_inprocess(project, "reproduce", run_id, "--json")
