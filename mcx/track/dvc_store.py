@@ -189,6 +189,7 @@ def track_checkpoint(project_root: Path, path: Path, *, remote: str | None = Non
     to under its ``meta.mcx``; None: beside the checkpoint. Adding the same content again is a no-op
     that returns the same md5.
     """
+    _require_dvc()  # EnvironmentProblem where DVC is not installed (a training machine without the tracking extra)
     from dvc.exceptions import DvcException
 
     root = _root(project_root)
@@ -262,6 +263,7 @@ def restore(
     Fetches from the local cache, else the remote; returns the restored path. A different version
     already at ``path`` is replaced only with ``force`` (DataError otherwise).
     """
+    _require_dvc()
     from dvc.exceptions import CheckoutError, ConfirmRemoveError, DvcException
 
     root = _root(project_root)
@@ -347,6 +349,7 @@ def restore_into(project_root: Path, checkout: Path, *, md5: str, path: Path, re
     that uses the project's cache directory and remotes. DataError naming the fix when neither the
     cache nor the remote holds the version. Returns the restored path inside ``checkout``.
     """
+    _require_dvc()
     from dvc.exceptions import DvcException
     from dvc.scm import SCM
 
