@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from rich.console import Console
 
-    from mcx.report import metricsfile
+    from mcx.metrics import curves as metricsfile
     from mcx.report.compare import compare
     from mcx.report.htmlpage import to_html
     from mcx.report.jsondoc import to_json

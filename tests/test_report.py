@@ -28,9 +28,8 @@ from mcx.report.compare import compare
 from mcx.report.htmlpage import to_html
 from mcx.report.jsondoc import to_json
 from mcx.report.markdown import to_markdown
-from mcx.report.metrics import summarize
-from mcx.report.metricsfile import curve, read_metrics
-from mcx.report.rundata import RunData, load_run_dir
+from mcx.metrics.curves import curve, read_metrics
+from mcx.report.rundata import RunData, load_run_dir, summarize_run
 from mcx.report.table import to_table
 from mcx.report.verdict import Band, seed_spread_band, verdict, verdict_to_dict
 from mcx.spec.load import dump_spec, load_spec
@@ -122,7 +121,7 @@ def test_metrics_file_nulls_nans_and_an_unfinished_last_line(tmp_path: Path) -> 
 
 
 def test_fast_and_standard_parsers_give_the_same_curves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from mcx.report import metricsfile
+    from mcx.metrics import curves as metricsfile
 
     path = write_run(tmp_path, "aaaa1111bbbb", steps=200, mfu=None) / "full" / "metrics.jsonl"
     fast, notes = read_metrics(path)
@@ -200,14 +199,14 @@ def test_summaries_window_the_train_loss_and_skip_warmup() -> None:
     tps = [10.0] * 10 + [100.0] * 190  # warm-up (first 5% = 10 steps) is left out
     run = RunData(run_id="r", name="r", curves={"train/loss": curve(steps, loss),
                                                 "train/tokens_per_s_per_gpu": curve(steps, tps)})
-    s = summarize(run)
+    s = summarize_run(run)
     assert s["train_loss"] == 1.0 and s["train_loss_best"] == 1.0
     assert s["tokens_per_s_per_gpu"] == 100.0
     assert s["mfu"] is None and s["valid_loss"] is None
     spiky = RunData(run_id="s", name="s", curves={"train/loss": curve(steps, [3.0] * 100 + [0.1] + [3.0] * 99)})
-    assert summarize(spiky)["train_loss_best"] == pytest.approx((9 * 3.0 + 0.1) / 10)  # one lucky batch is not "best"
+    assert summarize_run(spiky)["train_loss_best"] == pytest.approx((9 * 3.0 + 0.1) / 10)  # one lucky batch is not "best"
     diverged = RunData(run_id="d", name="d", curves={"train/loss": curve(steps, [3.0] * 50 + [2.0] * 100 + [math.nan] * 50)})
-    d = summarize(diverged)
+    d = summarize_run(diverged)
     assert math.isnan(d["train_loss"]) and d["train_loss_best"] == 2.0  # best of the finite windows
 
 

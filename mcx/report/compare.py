@@ -15,9 +15,9 @@ from typing import Any
 from attrs import frozen
 
 from mcx.errors import InputError
-from mcx.report.metrics import BY_KEY, METRIC_KEYS, METRICS, MetricDef, summarize
-from mcx.report.metricsfile import Curve
-from mcx.report.rundata import RunData, flatten
+from mcx.metrics.curves import Curve
+from mcx.metrics.summary import BY_KEY, METRIC_KEYS, METRICS, Metric
+from mcx.report.rundata import RunData, flatten, run_spreads, summarize_run
 
 # Relative slack below which a change is float noise, neither a regression nor an improvement.
 EPS = 1e-9
@@ -69,11 +69,13 @@ class MetricCell:
     delta_rel: float | None = None  # delta / |baseline|; None when the baseline is 0 or not finite
     regressed: bool = False
     improved: bool = False
+    spread: float | None = None  # this run's step-to-step spread (relative), for steady metrics
+    within_noise: bool = False  # the change is smaller than the larger step-to-step spread of the two runs
 
 
 @frozen
 class MetricRow:
-    metric: MetricDef
+    metric: Metric
     tolerance: float  # allowed relative change in the worse direction before it is a regression
     cells: tuple[MetricCell, ...]  # one per run, in ``Comparison.runs`` order
 
@@ -170,24 +172,34 @@ def check_tolerances(tolerances: Mapping[str, float] | None) -> dict[str, float]
     return out
 
 
-def judge(metric: MetricDef, base: float | None, value: float | None, tolerance: float) -> MetricCell:
-    """One run's value against the baseline's: deltas, and whether it regressed or improved."""
+def judge(metric: Metric, base: float | None, value: float | None, tolerance: float,
+          spreads: tuple[float | None, float | None] = (None, None)) -> MetricCell:
+    """One run's value against the baseline's: deltas, and whether it regressed or improved.
+
+    ``spreads``: the baseline's and this run's step-to-step spread (steady metrics only). A relative
+    change no larger than the larger of them is within noise: neither a regression nor an improvement.
+    """
+    spread = spreads[1]
     if value is None or base is None:
-        return MetricCell(value)
+        return MetricCell(value, spread=spread)
     if math.isnan(base):
-        return MetricCell(value)
+        return MetricCell(value, spread=spread)
     if math.isnan(value):  # a NaN (a diverged run) is worse than any number
-        return MetricCell(value, regressed=True)
+        return MetricCell(value, regressed=True, spread=spread)
     delta = value - base
     finite = math.isfinite(base) and base != 0
     delta_rel = delta / abs(base) if finite else None
     worse = delta if metric.better == "lower" else -delta  # > 0: moved the wrong way
     if math.isinf(worse):
-        return MetricCell(value, delta, delta_rel, regressed=worse > 0, improved=worse < 0)
+        return MetricCell(value, delta, delta_rel, regressed=worse > 0, improved=worse < 0, spread=spread)
+    noise = max((s for s in spreads if s is not None), default=None)
+    if finite and noise is not None and abs(delta_rel) <= noise:
+        return MetricCell(value, delta, delta_rel, spread=spread, within_noise=True)
     if finite:
         rel_worse = worse / abs(base)
-        return MetricCell(value, delta, delta_rel, regressed=rel_worse > tolerance + EPS, improved=rel_worse < -EPS)
-    return MetricCell(value, delta, delta_rel, regressed=worse > EPS, improved=worse < -EPS)
+        return MetricCell(value, delta, delta_rel, regressed=rel_worse > tolerance + EPS, improved=rel_worse < -EPS,
+                          spread=spread)
+    return MetricCell(value, delta, delta_rel, regressed=worse > EPS, improved=worse < -EPS, spread=spread)
 
 
 def _fingerprint_diff(runs: Sequence[RunData]) -> tuple[dict[str, tuple[DiffRow, ...]], tuple[str, ...]]:
@@ -224,7 +236,8 @@ def compare(runs: Sequence[RunData], baseline: RunData | None = None, *,
     base_id = baseline.run_id if baseline is not None else None
     headers = tuple(RunHeader(r.run_id, r.name, r.status, r.run_id == base_id) for r in ordered)
 
-    summaries = [summarize(r) for r in ordered]
+    summaries = [summarize_run(r) for r in ordered]
+    noise = [run_spreads(r) for r in ordered]
     rows: list[MetricRow] = []
     regressions: list[Regression] = []
     for m in METRICS:
@@ -234,8 +247,10 @@ def compare(runs: Sequence[RunData], baseline: RunData | None = None, *,
         tol = tols.get(m.key, 0.0)
         base = values[0] if base_id is not None else None
         cells = []
-        for h, v in zip(headers, values):
-            cell = MetricCell(v) if base_id is None or h.is_baseline else judge(m, base, v, tol)
+        for h, v, n in zip(headers, values, noise):
+            spreads = (noise[0].get(m.key), n.get(m.key))
+            cell = (MetricCell(v, spread=spreads[1]) if base_id is None or h.is_baseline
+                    else judge(m, base, v, tol, spreads))
             cells.append(cell)
             if cell.regressed:
                 regressions.append(Regression(h.run_id, m.key, base, v, cell.delta_rel, tol))

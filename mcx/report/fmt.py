@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from mcx.report.compare import ABSENT, MetricCell
-from mcx.report.metrics import Unit
+from mcx.metrics.summary import Unit
 
 DASH = "—"
 

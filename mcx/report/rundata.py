@@ -14,7 +14,8 @@ from typing import Any
 from attrs import field, frozen
 
 from mcx.errors import InputError
-from mcx.report.metricsfile import Curve, read_metrics
+from mcx.metrics.curves import Curve, read_metrics
+from mcx.metrics.summary import spreads, summarize
 
 STAGES = ("smoke", "full")
 
@@ -44,7 +45,7 @@ class RunData:
     fingerprint record's components (``code``, ``environment``, ``config``, ``data``, ``hardware``),
     each as recorded. ``curves`` and ``final`` are the main stage's (full, else smoke). Reports
     summarise curves; ``final`` (result.json's, or a loader's) is read only for a metric whose curve
-    is absent, by its key in ``mcx.report.metrics.METRICS``. ``wall_time_s`` and ``gpu_hours`` add
+    is absent, by its key in ``mcx.metrics.summary.METRICS``. ``wall_time_s`` and ``gpu_hours`` add
     up every stage: what the run cost.
     """
 
@@ -175,3 +176,14 @@ def load_run_dir(path: str | Path) -> RunData:
         gpu_hours=sum(gpu_h) if gpu_h else None,
         status=status,
     )
+
+
+def summarize_run(run: RunData) -> dict[str, float | None]:
+    """Every summary metric of the run (``mcx.metrics.summary``): from its main stage's curves, the
+    run's wall time and GPU-hours, and its recorded finals where a curve is absent."""
+    return summarize(run.curves, {"wall_time_s": run.wall_time_s, "gpu_hours": run.gpu_hours}, run.final)
+
+
+def run_spreads(run: RunData) -> dict[str, float]:
+    """The step-to-step spread of each steady metric of the run's main stage."""
+    return spreads(run.curves)

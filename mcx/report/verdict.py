@@ -24,7 +24,7 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 from mcx.errors import InputError
-from mcx.report.metricsfile import Curve
+from mcx.metrics.curves import Curve
 
 Kind = Literal["bitwise", "equivalent", "diverged"]
 CurveLike = Curve | tuple[Sequence[int], Sequence[float]]
