@@ -149,7 +149,8 @@ def test_run_directory_holds_spec_fingerprint_plan_and_both_stages(project, a):
         assert [r["step"] for r in lines if r["kind"] == "train"] == list(range(1, steps + 1))
         assert all(math.isfinite(r["loss"]) for r in lines)
         assert [r["step"] for r in lines if r["kind"] == "test"] == [steps]
-        assert result["final"]["train_loss"] == losses(sdir / "metrics.jsonl")[-1][1]
+        tail = [v for _, v in losses(sdir / "metrics.jsonl")][-10:]  # docs/metrics.md: the last 1%, at least 10
+        assert result["final"]["train_loss"] == pytest.approx(math.fsum(tail) / 10, rel=1e-12)
         job = json.loads((sdir / "job.json").read_text())
         assert job["stage"] == stage and job["run_id"] == a["run_id"] and job["device"] == "cpu"
     full_lines = metrics_lines(rdir / "full" / "metrics.jsonl")
@@ -368,6 +369,57 @@ def test_compare_shows_exactly_the_changed_hyperparameter_and_both_curves(projec
     assert "train.lr" in md and ra in md and rb in md and "train.min_lr" not in md
     html = out["html"].read_text()
     assert html.lstrip().lower().startswith("<!doctype html") and "<svg" in html and ra in html and rb in html
+
+
+def _by_hand(metrics_file: Path) -> dict[str, float]:
+    """The summary metrics computed here from metrics.jsonl, as docs/metrics.md defines them."""
+    lines = metrics_lines(metrics_file)
+    train = [r for r in lines if r["kind"] == "train"]
+    valid = [r for r in lines if r["kind"] == "valid"]
+    w = min(len(train), max(10, len(train) // 100))
+    steady = train[max(1, len(train) // 20):]
+    return {
+        "train_loss": math.fsum(r["loss"] for r in train[-w:]) / w,
+        "valid_loss": valid[-1]["loss"],
+        "step_time_s": math.fsum(r["step_time_s"] for r in steady) / len(steady),
+        "tokens_per_s_per_gpu": len(steady) / math.fsum(1 / r["tokens_per_s_per_gpu"] for r in steady),
+        "mem_peak_bytes": float(max(r["mem_peak_bytes"] for r in train)),
+    }
+
+
+def test_every_surface_prints_the_same_summary_metrics(project, a, b, tmp_path):
+    """One definition per metric: show, ls, compare (JSON, Markdown, HTML, table), the baseline gate and
+    MLflow's summary metrics all carry the values computed by hand from each run's metrics.jsonl."""
+    from mcx.metrics.summary import BY_KEY
+    from mcx.report.fmt import value
+
+    ids = (a["run_id"], b["run_id"])
+    truth = {rid: _by_hand(project / ".mcx" / "runs" / rid / "full" / "metrics.jsonl") for rid in ids}
+    shown = {rid: mcx_inprocess(project, "show", rid, "--json").json() for rid in ids}
+    listed = {r["run_id"]: r for r in mcx_inprocess(project, "ls", "--json").json()}
+    doc = json.loads(mcx_inprocess(project, "compare", *ids, "--format", "json").out)
+    for rid in ids:
+        parent = parent_runs(project, rid)[0]
+        for key, want in truth[rid].items():
+            assert shown[rid]["stages"]["full"]["final"][key] == pytest.approx(want, rel=1e-12), (rid, key)
+            assert shown[rid]["final"][key] == listed[rid]["final"][key] == shown[rid]["stages"]["full"]["final"][key]
+            assert doc["metrics"][key]["runs"][rid]["value"] == shown[rid]["final"][key], (rid, key)
+            assert parent.data.metrics[key] == shown[rid]["final"][key], (rid, key)
+    # The text surfaces print the same numbers the same way.
+    show_text = mcx_inprocess(project, "show", ids[0]).out
+    texts = {fmt: mcx_inprocess(project, "compare", *ids, "--format", fmt).out for fmt in ("md", "table", "html")}
+    for key in ("train_loss", "valid_loss", "tokens_per_s_per_gpu", "step_time_s"):
+        for rid in ids:
+            printed = value(BY_KEY[key].unit, truth[rid][key])
+            for fmt, text in texts.items():
+                assert printed in text, (fmt, rid, key, printed)
+        assert value(BY_KEY[key].unit, truth[ids[0]][key]) in show_text, key
+    # The baseline gate judges the same values.
+    mcx_inprocess(project, "baseline", "set", "main", ids[0])
+    gate = mcx_inprocess(project, "run", SPEC, *FAST, *LR_B, *GATED, "--skip-smoke", "--json").json()["baseline"]
+    for key in truth[ids[0]]:
+        assert gate["metrics"][key]["baseline"] == shown[ids[0]]["final"][key], key
+        assert gate["metrics"][key]["value"] == shown[ids[1]]["final"][key], key
 
 
 def test_explain_two_run_ids_lists_exactly_the_changed_key(project, a, b):

@@ -459,3 +459,31 @@ def test_html_in_headless_chromium(two_runs: tuple[RunData, RunData], tmp_path: 
     blue, orange = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # the first two series colours
     for frame in frames:
         assert _count_colour(rows, frame, blue) > 20 and _count_colour(rows, frame, orange) > 20, frame
+
+
+def test_docs_state_every_metric_definition() -> None:
+    from mcx.metrics.summary import definitions_table
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text(encoding="utf-8")
+    assert definitions_table() in doc, "docs/metrics.md: paste mcx.metrics.summary.definitions_table() into it"
+
+
+def test_throughput_is_total_work_over_total_time_and_noise_is_not_a_change() -> None:
+    from mcx.metrics.summary import BY_KEY, spread
+
+    steps = list(range(1, 101))
+    times = [5.0] + [1.0, 2.0] * 49 + [1.0]  # warm-up step left out; then alternating 1 s and 2 s steps
+    tps = [1000.0 / t for t in times]
+    run = RunData(run_id="r", name="r", curves={"train/tokens_per_s_per_gpu": curve(steps, tps),
+                                                "train/step_time_s": curve(steps, times)})
+    s = summarize_run(run)
+    assert s["step_time_s"] == pytest.approx(1.5, rel=0.01)
+    assert s["tokens_per_s_per_gpu"] == pytest.approx(1000.0 / s["step_time_s"])  # not the mean of the rates (750)
+    assert spread(BY_KEY["step_time_s"], times) == pytest.approx(0.5 / 1.5, rel=0.01)
+    faster = RunData(run_id="f", name="f", curves={"train/tokens_per_s_per_gpu": curve(steps, [t * 1.2 for t in tps])})
+    cell = compare([faster], run).metrics[0].cells[1]
+    assert cell.delta_rel == pytest.approx(0.2) and cell.within_noise and not cell.improved  # 20% inside a 33% spread
+    steady = RunData(run_id="q", name="q", curves={"train/tokens_per_s_per_gpu": curve(steps, [1000.0] * 100)})
+    quicker = RunData(run_id="k", name="k", curves={"train/tokens_per_s_per_gpu": curve(steps, [1020.0] * 100)})
+    cell = compare([quicker], steady).metrics[0].cells[1]
+    assert cell.improved and not cell.within_noise  # 2% with no step noise is a change

@@ -34,8 +34,8 @@ REDUCTIONS: dict[str, str] = {
     "max": "the highest finite logged value",
     "mean": "mean over the steady steps: all but the first 5% (at least one step when there are four or more), "
             "so compilation and warm-up do not count; later stalls (evaluation, checkpoints) do",
-    "rate": "total work over total time of the steady steps (the harmonic mean of the per-step rates), "
-            "so it agrees with the mean step time",
+    "rate": "over the steady steps (as for step time), total work over total time: the harmonic mean of the "
+            "per-step rates, so it agrees with the mean step time",
     "run": "a property of the whole run, every stage included",
 }
 
@@ -83,6 +83,13 @@ METRICS: tuple[Metric, ...] = (
 METRIC_KEYS: tuple[str, ...] = tuple(m.key for m in METRICS)
 BY_KEY: dict[str, Metric] = {m.key: m for m in METRICS}
 STEADY: frozenset[str] = frozenset({"mean", "rate"})  # reductions over steady steps, which have a spread
+
+
+def definitions_table() -> str:
+    """The definitions as a Markdown table (docs/metrics.md holds it; a test keeps the two equal)."""
+    rows = ["| key | label | better | definition |", "|---|---|---|---|"]
+    rows += [f"| `{m.key}` | {m.label} | {m.better} | {m.definition} |" for m in METRICS]
+    return "\n".join(rows) + "\n"
 
 
 def window_size(n: int) -> int:

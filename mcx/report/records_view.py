@@ -27,26 +27,59 @@ def render_runs(rows: list[dict[str, Any]]) -> Any:
     return t
 
 
+def _metric(key: str, final: dict[str, Any]) -> str:
+    """A stage's summary metric as every report prints it (mcx.metrics.summary's unit, fmt.value)."""
+    from mcx.metrics.summary import BY_KEY
+    from mcx.report.fmt import value
+
+    v = final.get(key)
+    return value(BY_KEY[key].unit, float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+
+
+SHOW_METRICS = ("train_loss", "valid_loss", "test_ppl", "tokens_per_s_per_gpu", "mfu", "step_time_s", "mem_peak_bytes")
+
+
 def render_run(rec: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
 
+    from mcx.metrics.summary import BY_KEY
+
     head = Table.grid(padding=(0, 2))
+    head.add_column(no_wrap=True)
+    head.add_column(overflow="fold")
     for key in ("run_id", "name", "status", "state", "source"):
         if rec.get(key) is not None:
             head.add_row(key, str(rec[key]))
-    stages = Table(title="stages", title_justify="left")
-    for col in ("stage", "status", "passed", "steps", "train loss", "valid loss", "test ppl", "MFU"):
-        stages.add_column(col)
-    for name, st in (rec.get("stages") or {}).items():
-        st = st or {}
-        f = st.get("final") or {}
-        mfu = f.get("mfu")
-        stages.add_row(name, str(st.get("status")), str(st.get("passed")), str(st.get("steps")), _num(f.get("train_loss")),
-                       _num(f.get("valid_loss")), _num(f.get("test_ppl"), ".2f"),
-                       f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "unknown")
+    if rec.get("spec_path"):
+        head.add_row("spec", str(rec["spec_path"]))
+    tracking = rec.get("tracking") or {}
+    if tracking.get("mlflow_url"):
+        head.add_row("MLflow", str(tracking["mlflow_url"]))
+    elif tracking.get("mlflow_run"):
+        head.add_row("MLflow", f"run {tracking['mlflow_run']} in {tracking.get('target')} "
+                               f"(experiment {tracking.get('experiment')})")
+    if tracking.get("pending_ops"):
+        head.add_row("unsent", f"{tracking['pending_ops']} records (send with `mcx sync`)")
+    for stage, ck in (rec.get("checkpoints") or {}).items():
+        if stage == "error":
+            head.add_row("checkpoints", str(ck.get("detail")))
+            continue
+        where = ck["path"] + ("" if ck.get("present") else " (not here: `mcx pull`)")
+        dvc = f", DVC md5 {ck['md5']}" + (f" on remote {ck['remote']}" if ck.get("remote") else "") if ck.get("md5") else ""
+        head.add_row(f"{stage} checkpoint", where + dvc)
+    stage_recs = {name: st or {} for name, st in (rec.get("stages") or {}).items()}
+    stages = Table(title="stages (metrics as docs/metrics.md defines them)", title_justify="left")
+    stages.add_column("", no_wrap=True)
+    for name in stage_recs:
+        stages.add_column(name, justify="right", overflow="fold")
+    for label, cell in (("status", lambda st: str(st.get("status"))), ("passed", lambda st: str(st.get("passed"))),
+                        ("steps", lambda st: str(st.get("steps")))):
+        stages.add_row(label, *(cell(st) for st in stage_recs.values()))
+    for key in SHOW_METRICS:
+        stages.add_row(BY_KEY[key].label, *(_metric(key, st.get("final") or {}) for st in stage_recs.values()))
     tags = Table(title="fingerprint", title_justify="left")
-    tags.add_column("tag")
+    tags.add_column("tag", overflow="fold")
     tags.add_column("value", overflow="fold")
     for k, v in sorted((rec.get("tags") or {}).items()):
         tags.add_row(k, str(v))

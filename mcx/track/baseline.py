@@ -50,8 +50,13 @@ class Baseline:
 
 
 def direction(metric: str) -> Literal["lower", "higher"] | None:
-    """Which way ``metric`` improves, from its name (None: mcx cannot tell)."""
+    """Which way ``metric`` improves: its definition's (mcx.metrics.summary), else guessed from its name
+    (None: mcx cannot tell)."""
+    from mcx.metrics.summary import BY_KEY
+
     last = metric.rsplit("/", 1)[-1].lower()
+    if last in BY_KEY:
+        return BY_KEY[last].better
     if any(word in last for word in _HIGHER):
         return "higher"
     if any(word in last for word in _LOWER) or last.endswith("_s"):

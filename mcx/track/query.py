@@ -86,8 +86,54 @@ def _tracking_state(rdir: Path) -> dict[str, Any]:
     journal = Journal(rdir / paths.TRACK_DIR)
     target = paths.read_json(rdir / paths.TRACK_DIR / "target.json", {}) or {}
     ids = paths.read_json(rdir / paths.TRACK_DIR / "ids.json", {}) or {}
+    mlflow_run = (ids.get("records") or {}).get("run")
     return {"target": target.get("target"), "experiment": target.get("experiment"),
-            "mlflow_run": (ids.get("records") or {}).get("run"), "pending_ops": len(journal.pending())}
+            "experiment_id": ids.get("experiment_id"), "mlflow_run": mlflow_run,
+            "mlflow_url": mlflow_url(target.get("target"), ids.get("experiment_id"), mlflow_run),
+            "pending_ops": len(journal.pending())}
+
+
+def _created(rdir: Path, run_json: dict[str, Any]) -> float:
+    """When the run first started (run.json's ``started``), else when its fingerprint was written; never
+    the directory's mtime, which a reproduction or a lock file moves."""
+    started = run_json.get("started")
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        return float(started)
+    for name in ("fingerprint.json", "spec.toml"):
+        try:
+            return os.stat(rdir / name).st_mtime
+        except OSError:
+            continue
+    return os.stat(rdir).st_mtime
+
+
+def _checkpoints(project_root: Path, rdir: Path) -> dict[str, dict[str, Any]]:
+    """Each stage's final checkpoint: where it is, whether it is here, and its DVC hash when recorded."""
+    from mcx.errors import McxError
+    from mcx.track.share import read_pointers
+
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        pointers = read_pointers(project_root, rdir.name)
+    except McxError as exc:
+        pointers = []
+        out["error"] = {"detail": str(exc)}
+    for p in pointers:
+        out[p.stage] = {"path": str(p.target), "present": p.target.is_dir(), "md5": p.md5,
+                        "pointer": str(p.dvc_file), "remote": p.remote.get("name"), "remote_url": p.remote.get("url")}
+    for stage in paths.STAGES:
+        ckpts = sorted((rdir / stage / "checkpoints").glob("iter_*[0-9]")) if stage not in out else []
+        if ckpts:
+            out[stage] = {"path": str(ckpts[-1]), "present": True, "md5": None, "pointer": None, "remote": None,
+                          "remote_url": None}
+    return out
+
+
+def mlflow_url(target: str | None, experiment_id: str | None, mlflow_run: str | None) -> str | None:
+    """The run's page in the MLflow UI when it was recorded on a server (the embedded store has none)."""
+    if not target or not experiment_id or not mlflow_run or not target.startswith(("http://", "https://")):
+        return None
+    return f"{target.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run}"
 
 
 def _local_summary(project_root: Path, rdir: Path) -> dict[str, Any]:
@@ -104,7 +150,7 @@ def _local_summary(project_root: Path, rdir: Path) -> dict[str, Any]:
     return {
         "run_id": rdir.name, "name": spec_name, "status": run_json.get("status"), "state": state.state,
         "holder": state.holder.describe() if state.holder else None,
-        "created": run_json.get("created", os.stat(rdir).st_mtime), "stages": stages, "final": _final(stages),
+        "created": _created(rdir, run_json), "stages": stages, "final": _final(stages),
         "source": "local", "tracking": _tracking_state(rdir),
     }
 
@@ -168,6 +214,8 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
         out["params"] = spec_params(spec) if spec else {}
         out["tags"] = fingerprint_tags(fp) if isinstance(fp, dict) else {}
         out["run"] = paths.read_json(rdir / "run.json", {})
+        out["spec_path"] = str(rdir / "spec.toml")
+        out["checkpoints"] = _checkpoints(root, rdir)
         if not include_tracking:
             return out
     else:

@@ -1,5 +1,8 @@
 """result.json: how the stage ended, its checks, final metrics, and what ran.
 
+``final`` holds the stage's summary metrics, computed from its metrics.jsonl by
+``mcx.metrics.summary`` (the one definition every report reads).
+
 Status -> exit code of ``python -m mcx.train`` (also recorded as ``exit_code``):
 
 * ``finished`` -> 0; ``preempted`` -> 0: the worker handled the signal as asked (a resumable
@@ -14,7 +17,6 @@ from __future__ import annotations
 import importlib.metadata
 import math
 import platform
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -41,32 +43,6 @@ def versions() -> dict[str, str | None]:
     except RuntimeError as exc:  # e.g. another cuDNN already loaded (Transformer Engine's): recorded, not fatal
         out["cudnn"] = f"unknown ({str(exc).split('.')[0]})"
     return out
-
-
-def _median(values: list[float]) -> float | None:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.median(vals) if vals else None
-
-
-def summarize(train: list[dict[str, Any]], measured: list[dict[str, Any]], evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Final metrics: the last train loss, the last valid/test losses, and throughput medians over
-    the steps this process timed (the first step, which pays for warm-up, left out when possible;
-    the whole recorded timeline when this process timed none, e.g. resumed after its last step)."""
-    measured = measured or train
-    timed = measured[1:] if len(measured) > 1 else measured
-    final: dict[str, Any] = {
-        "train_loss": train[-1].get("loss") if train else None,
-        "tokens_per_s_per_gpu": _median([r.get("tokens_per_s_per_gpu") for r in timed]),
-        "tflops_per_gpu": _median([r.get("tflops_per_gpu") for r in timed]),
-        "mfu": _median([r.get("mfu") for r in timed]),
-        "step_time_s": _median([r.get("step_time_s") for r in timed]),
-        "mem_peak_bytes": max((r["mem_peak_bytes"] for r in measured if r.get("mem_peak_bytes")), default=None),
-    }
-    for kind in ("valid", "test"):
-        rec = evals.get(kind)
-        final[f"{kind}_loss"] = rec["loss"] if rec else None
-        final[f"{kind}_ppl"] = rec["ppl"] if rec else None
-    return final
 
 
 def make_result(*, status: str, passed: bool, checks: dict[str, Any] | None = None, final: dict[str, Any] | None = None,

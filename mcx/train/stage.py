@@ -21,7 +21,7 @@ from typing import Any
 from mcx.errors import DataError, McxError, SpecError
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
 from mcx.train.job import Job, read_job
-from mcx.train.result import make_result, summarize, write_result
+from mcx.train.result import make_result, write_result
 
 log = logging.getLogger("mcx.train")
 LOG_FILE = "worker.log"
@@ -115,6 +115,7 @@ def _peak_flops(job: Job) -> tuple[float | None, str | None]:
 
 
 def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, Any]:
+    from mcx.metrics.summary import summarize_file
     from mcx.train import smoke
     from mcx.train.data import datasets_from_spec
     from mcx.train.loop import Trainer
@@ -167,7 +168,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
                "stop_signal": stop.signal}
     backend.close()
     return make_result(status=status, passed=status == "finished", checks=checks,
-                       final=summarize(train_records, outcome.measured, outcome.evals), error=error,
+                       final=summarize_file(stage_dir / METRICS_FILE) if world.is_main else {}, error=error,
                        steps=outcome.step, layer_spec=backend.layer_spec, details=details, warnings=outcome.warnings)
 
 
