@@ -59,6 +59,13 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_e2e_project(tmp_path_factory.mktemp("repro") / "project")
 
 
+def _listed(project: Path, run_id: str) -> dict:
+    """What ls and compare say about a run: when it was created, its wall time and metrics."""
+    row = next(r for r in mcx_inprocess(project, "ls", "--json").json() if r["run_id"] == run_id)
+    doc = json.loads(mcx_inprocess(project, "compare", run_id, "--format", "json").out)
+    return {"created": row["created"], "metrics": {k: m["runs"][run_id]["value"] for k, m in doc["metrics"].items()}}
+
+
 @pytest.fixture(scope="module")
 def original(project: Path) -> dict:
     """O: trained from commit C plus an untracked file; then the project moves on to a new commit."""
@@ -68,6 +75,7 @@ def original(project: Path) -> dict:
     assert res.code == 0, res
     summary = res.json()
     assert summary["status"] == "finished"
+    summary["listed"] = _listed(project, summary["run_id"])
     spec = project / "experiments" / "tiny.toml"
     spec.write_text(spec.read_text().replace("lr = 3e-3", "lr = 1e-3"))
     _git(project, "add", "-A")
@@ -112,6 +120,11 @@ def test_a_reproduction_on_the_same_machine_is_bitwise(project, original, bitwis
         assert losses(rep / stage / "metrics.jsonl") == losses(original["dir"] / stage / "metrics.jsonl")
     assert losses(rep / "full" / "metrics.jsonl", "valid") == losses(original["dir"] / "full" / "metrics.jsonl", "valid")
     assert json.loads((original["dir"] / "run.json").read_text())["status"] == "finished"
+
+
+def test_a_reproduction_leaves_the_originals_record_as_it_was(project, original, bitwise):
+    assert bitwise.code == 0, bitwise
+    assert _listed(project, original["run_id"]) == original["listed"]  # created, wall time, every metric
 
 
 def test_the_reproduction_is_its_own_mlflow_run_under_the_original(project, original, bitwise):
