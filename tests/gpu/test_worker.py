@@ -83,10 +83,10 @@ def faults(work):
     for s in (ref, killed, termed):
         s.start()
     first = {}
-    killed.wait_for_step(KILL_AT)
-    os.killpg(killed.proc.pid, signal.SIGKILL)
     termed.wait_for_step(TERM_AT)
     termed.proc.send_signal(signal.SIGTERM)  # as a launcher forwards it: to the worker, not its helpers
+    killed.wait_for_step(KILL_AT)
+    os.killpg(killed.proc.pid, signal.SIGKILL)  # the worker and its checkpoint writer
     for name, s in (("sigkill", killed), ("sigterm", termed)):
         s.wait(300)
         latest = s.dir / "checkpoints" / "latest"
