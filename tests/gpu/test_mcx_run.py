@@ -1,0 +1,100 @@
+"""`mcx run` and `mcx reproduce` of a small spec on the GPU, as a user types them.
+
+GPU session 3 (docs/benchmarks.md "Faults and reproduce on the Transformer Engine path") ran exactly this:
+experiments/tiny.toml on an H200 in bf16, 40 steps; the smoke stage passed its 5 checks, Transformer Engine
+was chosen automatically, and the reproduction said "bitwise". The GPU machine has neither MLflow nor DVC,
+so the run's tracking records stay in its journal (.mcx/runs/<id>/track/journal.jsonl); the suite leaves the
+project (without checkpoints) in its output folder, and `mcx sync` sends the records on the CPU side
+afterwards (tests/gpu/test_sync_back.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import tarfile
+
+import pytest
+
+from gpuwork import make_project, mcx
+
+pytestmark = pytest.mark.gpu
+
+RUN = ["run", "experiments/tiny.toml", "--set", 'hardware.gpu="H200"', "--set", 'train.precision="bf16"',
+       "--set", "train.train_iters=40", "--yes", "--json"]
+SMOKE_CHECKS = {"loss_finite", "loss_falling", "checkpoint_roundtrip", "resume_bitwise", "throughput"}
+ARCHIVE = "mcx-run-project.tar.gz"
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.fixture(scope="module")
+def project(work):
+    return make_project(work / "project")
+
+
+@pytest.fixture(scope="module")
+def run(project):
+    res = mcx(project, *RUN)
+    assert res.code == 0, res
+    summary = res.json()
+    return {"res": res, "summary": summary, "dir": project / ".mcx" / "runs" / summary["run_id"]}
+
+
+@pytest.fixture(scope="module")
+def reproduced(project, run, out_dir):
+    res = mcx(project, "reproduce", run["summary"]["run_id"], "--json")
+    if out_dir is not None:  # for `mcx sync` on the CPU side, and the suite's summary
+        out_dir.mkdir(parents=True, exist_ok=True)
+        skip = ("checkpoints", "cache", ".git")
+        with tarfile.open(out_dir / ARCHIVE, "w:gz") as tar:
+            tar.add(project, arcname="project",
+                    filter=lambda ti: None if any(part in skip for part in ti.name.split("/")) else ti)
+        (out_dir / "mcx-run.json").write_text(json.dumps(
+            {"run": run["summary"], "reproduce": res.json() if res.code == 0 else None,
+             "reproduce_stderr": res.err[-3000:]}, indent=1))
+    return res
+
+
+def test_mcx_run_trains_smoke_then_full_on_the_gpu(run):
+    s = run["summary"]
+    assert s["status"] == "finished" and s["exit_code"] == 0, s
+    smoke, full = s["stages"]["smoke"], s["stages"]["full"]
+    assert smoke["status"] == "finished" and set(smoke["checks"]) == SMOKE_CHECKS, smoke
+    assert all(c["passed"] for c in smoke["checks"].values()), smoke["checks"]
+    assert full["status"] == "finished" and full["steps"] == 40, full
+    assert smoke["layer_spec"] == full["layer_spec"] == "transformer_engine"  # "auto" where TE is importable
+    for stage in ("smoke", "full"):
+        assert json.loads((run["dir"] / stage / "job.json").read_text())["device"] == "cuda"
+    train = [json.loads(line) for line in (run["dir"] / "full" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in train if r["kind"] == "train"]
+    assert len(losses) == 40 and losses[-1] < losses[0] - 1, losses
+    assert list((run["dir"] / "full").glob("system*.jsonl")), "no system metrics (NVML / nvidia-smi)"
+
+
+def test_tracking_records_are_journaled_where_mlflow_is_absent(run):
+    """The training machine's records wait in the run's journal for `mcx sync` (GPU sessions 2 and 6)."""
+    from mcx.track.journal import Journal
+
+    journal = Journal(run["dir"] / "track")
+    ops = journal.ops()
+    assert ops, "the run journaled nothing"
+    if importlib.util.find_spec("mlflow") is None:
+        err = flat(run["res"].err)
+        assert "MLflow is not importable here" in err and "records are spooled: run `mcx sync`" in err, err
+        assert journal.acked() == 0 and len(journal.pending()) == len(ops)
+    else:  # a GPU machine with the tracking extra records as it goes
+        assert journal.pending() == []
+    if importlib.util.find_spec("dvc") is None:
+        assert "checkpoint not added to DVC: DVC is not importable here" in flat(run["res"].err)
+
+
+def test_mcx_reproduce_of_the_gpu_run_is_bitwise(run, reproduced):
+    assert reproduced.code == 0, reproduced
+    v = reproduced.json()
+    assert v["run_id"] == run["summary"]["run_id"] and v["status"] == "finished", v
+    assert v["verdict"] == "bitwise" and v["first_difference"] is None and v["divergence"] is None, v
+    assert v["steps"] == 40 and "train/loss" in v["compared"], v
+    assert v["data_identical"] is True and v["hardware_drift"] == [], v
