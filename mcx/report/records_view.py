@@ -23,7 +23,7 @@ def render_runs(rows: list[dict[str, Any]], plain: bool = False) -> Any:
         stages = " ".join(f"{k}:{(v or {}).get('status', '?')}" for k, v in (r.get("stages") or {}).items())
         final = r.get("final") or {}
         tracking = r.get("tracking") or {}
-        cells.append([r.get("run_id", "?"), str(r.get("name", "")), str(r.get("status", "")), created, stages or "-",
+        cells.append([r.get("run_id", "?"), str(r.get("name") or "-"), str(r.get("status") or "-"), created, stages or "-",
                       _num(final.get("train_loss")), _num(final.get("valid_loss")),
                       _num(final.get("tokens_per_s_per_gpu"), ".0f"), str(tracking.get("state", tracking.get("target", "")))])
     if plain:

@@ -29,7 +29,7 @@ def render_run_result(summary: dict[str, Any]) -> RenderableType:
     """The stage table (status, checks passed, losses, speed), the run ID and where its files are."""
     title = Text(f"run {summary.get('run_id')} ({summary.get('name', '')}): {summary.get('status')}", style="bold")
     if summary.get("cached"):
-        title.append(" (already finished; not trained again)")
+        title.append(" (cached: not trained again)")
     t = Table(title=title, title_justify="left")
     for col in ("stage", "status", "checks", "final train loss", "valid loss", "tokens/s/GPU", "MFU"):
         t.add_column(col, no_wrap=True)
