@@ -3,13 +3,14 @@ traceback, and nothing written into the project (no .mcx/, no mlruns/)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -150,12 +151,6 @@ def test_bad_set(project, item, shown):
 # A run ID argument must never reach a path or a shell: each of these is refused before either.
 BAD_IDS = ["../../etc/passwd", "abc;rm -rf /", "$(reboot)", "`touch PWNED`", "abc;touch PWNED", "$(touch PWNED)",
            "0123456789AB", "0123456789ab/../x", "-", "~"]
-VERB_MODULES = {"show": "mcx.ops.records", "reproduce": "mcx.ops.reproduce", "compare": "mcx.ops.compare",
-                "explain": "mcx.ops.explain", "baseline": "mcx.ops.records", "pull": "mcx.ops.pull"}
-
-
-def _ready(verb: str) -> bool:
-    return importlib.util.find_spec(VERB_MODULES[verb]) is not None
 
 
 @pytest.mark.parametrize("run_id", BAD_IDS)
@@ -168,8 +163,6 @@ def test_explain_refuses_a_malformed_run_id(project, run_id):
 
 @pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "baseline", "pull"])
 def test_run_id_verbs_refuse_malformed_ids(project, verb):
-    if not _ready(verb):
-        pytest.skip(f"{VERB_MODULES[verb]} not written yet")
     for run_id in ["../../etc/passwd", "abc;rm -rf /", "$(touch PWNED)", "0123456789AB"]:
         args = ["baseline", "set", "main", run_id] if verb == "baseline" else [verb, run_id]
         err = one_paragraph(bad_input(project, *args))
@@ -193,9 +186,6 @@ def test_explain_of_a_directory_is_not_a_spec(project, ref):
     pytest.param(["pull", "0123456789ab"], id="pull"),
 ])
 def test_unknown_run_id_writes_nothing(project, args):
-    verb = args[0]
-    if not _ready(verb):
-        pytest.skip(f"{VERB_MODULES[verb]} not written yet")
     err = one_paragraph(bad_input(project, *args))
     assert "0123456789ab" in err and "mcx ls" in err
 
@@ -224,8 +214,6 @@ def test_overlong_names(project, args):
 
 @pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "pull"])
 def test_an_overlong_run_id_is_refused(project, verb):
-    if not _ready(verb):
-        pytest.skip(f"{VERB_MODULES[verb]} not written yet")
     assert "is not a run ID" in one_paragraph(bad_input(project, verb, "a" * 300))
 
 
@@ -306,3 +294,104 @@ def test_import_refuses_an_argument_megatron_does_not_know(project):
     assert err == ("mcx: error: line 3 of bogus.sh passes --bogus-flag (no argument is close) and --seqlen (did you "
                    "mean --seq-length, --seed or --mscale?), which Megatron-LM's pretrain_gpt.py does not know, so it "
                    "would refuse the command; correct or remove them in the script, then import again.\n")
+
+
+# --- where output goes: results on stdout, progress on stderr; a pipe gets plain, whole lines -------
+
+
+RUN_IDS = ["0123456789ab", "fedcba987654"]
+LONG_NAME = "a name long enough to wrap " * 3
+
+
+def recorded_runs(project: Path) -> list[str]:
+    """Two run directories as `mcx run` leaves them (run.json with a summary)."""
+    for i, rid in enumerate(RUN_IDS):
+        rdir = project / ".mcx" / "runs" / rid
+        rdir.mkdir(parents=True)
+        (rdir / "run.json").write_text(json.dumps({
+            "run_id": rid, "name": LONG_NAME, "status": "finished", "started": 1e9 - i,
+            "summary": {"stages": {"smoke": {"status": "finished"}, "full": {"status": "finished"}},
+                        "final": {"train_loss": 2.5, "valid_loss": 2.75}}}))
+        (rdir / "spec.toml").write_text(f'name = "{LONG_NAME}"\n')
+    return RUN_IDS
+
+
+def test_ls_on_a_pipe_is_tab_separated_with_a_header(project):
+    ids = recorded_runs(project)
+    proc = subprocess.run(f"{sys.executable} -m mcx ls | cut -f1", shell=True, cwd=project, capture_output=True,
+                          text=True, env={**os.environ, "MCX_PROJECT": str(project)}, timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "run_id" and sorted(lines[1:]) == sorted(ids)  # the header, then one run a line
+    full = mcx(project, "ls").stdout.splitlines()
+    assert full[0].split("\t")[:3] == ["run_id", "name", "status"] and len(full) == 3
+    row = full[1].split("\t")
+    assert len(row) == 9 and row[2] == "finished", row
+    assert row[1] == " ".join(LONG_NAME.split())  # whole: no wrapping, no "…"
+    assert "\x1b[" not in "\n".join(full)
+
+
+def test_tables_on_a_pipe_are_neither_wrapped_nor_coloured(project):
+    proc = mcx(project, "plan", "tiny.toml")
+    assert proc.returncode == 0, proc.stderr
+    assert "\x1b[" not in proc.stdout and "\x1b[" not in proc.stderr
+    smoke = next(line for line in proc.stdout.splitlines() if line.startswith("Smoke stage: "))
+    assert len(smoke) > 80 and smoke.rstrip().endswith("DP 1"), smoke  # one line, not wrapped at 80 columns
+    forced = subprocess.run([sys.executable, "-m", "mcx", "plan", "tiny.toml"], cwd=project, capture_output=True,
+                            text=True, env={**os.environ, "MCX_PROJECT": str(project), "COLUMNS": "40",
+                                            "NO_COLOR": "1"}, timeout=120)
+    assert forced.stdout == proc.stdout  # COLUMNS does not wrap a pipe either
+
+
+def test_sync_exits_1_while_records_are_still_pending(tmp_path):
+    """A run recorded while its tracking server was down leaves records spooled; `mcx sync` that cannot
+    reach the server either says so and exits 1, its --json object still alone on stdout."""
+    from mcx.spec import dump_spec, load_spec
+    from mcx.track.recorder import RunRecorder
+
+    project = tmp_path / "p"
+    rdir = project / ".mcx" / "runs" / RUN_IDS[0]
+    rdir.mkdir(parents=True)
+    (rdir / "run.json").write_text(json.dumps({"run_id": RUN_IDS[0], "name": "tiny", "status": "finished"}))
+    (rdir / "spec.toml").write_text(dump_spec(load_spec(ROOT / "experiments" / "tiny.toml")))
+    (rdir / "fingerprint.json").write_text(json.dumps({"run_id": RUN_IDS[0]}))
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rec = RunRecorder.for_run(project, rdir, tracking_uri=f"http://127.0.0.1:{port}")
+    rec.start(launcher="local")
+    rec.finish("finished")
+    assert rec.close().state == "pending"
+    proc = mcx(project, "sync", "--json")
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)  # exactly one JSON object on stdout
+    assert doc["ok"] is False and [r["state"] for r in doc["runs"]] == ["pending"]
+    text = mcx(project, "sync")
+    assert text.returncode == 1 and "still pending" in text.stdout, (text.stdout, text.stderr)
+
+
+# --- mcx tune: refused at once where its trials cannot run ------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="this machine has a GPU: the trials could run")
+def test_tune_refuses_a_gpu_spec_on_a_machine_without_one_at_once(project):
+    shutil.copyfile(ROOT / "experiments" / "h200_1gpu.toml", project / "h200.toml")
+    t0 = time.monotonic()
+    err = bad_input(project, "tune", "h200.toml")
+    assert time.monotonic() - t0 < 10  # an interpreter start and a plan; no model is built
+    assert "mcx tune: its trials cannot run here" in err
+    assert 'train.precision: "bf16" needs a CUDA GPU' in err and "--set train.precision=fp32" in err
+    assert 'hardware.gpu: "H200", but this machine shows no GPU' in err
+    assert "worker.log" not in err
+
+
+def test_tune_carries_the_failing_trial_s_log_into_its_error(tmp_path):
+    """A trial that stops for another reason: its directory goes with tune's, so the log's last lines
+    are in the error (never a path to a deleted worker.log)."""
+    from mcx.ops import tune as tune_mod
+
+    (tmp_path / "worker.log").write_text("".join(f"line {i}\n" for i in range(40)) + "RuntimeError: boom\n")
+    tail = tune_mod._log_tail(tmp_path)
+    assert tail.splitlines()[-1] == "    RuntimeError: boom" and "line 25" not in tail and "line 26" in tail
+    assert "no log" in tune_mod._log_tail(tmp_path / "empty")

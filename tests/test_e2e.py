@@ -80,7 +80,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def run_a(project: Path):
-    """A, through the real command line: worker progress and the summary on stdout."""
+    """A, through the real command line: the summary on stdout, worker progress on stderr."""
     return mcx_subprocess(project, "run", SPEC, *FAST, "--json")
 
 
@@ -122,8 +122,10 @@ def test_run_trains_smoke_then_full_and_prints_one_json_summary(run_a, a):
         assert math.isfinite(a["final"][key]), key
     assert a["final"]["valid_loss"] < math.log(4096)  # below an untrained model's loss (vocab 4096)
     assert a["tracking"]["state"] == "synced" and a["tracking"]["target"] == "embedded"
-    # --json: the summary is the last line; the lines before it are the worker's metrics.
-    before = [json.loads(line) for line in run_a.out.strip().splitlines()[:-1]]
+    # --json: stdout holds the summary alone; the worker's metrics went to stderr, one JSON line each.
+    assert len(run_a.out.strip().splitlines()) == 1
+    assert "smoke stage" in run_a.err and "smoke stage" not in run_a.out  # progress is not the result
+    before = [json.loads(line) for line in run_a.err.splitlines() if line.startswith("{")]
     assert [r["step"] for r in before if r["kind"] == "train"] == [*range(1, 11), *range(1, 13)]
 
 
@@ -239,6 +241,10 @@ def test_second_run_is_cached_and_trains_nothing(project, a):
     assert res.seconds < 30
     assert "already finished" in res.err and "--force" in res.err
     assert metrics.stat().st_mtime_ns == before
+    table = mcx_inprocess(project, "run", SPEC, *FAST, "--quiet")  # no --json: the result table on stdout
+    assert table.code == 0 and f"run {a['run_id']}" in table.out and "run directory" in table.out, table
+    assert "already finished" not in table.out and "already finished" in table.err
+    assert "\x1b[" not in table.out and all(len(line) < 200 for line in table.out.splitlines())
     assert len(parent_runs(project, a["run_id"])) == 1
 
 

@@ -24,7 +24,6 @@ on two cores); run e.g. ``MCX_FUZZ_SCALE=10`` for a longer local hunt.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import math
@@ -512,8 +511,7 @@ def test_cli_plan_exits_0_or_2(ws, data, overrides, as_json):
 
 # --- CLI argument vectors ---------------------------------------------------------------------------
 
-# The ops modules each verb imports (mcx/cli/main.py). A verb whose modules are not written yet is
-# left out of the argv fuzz (its import would be a traceback); it joins as soon as they land.
+# The ops modules each verb imports (mcx/cli/main.py); every verb is fuzzed.
 VERB_MODULES = {
     "plan": ["mcx.ops.plan"], "explain": ["mcx.ops.explain"], "run": ["mcx.ops.run"], "data": ["mcx.ops.data"],
     "ls": ["mcx.ops.records", "mcx.report.records_view"], "show": ["mcx.ops.records", "mcx.report.records_view"],
@@ -523,11 +521,7 @@ VERB_MODULES = {
 }
 
 
-def verb_ready(verb: str) -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in VERB_MODULES[verb])
-
-
-READY = sorted(v for v in VERB_MODULES if verb_ready(v))
+READY = sorted(VERB_MODULES)
 # Verbs that train, prepare data or write files on good input: fuzzed only with bad positionals below.
 SIDE_EFFECTS = {"run", "tune", "data"}
 # Verbs that never write into the project, even when they succeed.
@@ -628,8 +622,6 @@ def test_argv_per_verb(ws, verb):
     Exit 0 is allowed only where no argument is bad beyond repair (``ls``, ``sync``,
     a spec repaired by its --set, or a layout ``explain`` does not check).
     """
-    if not verb_ready(verb):
-        pytest.skip(f"{', '.join(VERB_MODULES[verb])} not written yet")
     fatal = {*BAD_RUN_IDS, *bad_specs(ws, always=True)} - set(JUNK)  # JUNK also fills option values
     project = ws.new_project(f"verb-{verb}")  # untouched by the other tests' successful commands
 
@@ -679,3 +671,116 @@ def test_huge_counts_are_rejected_quickly(ws, field, seed):
     result = load_and_plan(spec_path, limit=2.0)
     if isinstance(result, McxError):
         check_error(result, input_paths(data))
+
+
+# --- output options: every path a command writes, from the parser ---------------------------------
+
+
+def output_options() -> list[tuple[list[str], str, str, str]]:
+    """(command words, flag, kind, required positionals' placeholders) of every output option of every
+    command, read from the parser (mcx.cli.main.OUTPUTS), so a new one is fuzzed without a test edit."""
+    import argparse
+
+    from mcx.cli.main import OUTPUTS, build_parser
+
+    found = []
+
+    def walk(parser: argparse.ArgumentParser, words: list[str]) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        for sub in subs:
+            for name, child in sub.choices.items():
+                walk(child, [*words, name])
+        if subs:
+            return
+        positionals = [a for a in parser._actions if not a.option_strings and a.nargs not in ("?", "*")]
+        for dest, flag, kind in parser.get_default(OUTPUTS) or []:
+            found.append((words, flag, kind, ["x.toml"] * len(positionals)))
+
+    walk(build_parser(), [])
+    return found
+
+
+OUTPUT_OPTIONS = output_options()
+
+
+def test_every_path_writing_option_is_declared_as_an_output():
+    """An option whose help says it writes somewhere must be an output option (checked and fuzzed)."""
+    import argparse
+
+    from mcx.cli.main import OUTPUTS, build_parser
+
+    def walk(parser: argparse.ArgumentParser, words: list[str]):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    yield from walk(child, [*words, name])
+            elif action.option_strings and action.nargs != 0 and re.search(r"\b(write|output|out)\b", (action.help or "") + action.dest):
+                declared = {d for d, _, _ in parser.get_default(OUTPUTS) or []}
+                yield " ".join(words), action.option_strings, action.dest in declared
+
+    undeclared = [(w, o) for w, o, ok in walk(build_parser(), []) if not ok]
+    assert not undeclared, f"declare these with _output_option in mcx/cli/main.py: {undeclared}"
+    assert {(" ".join(w), f) for w, f, _, _ in OUTPUT_OPTIONS} >= {
+        ("compare", "-o"), ("import", "-o"), ("tune", "-o"), ("data prepare", "--out")}
+
+
+def bad_output_paths(root: Path, kind: str) -> dict[str, str]:
+    """name -> a path no command may write to, and what the error must say about it."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "a_dir").mkdir(exist_ok=True)
+    (root / "a_file").write_text("x")
+    ro = root / "read_only"
+    ro.mkdir(exist_ok=True)
+    ro.chmod(0o555)
+    paths = {  # (a directory option makes missing parents: not bad for it)
+        **({"missing parent": str(root / "nowhere" / "deeper" / "out.txt")} if kind == "file" else {}),
+        "proc": "/proc/self/mcx-out/report.txt",
+        "proc file": "/proc/mcx-out.txt",
+        "sys": "/sys/mcx-out.txt",
+        "under a file": str(root / "a_file" / "out.txt"),
+    }
+    if kind == "file":
+        paths["a directory"] = str(root / "a_dir")
+    else:
+        paths["a file"] = str(root / "a_file")
+    if os.geteuid() != 0:  # root writes through permissions
+        paths["unwritable"] = str(ro / "out.txt")
+    return paths
+
+
+@pytest.mark.parametrize("words,flag,kind,positionals",
+                         [pytest.param(*o, id=f"{' '.join(o[0])} {o[1]}") for o in OUTPUT_OPTIONS])
+def test_every_output_option_refuses_a_bad_path(ws, tmp_path, words, flag, kind, positionals):
+    """Each bad path: exit 2, one paragraph naming the path and the fix, no traceback, nothing written."""
+    project = ws.new_project(f"out-{'-'.join(words)}{flag}")
+    outside = tmp_path / "outside"
+    for name, path in bad_output_paths(outside, kind).items():
+        before, around = ws.snapshot(project), ws.snapshot(outside)
+        argv = ["--project", str(project), *words, *positionals, flag, path]
+        code, out, err = run_main(argv, project)
+        assert code == 2, (name, argv, err)
+        assert out == "" and "Traceback" not in err, (name, err)
+        assert err.startswith("mcx: error: ") and err.count("\n") == 1, (name, err)  # one paragraph
+        assert path in err and "Nothing was written" in err, (name, err)
+        assert any(fix in err for fix in ("choose", "create it", "give a")), (name, err)
+        assert ws.snapshot(project) == before and ws.snapshot(outside) == around, name
+        assert not Path(path).exists() or name in ("a directory", "a file"), name
+
+
+@examples(60)
+@given(data=st.data())
+def test_output_options_with_generated_paths(ws, data):
+    """Generated paths (junk names, deep missing directories, NUL bytes, pseudo file systems): exit 0 or 2,
+    no traceback; exit 2 writes nothing."""
+    words, flag, kind, positionals = data.draw(st.sampled_from(OUTPUT_OPTIONS))
+    base = data.draw(st.sampled_from([str(ws.root / "gen" / "missing"), "/proc", "/proc/self", "/sys/kernel", "/",
+                                      str(ws.specs / "tiny.toml"), ""]))
+    tail = data.draw(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12),
+                              min_size=1, max_size=3))
+    path = "/".join([base, *tail])
+    assume("\x00" not in path or data.draw(st.booleans()))
+    project = ws.new_project(f"outgen-{len(os.listdir(ws.root))}")
+    before = ws.snapshot(project)
+    code, out, err = run_main(["--project", str(project), *words, *positionals, flag, path], project)
+    assert code == 2 and "Traceback" not in err and err.startswith("mcx: error: "), (path, code, err)
+    assert ws.snapshot(project) == before

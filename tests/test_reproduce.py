@@ -85,7 +85,11 @@ def original(project: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def bitwise(project: Path, original: dict):
-    return mcx_inprocess(project, "reproduce", original["run_id"], "--json")
+    """Without --json: the verdict is printed on stdout (the rerun's progress on stderr); the same
+    object --json prints is kept in the reproduction's verdict.json."""
+    res = mcx_inprocess(project, "reproduce", original["run_id"])
+    res.verdict = json.loads((original["dir"] / "reproductions" / "r1" / "verdict.json").read_text())
+    return res
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +106,10 @@ def test_the_original_was_recorded_with_its_uncommitted_change(original):
 
 def test_a_reproduction_on_the_same_machine_is_bitwise(project, original, bitwise):
     assert bitwise.code == 0, bitwise
-    v = bitwise.json()
+    v = bitwise.verdict
+    assert f"reproduction r1 of {original['run_id']}: bitwise" in bitwise.out  # the result, on stdout
+    assert "steps compared" in bitwise.out and "\x1b[" not in bitwise.out
+    assert "reproducing" in bitwise.err and "reproducing" not in bitwise.out  # progress, on stderr
     assert v["run_id"] == original["run_id"] and v["verdict"] == "bitwise" and v["status"] == "finished"
     assert v["divergence"] is None and v["first_difference"] is None
     assert v["steps"] == 12 and {"train/loss", "valid/loss", "test/loss", "train/grad_norm", "train/lr"} <= set(v["compared"])
@@ -128,7 +135,7 @@ def test_a_reproduction_leaves_the_originals_record_as_it_was(project, original,
 
 
 def test_the_reproduction_is_its_own_mlflow_run_under_the_original(project, original, bitwise):
-    v = bitwise.json()
+    v = bitwise.verdict
     c = client(project)
     rep = c.get_run(v["mlflow_run"])
     tags = rep.data.tags
@@ -160,7 +167,7 @@ def test_a_perturbed_rerun_diverges_at_the_perturbed_step(original, perturbed):
     assert abs(at["reproduction"] - at["original"]) > 0.01 * abs(at["original"])  # outside the default band
     assert all(got[s] == want[s] for s in range(1, PERTURB_STEP))  # identical up to the fault
     assert v["divergence"]["step"] == PERTURB_STEP and v["divergence"]["within"] is False
-    assert "diverged" in perturbed.err
+    assert len(perturbed.out.strip().splitlines()) == 1  # --json: the verdict object and nothing else on stdout
 
 
 DATA_MD5 = "78bb169363dc0c20b2eb38a954710a26.dir"  # data.dvc's version of data/ (the quickstart)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from mcx.cli.output import children_to_stderr
 from mcx.errors import McxError
 
 
@@ -21,9 +22,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _console(stderr: bool = False):
-    from rich.console import Console
+    """Results go to stdout, progress and logs to stderr; off a terminal nothing is wrapped or coloured."""
+    from mcx.cli.output import console
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    return console(stderr=stderr)
 
 
 def _emit_json(obj: Any) -> None:
@@ -35,6 +37,29 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="experiment spec (TOML)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a spec value (repeatable), e.g. --set train.lr=3e-4")
+
+
+def _output_option(p: argparse.ArgumentParser, *flags: str, kind: str, help: str) -> None:
+    """An option naming a path mcx writes (``kind``: "file" or "dir"). main() checks every one before the
+    command starts (mcx.ops.outputs), and tests/test_fuzz.py finds them all through ``OUTPUTS``."""
+    action = p.add_argument(*flags, help=help, metavar="FILE" if kind == "file" else "DIR")
+    p.set_defaults(**{OUTPUTS: [*(p.get_default(OUTPUTS) or []), (action.dest, flags[0], kind)]})
+
+
+OUTPUTS = "_output_options"  # the parser default listing (dest, flag, kind) of each output option
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    from mcx.ops.outputs import check_output_dir, check_output_file
+
+    for dest, flag, kind in getattr(args, OUTPUTS, None) or []:
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if kind == "file":
+            check_output_file(value, flag)
+        else:  # relative to the project, as the command reads it
+            check_output_dir(value, flag, base=_project(args))
 
 
 def _project(args: argparse.Namespace) -> Path:
@@ -87,18 +112,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = RunOptions(stage=args.stage, force=args.force, yes=args.yes, dry_run=args.dry_run,
                       skip_smoke=args.skip_smoke, output="json" if args.json else ("quiet" if args.quiet else "bar"),
                       wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data)
-    summary = run(args.spec, args.overrides, project=_project(args), options=opts, console=_console(stderr=True))
+    project = _project(args)
+    with children_to_stderr():  # the worker's lines (--json: its metrics as JSON lines) are progress
+        summary = run(args.spec, args.overrides, project=project, options=opts, console=_console(stderr=True))
     if args.json:
         _emit_json(summary)
+    else:
+        from mcx.report.run_view import render_dry_run, render_run_result
+
+        _console().print(render_dry_run(summary) if args.dry_run else render_run_result(summary))
     return int(summary.get("exit_code", 0))
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from mcx.ops.data import prepare
 
-    manifest = prepare(project=_project(args), source=args.source, out=args.out, tokenizer=args.tokenizer,
-                       tokenizer_kind=args.tokenizer_kind, merges=args.merges, vocab_size=args.vocab_size,
-                       json_key=args.json_key, force=args.force, inside_tracked=args.inside_tracked)
+    project = _project(args)
+    with children_to_stderr():
+        manifest = prepare(project=project, source=args.source, out=args.out, tokenizer=args.tokenizer,
+                           tokenizer_kind=args.tokenizer_kind, merges=args.merges, vocab_size=args.vocab_size,
+                           json_key=args.json_key, force=args.force, inside_tracked=args.inside_tracked)
     if args.json:
         _emit_json(manifest)
     else:
@@ -116,7 +149,9 @@ def _size(n: int | None) -> str:
 def cmd_pull(args: argparse.Namespace) -> int:
     from mcx.ops.pull import pull
 
-    result = pull(args.run_id, project=_project(args), remote=args.remote)
+    project = _project(args)
+    with children_to_stderr():  # DVC's own output is progress
+        result = pull(args.run_id, project=project, remote=args.remote)
     if args.json:
         _emit_json(result)
         return 0
@@ -140,10 +175,14 @@ def cmd_ls(args: argparse.Namespace) -> int:
     rows = list_runs(project=_project(args), experiment=args.experiment, all_runs=args.all)
     if args.json:
         _emit_json(rows)
-    else:
-        from mcx.report.records_view import render_runs
+        return 0
+    from mcx.cli.output import is_terminal
+    from mcx.report.records_view import render_runs
 
+    if is_terminal(sys.stdout):
         _console().print(render_runs(rows))
+    else:  # a pipe or a file: a header line, then one run a line, tab-separated (mcx ls | cut -f1)
+        sys.stdout.write(render_runs(rows, plain=True))
     return 0
 
 
@@ -163,21 +202,31 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_sync(args: argparse.Namespace) -> int:
     from mcx.ops.records import sync
 
-    report = sync(project=_project(args))
+    project = _project(args)
+    with children_to_stderr():
+        report = sync(project=project)
     if args.json:
         _emit_json(report)
     else:
-        _console().print(report.get("summary", report))
-    return 0
+        _console().print(report.get("summary", report), markup=False)
+    return 0 if report.get("ok", True) else 1  # records still pending: not done, run it again later
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     from mcx.ops.reproduce import reproduce
 
-    result = reproduce(args.run_id, project=_project(args), output="json" if args.json else "bar",
-                       console=_console(stderr=True))
+    project = _project(args)
+    with children_to_stderr():  # the rerun's progress; the verdict is the result
+        result = reproduce(args.run_id, project=project, output="json" if args.json else "bar",
+                           console=_console(stderr=True))
     if args.json:
         _emit_json(result)
+    else:
+        from mcx.report.run_view import render_verdict
+
+        _console().print(render_verdict(result))
+    if result.get("status") == "interrupted":
+        return 130
     return 0 if result["verdict"] in ("bitwise", "equivalent") else 1
 
 
@@ -232,10 +281,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from mcx.ops.tune import tune
 
-    result = tune(args.spec, args.overrides, project=_project(args), out=args.output, max_mbs=args.max_micro_batch,
-                  steps=args.steps, console=_console(stderr=True))
+    project = _project(args)
+    with children_to_stderr():
+        result = tune(args.spec, args.overrides, project=project, out=args.output, max_mbs=args.max_micro_batch,
+                      steps=args.steps, console=_console(stderr=True))
     if args.json:
         _emit_json(result)
+    else:
+        from mcx.report.run_view import render_tune
+
+        _console().print(render_tune(result))
     return 0
 
 
@@ -244,8 +299,9 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
     err = _console(stderr=True)
     project = _project(args)
-    result = gc(project, dry_run=args.dry_run, keep_final=args.keep_final,
-                progress=lambda msg: err.print(f"gc: {msg}", markup=False, soft_wrap=True))
+    with children_to_stderr():
+        result = gc(project, dry_run=args.dry_run, keep_final=args.keep_final,
+                    progress=lambda msg: err.print(f"gc: {msg}", markup=False, soft_wrap=True))
     if args.json:
         _emit_json(result.to_dict())
     else:
@@ -300,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     dsub.required = True
     s = dsub.add_parser("prepare", help="text or JSONL -> tokenizer -> Megatron indexed dataset (.bin/.idx)")
     s.add_argument("source", nargs="?", help="text file, directory of text files, or JSONL; none: the bundled quickstart")
-    s.add_argument("--out", help="output dataset directory (default: data/quickstart for the quickstart)")
+    _output_option(s, "--out", kind="dir", help="output dataset directory (default: data/quickstart for the quickstart)")
     s.add_argument("--tokenizer", help="tokenizer file: tokenizer.json, SentencePiece .model, or GPT-2 vocab.json")
     s.add_argument("--tokenizer-kind", choices=["bpe", "huggingface", "sentencepiece", "gpt2"], default=None)
     s.add_argument("--merges", help="GPT-2 merges.txt (with --tokenizer-kind gpt2)")
@@ -343,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--experiment", help="compare every finished run of this experiment")
     s.add_argument("--baseline", help="run ID or baseline name to compute deltas against")
     s.add_argument("--format", choices=["table", "md", "json", "html"], default="table")
-    s.add_argument("-o", "--output", help="write the report here instead of stdout")
+    _output_option(s, "-o", "--output", kind="file", help="write the report here instead of stdout")
     s.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("baseline", help="named baselines")
@@ -360,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("import", help="Megatron-LM launch script -> spec")
     s.add_argument("script")
-    s.add_argument("-o", "--output", help="write the spec here (default: stdout)")
+    _output_option(s, "-o", "--output", kind="file", help="write the spec here (default: stdout)")
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="a spec value the script lacks or should not decide (repeatable), e.g. --set train.lr=3e-4")
     s.set_defaults(func=cmd_import)
@@ -380,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("tune", help="micro-batch sweep on the real hardware; writes the best into a new spec")
     _spec_args(s)
-    s.add_argument("-o", "--output", help="tuned spec path (default: <spec>.tuned.toml)")
+    _output_option(s, "-o", "--output", kind="file", help="tuned spec path (default: <spec>.tuned.toml)")
     s.add_argument("--max-micro-batch", type=int, default=64)
     s.add_argument("--steps", type=int, default=6, help="measured steps per trial")
     s.add_argument("--json", action="store_true")
@@ -396,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _check_outputs(args)  # a path mcx cannot write is bad input, said before any work
         return args.func(args)
     except McxError as err:
         _print_error(err)

@@ -17,6 +17,12 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
     from mcx.report.compare import compare as build
     from mcx.report.rundata import load_run_dir
 
+    from mcx.ops.outputs import check_output_file, write_text
+
+    if out:  # a bad -o is bad input, said before any run is read
+        if fmt == "table":
+            raise InputError("-o needs --format md, json or html;", "the table format prints to the terminal.")
+        check_output_file(out, "-o")
     dirs = run_dirs(project, run_ids, experiment)
     base = None
     if baseline:
@@ -47,9 +53,7 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
 
         rendered = to_html(cmp)
     if out:
-        if fmt == "table":
-            raise InputError("-o needs --format md, json or html;", "the table format prints to the terminal.")
-        Path(out).write_text(rendered, encoding="utf-8")
+        write_text(Path(out), rendered, "-o")
         return None
     return rendered
 

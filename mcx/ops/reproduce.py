@@ -245,5 +245,4 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
         d = v.divergence
         out["diverged_at"] = {"step": d.step, "metric": d.metric, "original": d.original, "reproduction": d.rerun}
     (rep_dir / "verdict.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str), encoding="utf-8")
-    console.print(f"[bold]verdict: {v.kind}[/] ({escape(v.describe())})")
-    return out
+    return out  # the verdict is the result: the CLI prints it on stdout (mcx.report.run_view.render_verdict)

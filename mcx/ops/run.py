@@ -190,7 +190,7 @@ def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *,
         return None
     run_json = _read_json(state.run_dir / "run.json") or {}
     summary = {**run_json.get("summary", {}), "run_id": pr.run_id, "cached": True, "exit_code": 0, "error": None,
-               "baseline": None}
+               "baseline": None, "run_dir": str(state.run_dir)}
     summary.setdefault("status", state.status or "finished")
     console.print(f"[bold]run {pr.run_id}[/] already finished ({summary['status']}); not training again. "
                   f"Use --force to retrain, `mcx show {pr.run_id}` for its record.")
@@ -223,24 +223,21 @@ def _archive(project: Path, rdir: Path) -> None:
 
 
 def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dict[str, Any]:
+    """The plan and what each stage would launch (its sbatch script on Slurm); the CLI prints them."""
     from mcx.launch import render_sbatch, worker_env
     from mcx.plan.stages import stage_spec
-    from mcx.report.plan_view import render_plan
 
-    console.print(render_plan(pr.plan_dict, pr.run_id))
     scripts: dict[str, str] = {}
+    launch: dict[str, dict[str, Any]] = {}
     te = pr.te_available
     for stage in stages:
         sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te, vocab_size=pr.plan.vocab_size)
+        launch[stage] = {"kind": sspec.launch.kind, "layout": slayout.job_dict()}
         if sspec.launch.kind == "slurm":
             placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)}
             scripts[stage] = render_sbatch(rdir / stage, placement, sspec.launch, worker_env(sspec))
-            console.print(f"\n[bold]{stage} stage: sbatch script[/]")
-            console.print(scripts[stage], markup=False, highlight=False, soft_wrap=True)
-        else:
-            console.print(f"\n[bold]{stage} stage[/]: {sspec.launch.kind} launcher, layout {slayout.job_dict()}")
     return {"run_id": pr.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},
-            "scripts": scripts, "exit_code": 0}
+            "scripts": scripts, "launch": launch, "plan": pr.plan_dict, "exit_code": 0}
 
 
 def _write_run_files(pr: PlanResult, rdir: Path, stages: list[str], options: RunOptions) -> None:
@@ -303,6 +300,7 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
             error += (" The smoke stage passed and is kept: `mcx run` of this spec again (where the job can run) "
                       "submits the full stage without repeating it.")
     summary = _summary(pr, results, status, error, exit_code, time.time() - started)
+    summary["run_dir"] = str(rdir)
     if status == "finished" and "full" in results:
         _judge(summary, project, pr, results["full"])
     run_json = _read_json(rdir / "run.json") or {}
@@ -317,7 +315,6 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
                            "mlflow_run": rec.record_uuid("run")}
     if entry.state == "pending":
         console.print(f"[yellow]tracking store unreachable ({_esc(entry.error)}); records are spooled: run `mcx sync`[/]")
-    _print_summary(console, summary)
     if summary["exit_code"] and summary.get("error"):
         console.print(f"[red]mcx: {_esc(summary['error'])}[/]")
     return summary
@@ -517,33 +514,12 @@ def _summary(pr: PlanResult, results: dict[str, dict[str, Any]], status: str, er
             "error": error, "exit_code": exit_code, "wall_time_s": seconds}
 
 
-def _print_summary(console: Any, summary: dict[str, Any]) -> None:
-    from rich.table import Table
-
-    t = Table(title=f"run {summary['run_id']} ({summary['name']}): {summary['status']}", title_justify="left")
-    for col in ("stage", "status", "checks", "final train loss", "valid loss", "tokens/s/GPU", "MFU"):
-        t.add_column(col)
-    for name, st in summary["stages"].items():
-        checks = st.get("checks") or {}
-        passed = sum(1 for c in checks.values() if isinstance(c, dict) and c.get("passed"))
-        m = st.get("metrics") or {}
-        mfu = m.get("mfu")
-        t.add_row(name, str(st.get("status")), f"{passed}/{len(checks)}" if checks else "-",
-                  _fmt(m.get("train_loss")), _fmt(m.get("valid_loss")), _fmt(m.get("tokens_per_s_per_gpu"), ".0f"),
-                  f"{mfu:.1%}" if isinstance(mfu, (int, float)) else "unknown")
-    console.print(t)
-
-
 def _esc(text: Any) -> str:
     """``text`` for a Rich markup string: messages from workers, paths and errors may hold "[...]"
     (torch's "[enforce fail at ...]", a "[/data]" path), which Rich would eat or reject."""
     from rich.markup import escape
 
     return escape(str(text))
-
-
-def _fmt(v: Any, f: str = ".4f") -> str:
-    return format(v, f) if isinstance(v, (int, float)) else "-"
 
 
 def _read_json(path: Path) -> Any:

@@ -75,8 +75,10 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) 
         if facts is not None or _log_says_out_of_memory(sdir):
             return {"micro_batch_size": mbs, "fits": False, "reason": "out of memory",
                     "expandable_segments": spec.train.expandable_segments, "out_of_memory": facts}
+        # The trials' directory goes when tune ends: the log's last lines travel in the error instead.
         raise TrainingFailed(f"the trial at micro_batch_size={mbs} stopped after {len(recs)} steps "
-                             f"({outcome.state}: {outcome.detail});", f"see {sdir}/worker.log.")
+                             f"({outcome.state}: {outcome.detail}); the last lines of its worker.log:\n"
+                             + _log_tail(sdir), "fix what it names and run mcx tune again.")
     timed = recs[1:]  # the first step pays for warm-up
     tps = sum(r["tokens_per_s_per_gpu"] for r in timed) / len(timed)
     mfu = [r["mfu"] for r in timed if r.get("mfu") is not None]
@@ -84,6 +86,52 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) 
             "tokens_per_s_per_gpu": tps,
             "mfu": sum(mfu) / len(mfu) if mfu else None, "mem_peak_bytes": max(r["mem_peak_bytes"] for r in timed),
             "step_time_s": sum(r["step_time_s"] for r in timed) / len(timed)}
+
+
+def _log_tail(stage_dir: Path, lines: int = 15) -> str:
+    """The last ``lines`` lines of the trial's logs, indented (what a user would have opened)."""
+    text = "".join(p.read_text(encoding="utf-8", errors="replace")[-20000:] for p in sorted(stage_dir.glob("*.log")))
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(f"    {line}" for line in tail) + "\n" if tail else "    (the trial wrote no log)\n"
+
+
+def check_trials_can_run(spec: Any, pr: Any) -> None:
+    """Refuse at once what no trial can do on this machine (a trial builds the model for half a minute
+    before it would find out): the spec's precision, layout and Transformer Engine against the device
+    the trials get here. On Slurm the trials run on the cluster's nodes, which are not probed here."""
+    from mcx.errors import SpecError
+    from mcx.launch import site
+    from mcx.ops.run import _device
+
+    if spec.launch.kind == "slurm":
+        return
+    lay, t = pr.plan.layout, spec.train
+    problems: list[tuple[str, str]] = []
+    info = (pr.record.hardware.get("info") or {}).get("probe") or {}
+    seen = len(info.get("visible") or [])
+    if _device(spec, pr) == "cpu":
+        if spec.hardware.gpu not in ("cpu", "any"):
+            problems.append(("hardware.gpu", f"\"{spec.hardware.gpu}\", but this machine shows no GPU (nvidia-smi); "
+                             "mcx tune measures the real hardware: run it on a machine with that GPU"))
+        if t.precision != "fp32":
+            problems.append(("train.precision", f"\"{t.precision}\" needs a CUDA GPU, and the trials would run on "
+                             "this machine's CPU; run mcx tune where the GPU is, or --set train.precision=fp32 to "
+                             "tune on CPU"))
+        for key, value in (("parallel.tensor", lay.tp), ("parallel.pipeline", lay.pp), ("parallel.context", lay.cp),
+                           ("parallel.expert", lay.ep)):
+            if value != 1:
+                problems.append((key, f"{value} needs a CUDA GPU; the CPU backend runs data parallelism only (use 1)"))
+        if t.recompute_granularity != "none":
+            problems.append(("train.recompute_granularity", "needs a CUDA GPU; set it to \"none\" to tune on CPU"))
+    else:
+        if seen < lay.world_size:  # local and torchrun place every rank on this node
+            problems.append(("hardware.gpus_per_node", f"the layout needs {lay.world_size} GPUs on this node, but {seen} are "
+                             "visible here (CUDA_VISIBLE_DEVICES, nvidia-smi); run mcx tune where they are, or plan "
+                             "a smaller layout with --set"))
+        problems += site.transformer_engine(spec, cp=lay.cp, sequence_parallel=lay.sequence_parallel,
+                                            where="on this machine")
+    if problems:
+        raise SpecError(problems, "mcx tune: its trials cannot run here")
 
 
 def _out_of_memory(stage_dir: Path) -> dict[str, Any] | None:
@@ -102,13 +150,16 @@ def _log_says_out_of_memory(stage_dir: Path) -> bool:
 
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
          console: Any) -> dict[str, Any]:
+    from mcx.ops.outputs import check_output_file, write_text
     from mcx.ops.plan import plan_loaded
     from mcx.track.runcache import acquire
 
     if steps < 2 or max_mbs < 1:
         raise InputError("--steps must be at least 2 and --max-micro-batch at least 1;", "e.g. --steps 6.")
     spec = original = load_spec(spec_path, overrides)
-    pr = plan_loaded(spec, project)
+    dest = check_output_file(out or str(Path(spec_path).with_suffix(".tuned.toml")), "-o" if out else "the tuned spec")
+    pr = plan_loaded(spec, project, at_launch=True)  # what this machine lacks is a problem now, not after a build
+    check_trials_can_run(spec, pr)
     dp, gbs = pr.plan.layout.dp, spec.train.global_batch_size
     candidates = [m for m in (2**i for i in range(0, 16)) if m <= max_mbs and gbs % (m * dp) == 0]
     if not candidates:
@@ -142,7 +193,6 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
         raise TrainingFailed("even micro_batch_size=1 ran out of memory;",
                              "raise parallel.tensor or parallel.pipeline, or set train.recompute_granularity = \"full\".")
     best = max(fitting, key=lambda t: t["tokens_per_s_per_gpu"])
-    dest = Path(out) if out else Path(spec_path).with_suffix(".tuned.toml")
     rel = Path(spec_path).resolve()
     try:
         rel = rel.relative_to(dest.resolve().parent)
@@ -150,8 +200,7 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
         pass
     extra = "".join(f"# --set {o}\n" for o in overrides)
     allocator = "expandable_segments = true\n" if best["expandable_segments"] and not original.train.expandable_segments else ""
-    dest.write_text(f"# Written by `mcx tune` on {time.strftime('%Y-%m-%d')}: micro_batch_size={best['micro_batch_size']} "
-                    f"gave {best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU.\n{extra}extends = \"{rel}\"\n\n"
-                    f"[train]\nmicro_batch_size = {best['micro_batch_size']}\n{allocator}", encoding="utf-8")
-    console.print(f"best: micro_batch_size={best['micro_batch_size']}; wrote {dest}")
+    write_text(dest, f"# Written by `mcx tune` on {time.strftime('%Y-%m-%d')}: micro_batch_size={best['micro_batch_size']} "
+                     f"gave {best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU.\n{extra}extends = \"{rel}\"\n\n"
+                     f"[train]\nmicro_batch_size = {best['micro_batch_size']}\n{allocator}", "-o")
     return {"trials": trials, "best": best, "spec": str(dest)}

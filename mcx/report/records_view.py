@@ -10,20 +10,32 @@ def _num(v: Any, f: str = ".4f") -> str:
     return format(v, f) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
 
 
-def render_runs(rows: list[dict[str, Any]]) -> Any:
-    from rich.table import Table
+RUN_COLUMNS = ("run_id", "name", "status", "created", "stages", "train_loss", "valid_loss", "tokens_per_s_per_gpu",
+               "tracking")
 
-    t = Table(title=f"{len(rows)} runs", title_justify="left")
-    for col in ("run ID", "name", "status", "created", "stages", "train loss", "valid loss", "tokens/s/GPU", "tracking"):
-        t.add_column(col, overflow="fold")
+
+def render_runs(rows: list[dict[str, Any]], plain: bool = False) -> Any:
+    """`mcx ls`: a rich table on a terminal; ``plain``: tab-separated text, a header line (RUN_COLUMNS) then
+    one run a line, for `cut -f1`, `awk -F'\t'` and spreadsheets (tabs and newlines in values become spaces)."""
+    cells = []
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r["created"])) if r.get("created") else "-"
         stages = " ".join(f"{k}:{(v or {}).get('status', '?')}" for k, v in (r.get("stages") or {}).items())
         final = r.get("final") or {}
         tracking = r.get("tracking") or {}
-        t.add_row(r.get("run_id", "?"), str(r.get("name", "")), str(r.get("status", "")), created, stages,
-                  _num(final.get("train_loss")), _num(final.get("valid_loss")), _num(final.get("tokens_per_s_per_gpu"), ".0f"),
-                  str(tracking.get("state", tracking.get("target", ""))))
+        cells.append([r.get("run_id", "?"), str(r.get("name") or "-"), str(r.get("status") or "-"), created, stages or "-",
+                      _num(final.get("train_loss")), _num(final.get("valid_loss")),
+                      _num(final.get("tokens_per_s_per_gpu"), ".0f"), str(tracking.get("state", tracking.get("target", "")))])
+    if plain:
+        return "".join("\t".join(" ".join(c.split()) or "-" for c in line) + "\n" for line in [list(RUN_COLUMNS), *cells])
+    from rich.table import Table
+
+    t = Table(title=f"{len(rows)} runs", title_justify="left")
+    for col in ("run ID", "name", "status", "created", "stages", "train loss", "valid loss", "tokens/s/GPU", "tracking"):
+        # Words are never split ("finish/ed"): the name and the stages wrap at spaces, the rest stays whole.
+        t.add_column(col, no_wrap=col not in ("name", "stages"))
+    for line in cells:
+        t.add_row(*line)
     return t
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -12,18 +12,22 @@ from mcx.report import fmt
 from mcx.report.compare import ABSENT, Comparison, DiffRow, MetricRow, same_key
 
 WIDE_MAX = 6  # runs shown as columns; more runs become rows
-VALUE_WIDTH = 48  # long values (hashes, paths, package lists) are cut in the terminal; JSON/HTML keep them
+VALUE_WIDTH = 48  # long values (hashes, paths, package lists) are cut on a terminal; a pipe, JSON and HTML keep them
 
 _STATUS_STYLE = {"finished": "green", "failed": "red", "diverged": "red", "preempted": "yellow", "incomplete": "yellow"}
 
 
-def _run_column(cmp: Comparison, i: int) -> Text:
+def _cut(text: str, width: int, shorten: bool) -> str:
+    return fmt.shorten(text, width) if shorten else text
+
+
+def _run_column(cmp: Comparison, i: int, shorten: bool = True) -> Text:
     h = cmp.runs[i]
     t = Text(h.run_id, style="bold")
     if h.is_baseline:
         t.append(" (baseline)", style="cyan")
     if h.name:
-        t.append("\n" + fmt.shorten(h.name, 32), style="dim")
+        t.append("\n" + _cut(h.name, 32, shorten), style="dim")
     return t
 
 
@@ -58,22 +62,36 @@ def _grid(title: str, corner: str, row_heads: Sequence[Text], run_heads: Sequenc
     return table
 
 
-def _diff_table(cmp: Comparison, title: str, rows: Sequence[DiffRow], wide: bool) -> Table:
+def _diff_table(cmp: Comparison, title: str, rows: Sequence[DiffRow], wide: bool, shorten: bool) -> Table:
     cells = []
     for r in rows:
         ref = same_key(r.values[0])
         line = []
         for v in r.values:
             style = "dim" if v is ABSENT else ("yellow" if same_key(v) != ref else "")
-            line.append(Text(fmt.shorten(fmt.config_value(v), VALUE_WIDTH), style=style))
+            line.append(Text(_cut(fmt.config_value(v), VALUE_WIDTH, shorten), style=style))
         cells.append(line)
-    heads = [_run_column(cmp, i) for i in range(len(cmp.runs))]
+    heads = [_run_column(cmp, i, shorten) for i in range(len(cmp.runs))]
     keys = [Text(r.key, style="cyan") for r in rows]
     return _grid(title, "key" if wide else "run", keys, heads, cells, runs_are_columns=wide, right=False)
 
 
+class _Report:
+    """The comparison, built when a console renders it: values are cut to fit only on a terminal."""
+
+    def __init__(self, cmp: Comparison) -> None:
+        self.cmp = cmp
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield _build(self.cmp, shorten=options.is_terminal)
+
+
 def to_table(cmp: Comparison) -> RenderableType:
     """Everything in the comparison as one renderable for ``rich.console.Console.print``."""
+    return _Report(cmp)
+
+
+def _build(cmp: Comparison, shorten: bool) -> RenderableType:
     parts: list[RenderableType] = []
     runs = Table(title="Runs", title_justify="left", title_style="bold")
     for col in ("run", "name", "status", ""):
@@ -97,15 +115,15 @@ def to_table(cmp: Comparison) -> RenderableType:
                 head.append(f" tol {row.tolerance:.1%}", style="dim")
             heads.append(head)
         cells = [[_metric_cell(cmp, row, i) for i in range(len(cmp.runs))] for row in cmp.metrics]
-        run_heads = [_run_column(cmp, i) for i in range(len(cmp.runs))]
+        run_heads = [_run_column(cmp, i, shorten) for i in range(len(cmp.runs))]
         parts.append(_grid("Metrics", "metric" if wide else "run", heads, run_heads, cells,
                            runs_are_columns=wide, right=True))
     if cmp.config_diff:
-        parts.append(_diff_table(cmp, "Config differences", cmp.config_diff, wide))
+        parts.append(_diff_table(cmp, "Config differences", cmp.config_diff, wide, shorten))
     else:
         parts.append(Text("Config: the resolved specs are identical.", style="dim"))
     for component, rows in cmp.fingerprint_diff.items():
-        parts.append(_diff_table(cmp, f"Fingerprint differences: {component}", rows, wide))
+        parts.append(_diff_table(cmp, f"Fingerprint differences: {component}", rows, wide, shorten))
     if cmp.fingerprint_same:
         parts.append(Text(f"Fingerprint identical in every run: {', '.join(cmp.fingerprint_same)}.", style="dim"))
     for note in cmp.notes:

@@ -1,0 +1,54 @@
+"""Where the CLI prints: results on stdout, progress and logs on stderr (as git and DVC do).
+
+On a terminal the consoles are rich's (colour, tables fitted to the width). Anywhere else (a pipe,
+a file, a test) nothing is wrapped, cut or coloured, so `mcx ... | grep` and `> out` see whole lines.
+NO_COLOR is honoured by rich itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+UNWRAPPED = 1 << 16  # columns of a console that is not a terminal: wide enough never to wrap a line
+
+
+def is_terminal(stream: Any) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def console(stderr: bool = False) -> Any:
+    """A rich console on stdout (results) or stderr (progress); plain and unwrapped off a terminal."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    if is_terminal(stream):
+        return Console(stderr=stderr, highlight=False, soft_wrap=False)
+    return Console(file=stream, width=UNWRAPPED, color_system=None, highlight=False, soft_wrap=False,
+                   emoji=False, force_terminal=False)
+
+
+@contextlib.contextmanager
+def children_to_stderr() -> Iterator[None]:
+    """While a command starts processes (workers, torchrun, git, dvc), file descriptor 1 is stderr, so
+    only the result the CLI prints afterwards reaches stdout: `mcx run --json > out` holds one object."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no descriptors 1 or 2 (a daemon): nothing to keep apart
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)

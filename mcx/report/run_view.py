@@ -1,0 +1,105 @@
+"""What `mcx run`, `mcx reproduce` and `mcx tune` print on stdout when they end: the result, from the
+dict the library returned (the same dict `--json` prints), never the progress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+
+def _fmt(v: Any, f: str = ".4f") -> str:
+    return format(v, f) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
+
+def _mfu(v: Any) -> str:
+    return f"{v:.1%}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "unknown"
+
+
+def _where(rows: list[tuple[str, str]]) -> Table:
+    t = Table.grid(padding=(0, 2))
+    for key, value in rows:
+        t.add_row(key, Text(value))
+    return t
+
+
+def render_run_result(summary: dict[str, Any]) -> RenderableType:
+    """The stage table (status, checks passed, losses, speed), the run ID and where its files are."""
+    title = Text(f"run {summary.get('run_id')} ({summary.get('name', '')}): {summary.get('status')}", style="bold")
+    if summary.get("cached"):
+        title.append(" (cached: not trained again)")
+    t = Table(title=title, title_justify="left")
+    for col in ("stage", "status", "checks", "final train loss", "valid loss", "tokens/s/GPU", "MFU"):
+        t.add_column(col, no_wrap=True)
+    for name, st in (summary.get("stages") or {}).items():
+        checks = st.get("checks") or {}
+        passed = sum(1 for c in checks.values() if isinstance(c, dict) and c.get("passed"))
+        m = st.get("metrics") or {}
+        t.add_row(name, str(st.get("status")), f"{passed}/{len(checks)}" if checks else "-", _fmt(m.get("train_loss")),
+                  _fmt(m.get("valid_loss")), _fmt(m.get("tokens_per_s_per_gpu"), ".0f"), _mfu(m.get("mfu")))
+    rows = [("run ID", str(summary.get("run_id")))]
+    if summary.get("run_dir"):
+        rows.append(("run directory", summary["run_dir"]))
+    base = summary.get("baseline") or {}
+    if base:
+        rows.append(("baseline", f"{base.get('baseline')}: {base.get('verdict')} ({base.get('detail')})"))
+    tracking = summary.get("tracking") or {}
+    if tracking.get("state"):
+        rows.append(("tracking", f"{tracking.get('target')}: {tracking['state']}"
+                     + ("; run `mcx sync`" if tracking["state"] == "pending" else "")))
+    rows.append(("record", f"mcx show {summary.get('run_id')}"))
+    return Group(t, _where(rows))
+
+
+def render_dry_run(result: dict[str, Any]) -> RenderableType:
+    """`mcx run --dry-run`: the plan, then each stage's launcher and layout, or its sbatch script."""
+    from mcx.report.plan_view import render_plan
+
+    parts: list[RenderableType] = [render_plan(result["plan"], result.get("run_id"))]
+    for stage, launch in (result.get("launch") or {}).items():
+        script = (result.get("scripts") or {}).get(stage)
+        if script is not None:
+            parts += [Text(""), Text(f"{stage} stage: sbatch script", style="bold"), Text(script)]
+        else:
+            parts += [Text(""), Text.assemble((f"{stage} stage", "bold"),
+                                              f": {launch['kind']} launcher, layout {launch['layout']}")]
+    return Group(*parts)
+
+
+def render_verdict(out: dict[str, Any]) -> RenderableType:
+    """`mcx reproduce`: the verdict, what it compared and where the reproduction is."""
+    title = Text(f"reproduction {out.get('reproduction')} of {out.get('run_id')}: ", style="bold")
+    title.append(str(out.get("verdict")), style="bold green" if out.get("verdict") in ("bitwise", "equivalent")
+                 else "bold red")
+    rows = [("verdict", str(out.get("text", out.get("verdict")))),
+            ("band", str(out.get("band_sources") or out.get("band_source"))),
+            ("steps compared", str(out.get("steps"))),
+            ("metrics compared", ", ".join(out.get("compared") or []) or "-"),
+            ("rerun status", str(out.get("status")))]
+    at = out.get("diverged_at")
+    if at:
+        rows.append(("diverged at", f"step {at['step']}, {at['metric']}: {at['original']!r} (original) vs "
+                     f"{at['reproduction']!r} (reproduction)"))
+    for key, label in (("environment_drift", "environment drift"), ("hardware_drift", "hardware differs")):
+        for d in out.get(key) or []:
+            rows.append((label, f"{d['key']}: recorded {d['recorded']}, now {d['now']}"))
+    rows.append(("reproduction directory", str(out.get("reproduction_dir"))))
+    return Group(title, _where(rows))
+
+
+def render_tune(result: dict[str, Any]) -> RenderableType:
+    """`mcx tune`: every trial, the best and the spec written."""
+    t = Table(title=Text("micro-batch sweep", style="bold"), title_justify="left")
+    for col in ("micro-batch", "fits", "tokens/s/GPU", "MFU", "peak memory", "expandable segments"):
+        t.add_column(col, no_wrap=True)
+    for trial in result.get("trials") or []:
+        peak = trial.get("mem_peak_bytes")
+        t.add_row(str(trial["micro_batch_size"]), "yes" if trial.get("fits") else str(trial.get("reason", "no")),
+                  _fmt(trial.get("tokens_per_s_per_gpu"), ",.0f"), _mfu(trial.get("mfu")) if trial.get("fits") else "-",
+                  f"{peak / 2**30:.1f} GiB" if isinstance(peak, (int, float)) else "-",
+                  "on" if trial.get("expandable_segments") else "off")
+    best = result["best"]
+    return Group(t, _where([("best", f"micro_batch_size={best['micro_batch_size']}"),
+                            ("tuned spec", str(result["spec"]))]))
