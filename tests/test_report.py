@@ -32,6 +32,9 @@ from mcx.metrics.curves import curve, read_metrics
 from mcx.report.rundata import RunData, load_run_dir, summarize_run
 from mcx.report.table import to_table
 from mcx.report.verdict import Band, seed_spread_band, verdict, verdict_to_dict
+from mcx.metrics.summary import BY_KEY, METRICS, spread
+from mcx.report import fmt
+from mcx.report.rolling import spread_band, trailing_mean
 from mcx.spec.load import dump_spec, load_spec
 
 TINY = Path(__file__).resolve().parents[1] / "experiments" / "tiny.toml"
@@ -46,7 +49,7 @@ def _component(ident: dict) -> dict:
 
 def write_run(root: Path, run_id: str, *, overrides: tuple[str, ...] = (), steps: int = 60, loss_shift: float = 0.0,
               tokens_per_s: float = 50_000.0, commit: str = "a" * 40, eval_every: int = 20,
-              mfu: float | None = 0.4, name: str | None = None) -> Path:
+              mfu: float | None = 0.4, name: str | None = None, tps_wobble: float = 0.0) -> Path:
     spec = load_spec(TINY, list(overrides))
     d = root / run_id
     (d / "full").mkdir(parents=True)
@@ -69,8 +72,9 @@ def write_run(root: Path, run_id: str, *, overrides: tuple[str, ...] = (), steps
     for s in range(1, steps + 1):
         loss = 6.0 * math.exp(-s / 20) + 2.0 + loss_shift
         t += 0.5
+        tps = tokens_per_s * (1 + tps_wobble * math.sin(s * 2.3))  # a CPU's step-to-step wobble
         lines.append(json.dumps({"kind": "train", "step": s, "loss": loss, "grad_norm": 1.0 / s + 4 * loss_shift, "lr": 3e-3 * min(1, s / 20),
-                                 "tokens_per_s_per_gpu": tokens_per_s, "tflops_per_gpu": 0.1, "mfu": mfu,
+                                 "tokens_per_s_per_gpu": tps, "tflops_per_gpu": 0.1 * tps / 50_000, "mfu": mfu,
                                  "mem_peak_bytes": 300_000_000, "step_time_s": 0.5, "time": t}))
         if s % eval_every == 0:
             lines.append(json.dumps({"kind": "valid", "step": s, "loss": loss + 0.1, "ppl": math.exp(loss + 0.1)}))
@@ -231,7 +235,7 @@ def test_every_format_carries_the_same_facts(two_runs: tuple[RunData, RunData]) 
 def test_html_has_both_runs_curves_and_coloured_deltas(two_runs: tuple[RunData, RunData]) -> None:
     a, b = two_runs
     page = to_html(compare([b], a))
-    for chart in ("chart-train_loss", "chart-valid_loss", "chart-throughput", "chart-grad_norm"):
+    for chart in ("chart-train_loss", "chart-valid_loss", "chart-throughput", "chart-lr", "chart-grad_norm"):
         svg = re.search(rf'<svg class="chart" id="{chart}".*?</svg>', page, re.S)
         assert svg, chart
         runs = re.findall(r'<path class="series" data-run="([0-9a-z]+)" d="M[-\d. L]+"', svg.group(0))
@@ -446,16 +450,18 @@ def test_html_in_headless_chromium(two_runs: tuple[RunData, RunData], tmp_path: 
     first = tmp_path / "first.png"  # what a laptop shows first; the same run prints the DOM
     dom = _chromium(["--dump-dom", f"--screenshot={first}", "--window-size=1366,900", url], tmp_path).stdout
     assert "aaaa1111bbbb" in dom and "cccc2222dddd" in dom
-    assert len(re.findall(r'<path class="series" data-run="(?:aaaa1111bbbb|cccc2222dddd)" d="M', dom)) == 8
+    assert len(re.findall(r'<path class="series" data-run="(?:aaaa1111bbbb|cccc2222dddd)" d="M', dom)) == 10
     w, h, rows = _png_rgb(first)
     assert (w, h) == (1366, 900) and first.stat().st_size > 20_000
     assert sum(1 for row in rows[:300] for x in range(0, 3 * w, 3) if row[x] < 100) > 500  # dark text at the top
 
     full = tmp_path / "full.png"  # tall enough to hold the charts
-    _chromium([f"--screenshot={full}", "--window-size=1366,2400", url], tmp_path)
+    _chromium([f"--screenshot={full}", "--window-size=1366,2800", url], tmp_path)
     w, h, rows = _png_rgb(full)
     frames = _plot_frames(rows)
-    assert len(frames) == 4, frames  # train loss, validation loss, throughput, gradient norm
+    assert len(frames) == 5, frames  # train loss, validation loss, throughput, learning rate, gradient norm
     blue, orange = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # the first two series colours
-    for frame in frames:
-        assert _count_colour(rows, frame, blue) > 20 and _count_colour(rows, frame, orange) > 20, frame
+    for i, frame in enumerate(frames):
+        assert _count_colour(rows, frame, orange) > 20, frame
+        if i != 3:  # both runs share one learning-rate schedule: the later line covers the first
+            assert _count_colour(rows, frame, blue) > 20, frame
