@@ -117,8 +117,8 @@ def _metric_cells(cmp: Comparison, row: MetricRow) -> list[str]:
         title = f' title="{word}"' if word else ""
         mark = " ▲" if cell.regressed else ""
         note = f'<span class="nz">{escape(fmt.noise(cell))}</span>' if cell.within_noise else ""
-        td_cls = "bad" if cell.regressed else ""
-        out.append(f'<td class="{td_cls}"{title}>{text} <span class="d {cls}">{escape(d)}{mark}</span>{note}</td>')
+        td_cls = ' class="bad"' if cell.regressed else ""
+        out.append(f'<td{td_cls}{title}>{text} <span class="d {cls}">{escape(d)}{mark}</span>{note}</td>')
     return out
 
 
