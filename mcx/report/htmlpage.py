@@ -67,7 +67,7 @@ svg.chart{width:100%;height:auto;display:block}
 .absent{color:#98a2b3}
 .same{color:var(--muted);margin:6px 0 0}
 .notes li{color:var(--muted)}
-.d.noise,.nz{color:#98a2b3}.nz{font-size:11px;margin-left:4px}
+.d.noise,.nz{color:#98a2b3}.nz{display:block;font-size:11px}
 .summary{margin:0;padding-left:18px}.summary li{margin:3px 0}
 .view{position:absolute;opacity:0}
 .toggle{display:flex;flex-wrap:wrap;gap:6px;align-items:center;margin:0 0 8px;color:var(--muted);font-size:12.5px}

@@ -63,7 +63,8 @@ def _summary(cmp: Comparison) -> dict[str, Any] | None:
         "ranking": [{"run_id": r.run_id, "value": num(r.value), "delta": num(r.delta), "delta_rel": num(r.delta_rel)}
                     for r in s.ranking],
         "best": g.best if g else None,
-        "margin": {"best": g.best, "other": g.other, "delta": num(g.delta), "delta_rel": num(g.delta_rel)} if g else None,
+        "margin": ({"best": g.best, "other": g.other, "delta": num(g.delta), "delta_rel": num(g.delta_rel)}
+                   if g else None),
         "noise": noise,
         "text": lines(cmp),
     }

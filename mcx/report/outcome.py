@@ -182,7 +182,8 @@ def _changes(cmp: Comparison) -> str:
             keys = ", ".join(f"{r.key} ({shorten(config_value(r.values[0]), 24)} → "
                              f"{shorten(config_value(r.values[1]), 24)})" for r in cmp.config_diff)
         else:
-            keys = ", ".join(s.config_keys[:8]) + (f" and {len(s.config_keys) - 8} more" if len(s.config_keys) > 8 else "")
+            more = len(s.config_keys) - 8
+            keys = ", ".join(s.config_keys[:8]) + (f" and {more} more" if more > 0 else "")
         parts.append(f"config {keys}")
     if s.components:
         parts.append(f"fingerprint {', '.join(s.components)}")
@@ -206,8 +207,10 @@ def _headline(cmp: Comparison) -> list[str]:
     assert s is not None and s.metric is not None
     m, unit = s.metric, s.metric.unit
     used = f"{m.label}" + ("" if m.key == HELD_OUT[0] else f" ({s.reason})")
+    diverged = [r.run_id for r in s.ranking if r.value is not None and math.isnan(r.value)]
+    nan = f" NaN (diverged): {', '.join(diverged)}." if diverged else ""
     if s.margin is None:
-        return [f"Held-out metric: {used}; fewer than two runs have a number, so there is nothing to rank."]
+        return [f"Held-out metric: {used}; fewer than two runs have a finite value, so there is nothing to rank.{nan}"]
     g = s.margin
     vals = {r.run_id: r.value for r in s.ranking}
     word = m.better  # "lower" | "higher"
@@ -216,7 +219,7 @@ def _headline(cmp: Comparison) -> list[str]:
                 f"({value(unit, vals[g.best])})."]
     rel = f" ({g.delta_rel:+.2%})" if g.delta_rel is not None else ""
     out = [f"Better on {used}: {_who(cmp, g.best)}, {value(unit, vals[g.best])} against {value(unit, vals[g.other])} "
-           f"for {_who(cmp, g.other)}: {value(unit, abs(g.delta))} {word}{rel}."]
+           f"for {_who(cmp, g.other)}: {value(unit, abs(g.delta))} {word}{rel}.{nan}"]
     if len(s.ranking) > 2:
         ranked = ", ".join(f"{r.run_id} {value(unit, r.value)}" for r in s.ranking)
         out.append(f"Ranked by {m.label}, best first ({word} is better): {ranked}.")
@@ -251,7 +254,9 @@ def lines(cmp: Comparison) -> list[str]:
     s = cmp.summary
     if s is None:
         return []
-    out = [_changes(cmp)] if len(cmp.runs) > 1 else ["One run: nothing to compare it with."]
+    if len(cmp.runs) == 1:
+        return ["One run: nothing to compare it with."]
+    out = [_changes(cmp)]
     if s.metric is None:
         return out + [f"Held-out metric: none ({s.reason})."]
     out += _headline(cmp)
