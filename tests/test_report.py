@@ -12,6 +12,7 @@ import json
 import math
 import re
 import shutil
+import statistics
 import struct
 import subprocess
 import tomllib
@@ -32,6 +33,10 @@ from mcx.metrics.curves import curve, read_metrics
 from mcx.report.rundata import RunData, load_run_dir, summarize_run
 from mcx.report.table import to_table
 from mcx.report.verdict import Band, seed_spread_band, verdict, verdict_to_dict
+from mcx.metrics.summary import BY_KEY, METRICS, spread
+from mcx.report import fmt
+from mcx.report.outcome import lines
+from mcx.report.rolling import spread_band, trailing_mean
 from mcx.spec.load import dump_spec, load_spec
 
 TINY = Path(__file__).resolve().parents[1] / "experiments" / "tiny.toml"
@@ -46,7 +51,7 @@ def _component(ident: dict) -> dict:
 
 def write_run(root: Path, run_id: str, *, overrides: tuple[str, ...] = (), steps: int = 60, loss_shift: float = 0.0,
               tokens_per_s: float = 50_000.0, commit: str = "a" * 40, eval_every: int = 20,
-              mfu: float | None = 0.4, name: str | None = None) -> Path:
+              mfu: float | None = 0.4, name: str | None = None, tps_wobble: float = 0.0) -> Path:
     spec = load_spec(TINY, list(overrides))
     d = root / run_id
     (d / "full").mkdir(parents=True)
@@ -69,8 +74,9 @@ def write_run(root: Path, run_id: str, *, overrides: tuple[str, ...] = (), steps
     for s in range(1, steps + 1):
         loss = 6.0 * math.exp(-s / 20) + 2.0 + loss_shift
         t += 0.5
+        tps = tokens_per_s * (1 + tps_wobble * math.sin(s * 2.3))  # a CPU's step-to-step wobble
         lines.append(json.dumps({"kind": "train", "step": s, "loss": loss, "grad_norm": 1.0 / s + 4 * loss_shift, "lr": 3e-3 * min(1, s / 20),
-                                 "tokens_per_s_per_gpu": tokens_per_s, "tflops_per_gpu": 0.1, "mfu": mfu,
+                                 "tokens_per_s_per_gpu": tps, "tflops_per_gpu": 0.1 * tps / 50_000, "mfu": mfu,
                                  "mem_peak_bytes": 300_000_000, "step_time_s": 0.5, "time": t}))
         if s % eval_every == 0:
             lines.append(json.dumps({"kind": "valid", "step": s, "loss": loss + 0.1, "ppl": math.exp(loss + 0.1)}))
@@ -231,7 +237,7 @@ def test_every_format_carries_the_same_facts(two_runs: tuple[RunData, RunData]) 
 def test_html_has_both_runs_curves_and_coloured_deltas(two_runs: tuple[RunData, RunData]) -> None:
     a, b = two_runs
     page = to_html(compare([b], a))
-    for chart in ("chart-train_loss", "chart-valid_loss", "chart-throughput", "chart-grad_norm"):
+    for chart in ("chart-train_loss", "chart-valid_loss", "chart-throughput", "chart-lr", "chart-grad_norm"):
         svg = re.search(rf'<svg class="chart" id="{chart}".*?</svg>', page, re.S)
         assert svg, chart
         runs = re.findall(r'<path class="series" data-run="([0-9a-z]+)" d="M[-\d. L]+"', svg.group(0))
@@ -269,6 +275,155 @@ def test_html_stays_small_for_100_runs_of_10000_steps() -> None:
     paths = re.findall(r'<path class="series" data-run="run\d{3}" d="([^"]+)"', page)
     assert len(paths) == 200
     assert max(p.count("L") + 1 for p in paths) <= 280  # one point per two pixel columns, at most
+
+
+# -- the summary, noise, definitions -----------------------------------------------------------------
+
+def test_summary_names_the_better_run_and_says_the_noise_is_unknown(two_runs: tuple[RunData, RunData]) -> None:
+    a, b = two_runs  # b: every loss 0.05 higher, train.lr and the commit differ
+    for cmp, role in ((compare([b], a), "baseline"), (compare([a, b]), "first run given")):
+        s = cmp.summary
+        assert s.config_keys == ("train.lr",) and s.components == ("code",)
+        assert s.metric.key == "valid_loss" and s.margin.best == a.run_id and s.noise is None
+        assert s.margin.delta == pytest.approx(-0.05) and s.reference_role == role
+        said = " ".join(lines(cmp))
+        assert "train.lr (0.003 → 0.001)" in said and "fingerprint code" in said
+        assert f"Better on validation loss (final): {a.run_id}" in said and "0.0500 lower (-2.04%)" in said
+        assert "noise: unknown" in said and "mcx run SPEC --set train.seed=N" in said
+    cmp = compare([b], a)
+    page = to_html(cmp)
+    assert page.index('id="summary"') < page.index('class="runs"') < page.index('id="metrics"')
+    assert "<code>mcx run SPEC --set train.seed=N</code>" in page
+    md = to_markdown(cmp)
+    assert md.index("### Summary") < md.index("### Metrics") and "`mcx run SPEC --set train.seed=N`" in md
+    doc = to_json(cmp)
+    assert doc["summary"]["best"] == a.run_id and doc["summary"]["metric"] == "valid_loss"
+    assert doc["summary"]["noise"]["source"] == "unknown" and doc["summary"]["text"] == lines(cmp)
+    # without validation or test losses the train loss is used, and the summary says so
+    strip = {"valid/loss", "valid/ppl", "test/loss", "test/ppl"}
+    bare = [RunData(run_id=r.run_id, name=r.name, curves={k: c for k, c in r.curves.items() if k not in strip})
+            for r in (a, b)]
+    only_train = compare(bare)
+    assert only_train.summary.metric.key == "train_loss"
+    assert "a training metric, not a held-out one" in " ".join(lines(only_train))
+
+
+def test_seed_runs_quantify_the_noise(tmp_path: Path, two_runs: tuple[RunData, RunData]) -> None:
+    a, b = two_runs  # margin on validation loss: 0.05
+    seeds = [a] + [load_run_dir(write_run(tmp_path / "seeds", f"seed{n}0000000", overrides=(f"train.seed={n}",),
+                                          loss_shift=shift)) for n, shift in ((1, 0.01), (2, -0.01))]
+    cmp = compare([b], a, seeds={a.run_id: seeds})
+    n = cmp.summary.noise
+    assert n.spread == pytest.approx(0.02) and n.of == a.run_id
+    assert n.seeds == ((a.run_id, 1234), ("seed10000000", 1), ("seed20000000", 2))
+    assert cmp.summary.within_noise is False
+    said = " ".join(lines(cmp))
+    assert "the seed spread of validation loss (final) is 0.0200 over 3 runs" in said and "2.5× it" in said
+    assert "more than seed noise" in said and "unknown" not in said
+    doc = to_json(cmp)["summary"]["noise"]
+    assert doc["source"] == "seed spread" and doc["spread"] == pytest.approx(0.02) and doc["margin_within"] is False
+    # a wider seed spread swallows the margin
+    wide = [a, load_run_dir(write_run(tmp_path / "wide", "seed30000000", overrides=("train.seed=3",), loss_shift=0.2))]
+    within = compare([b], a, seeds={a.run_id: wide})
+    assert within.summary.within_noise is True
+    assert "not distinguishable from seed noise" in " ".join(lines(within))
+    # runs that differ only in their seed are their own noise estimate
+    alone = compare(seeds[1:], seeds[0])
+    assert alone.summary.config_keys == ("train.seed",) and alone.summary.noise.of == ""
+    assert "the compared runs, which differ only in train.seed" in " ".join(lines(alone))
+
+
+def _recorded_run(project: Path, *, seed: int, lr: float, loss_shift: float) -> str:
+    """A finished run in ``project`` with a real fingerprint record (what seed_runs reads)."""
+    from mcx.fingerprint.record import FingerprintRecord, record_to_dict
+
+    def comp(ident: dict) -> dict:
+        return {"id": ident, "info": {}}
+
+    rec = record_to_dict(FingerprintRecord(
+        code=comp({"commit": "a" * 40}), environment=comp({"lockfile_sha256": "e" * 64}),
+        config=comp({"train": {"lr": lr, "seed": seed}}), data=comp({"dataset": "d" * 32}), hardware=comp({"gpu": "cpu"})))
+    d = write_run(project / ".mcx" / "runs", rec["run_id"], overrides=(f"train.seed={seed}", f"train.lr={lr}"),
+                  loss_shift=loss_shift)
+    (d / "fingerprint.json").write_text(json.dumps(rec), encoding="utf-8")
+    (d / "run.json").write_text(json.dumps({"status": "finished"}), encoding="utf-8")
+    return rec["run_id"]
+
+
+def test_mcx_compare_gathers_the_seed_runs_of_the_project(tmp_path: Path) -> None:
+    from mcx.ops.compare import compare as compare_op
+
+    project = tmp_path / "project"
+    a = _recorded_run(project, seed=1234, lr=3e-3, loss_shift=0.0)
+    b = _recorded_run(project, seed=1234, lr=1e-3, loss_shift=0.05)
+    unknown = json.loads(compare_op([a, b], project=project, experiment=None, baseline=None, fmt="json", out=None))
+    assert unknown["summary"]["noise"]["source"] == "unknown"
+    s7 = _recorded_run(project, seed=7, lr=1e-3, loss_shift=0.06)  # b's config, another seed
+    _recorded_run(project, seed=8, lr=2e-3, loss_shift=0.5)  # another config: not a seed run of either
+    doc = json.loads(compare_op([a, b], project=project, experiment=None, baseline=None, fmt="json", out=None))
+    noise = doc["summary"]["noise"]
+    assert noise["source"] == "seed spread" and noise["of"] == b and noise["spread"] == pytest.approx(0.01)
+    assert [r["run_id"] for r in noise["seed_runs"]] == [b, s7] and noise["margin_within"] is False
+
+
+def test_within_noise_deltas_are_not_flagged_anywhere(tmp_path: Path) -> None:
+    a = load_run_dir(write_run(tmp_path, "aaaa1111bbbb", tps_wobble=0.2))  # a CPU: per-step throughput ±20%
+    b = load_run_dir(write_run(tmp_path, "cccc2222dddd", tokens_per_s=53_000.0, tps_wobble=0.2))
+    cmp = compare([b], a)
+    row = next(r for r in cmp.metrics if r.metric.key == "tokens_per_s_per_gpu")
+    cell = row.cells[1]
+    assert cell.within_noise and not cell.improved and not cell.regressed and cell.noise > abs(cell.delta_rel)
+    note = fmt.noise(cell)
+    assert re.fullmatch(r"within ±\d+% step noise", note)
+    page = to_html(cmp)
+    td = re.search(r"<td[^>]*>\d\d,\d{3} <span class=\"d ([a-z ]*)\">\+\d\.\d\d%</span><span class=\"nz\">(.*?)</span>", page)
+    assert td and td.group(1) == "noise" and td.group(2) == note
+    assert "+6.00% ▲" not in page and not any(r.metric == "tokens_per_s_per_gpu" for r in cmp.regressions)
+    assert f"(+6.00%, {note})" in to_markdown(cmp)
+    entry = to_json(cmp)["metrics"]["tokens_per_s_per_gpu"]["runs"]["cccc2222dddd"]
+    assert entry["within_noise"] is True and entry["improved"] is False and entry["noise"] == pytest.approx(cell.noise)
+    console = Console(file=io.StringIO(), width=250, color_system=None)
+    console.print(to_table(cmp))
+    assert f"+6.00% ({note})" in console.file.getvalue()
+    # small values keep their digits: a CPU's TFLOP/s is not 0.0
+    assert fmt.value("tflops", 0.0624) == "0.0624" and fmt.value("tflops", 412.34) == "412.3"
+    assert fmt.value("ratio", 0.0003) == "0.030%" and fmt.value("seconds", 2e-5) == "0.0200 ms"
+    assert fmt.value("rate", 0.00123) == "0.00123"
+
+
+def test_throughput_band_is_the_step_to_step_spread(tmp_path: Path) -> None:
+    run = load_run_dir(write_run(tmp_path, "aaaa1111bbbb", steps=400, tps_wobble=0.2))
+    tps = run.curves["train/tokens_per_s_per_gpu"]
+    xs, lo, hi = spread_band(tps.steps, tps.values)
+    assert xs[0] >= 21 and len(xs) == 150  # after warm-up (the first 5% of 400 steps)
+    center = summarize_run(run)["tokens_per_s_per_gpu"]
+    half = [(h - l) / 2 / center for l, h in zip(lo, hi)]
+    assert statistics.median(half) == pytest.approx(spread(BY_KEY["tokens_per_s_per_gpu"], tps.values), rel=0.15)
+    page = to_html(compare([run]))
+    assert re.search(r'<svg class="chart" id="chart-throughput".*?<path class="spread" data-run="aaaa1111bbbb"', page, re.S)
+    # the smoothed train loss ends at train loss (final)
+    loss = run.curves["train/loss"]
+    _, means = trailing_mean(loss.steps, loss.values)
+    assert means[-1] == pytest.approx(summarize_run(run)["train_loss"])
+
+
+def test_lr_chart_and_definitions(two_runs: tuple[RunData, RunData]) -> None:
+    a, b = two_runs
+    cmp = compare([b], a)
+    assert [p.key for p in cmp.plots] == ["train_loss", "valid_loss", "throughput", "lr", "grad_norm"]
+    page = to_html(cmp)
+    lr = re.search(r'<svg class="chart" id="chart-lr".*?</svg>', page, re.S).group(0)
+    assert "Learning rate" in lr and len(re.findall(r'<path class="series" data-run=', lr)) == 2
+    shown = [row.metric for row in cmp.metrics]
+    defs = page[page.index('id="definitions"'):]
+    md = to_markdown(cmp)
+    doc = to_json(cmp)["definitions"]
+    for m in shown:
+        assert f"<th>{m.label}</th><td>{m.definition.replace(chr(39), '&#x27;')}</td>" in defs
+        assert doc[m.key] == {"term": m.label, "definition": m.definition}
+    assert md.count("\n- **") >= len(shown) and "### Definitions" in md
+    assert {"seed_spread", "smoothed_train_loss", "throughput_band"} <= set(doc)
+    assert {m.key for m in shown} == {m.key for m in METRICS}
 
 
 # -- verdicts ----------------------------------------------------------------------------------------
@@ -446,19 +601,54 @@ def test_html_in_headless_chromium(two_runs: tuple[RunData, RunData], tmp_path: 
     first = tmp_path / "first.png"  # what a laptop shows first; the same run prints the DOM
     dom = _chromium(["--dump-dom", f"--screenshot={first}", "--window-size=1366,900", url], tmp_path).stdout
     assert "aaaa1111bbbb" in dom and "cccc2222dddd" in dom
-    assert len(re.findall(r'<path class="series" data-run="(?:aaaa1111bbbb|cccc2222dddd)" d="M', dom)) == 8
+    assert len(re.findall(r'<path class="series" data-run="(?:aaaa1111bbbb|cccc2222dddd)" d="M', dom)) == 10
     w, h, rows = _png_rgb(first)
     assert (w, h) == (1366, 900) and first.stat().st_size > 20_000
     assert sum(1 for row in rows[:300] for x in range(0, 3 * w, 3) if row[x] < 100) > 500  # dark text at the top
 
     full = tmp_path / "full.png"  # tall enough to hold the charts
-    _chromium([f"--screenshot={full}", "--window-size=1366,2400", url], tmp_path)
+    _chromium([f"--screenshot={full}", "--window-size=1366,2800", url], tmp_path)
     w, h, rows = _png_rgb(full)
     frames = _plot_frames(rows)
-    assert len(frames) == 4, frames  # train loss, validation loss, throughput, gradient norm
+    assert len(frames) == 5, frames  # train loss, validation loss, throughput, learning rate, gradient norm
     blue, orange = (0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E)  # the first two series colours
-    for frame in frames:
-        assert _count_colour(rows, frame, blue) > 20 and _count_colour(rows, frame, orange) > 20, frame
+    for i, frame in enumerate(frames):
+        assert _count_colour(rows, frame, orange) > 20, frame
+        if i != 3:  # both runs share one learning-rate schedule: the later line covers the first
+            assert _count_colour(rows, frame, blue) > 20, frame
+
+
+# A user's click, scripted: the page itself has no script; the control is radio buttons and CSS.
+_CLICK_RAW = """<script>
+const probe = () => ["smoothed", "raw"].map(g => {
+  const s = getComputedStyle(document.querySelector("#chart-train_loss g." + g));
+  return g + ":" + s.display + ":" + s.opacity;
+}).join(",");
+const before = probe();
+document.querySelector("label[for=view-raw]").click();
+const out = document.createElement("pre");
+out.id = "probe";
+out.textContent = before + "|" + probe() + "|" + document.getElementById("view-raw").checked;
+document.body.append(out);
+</script></body>"""
+
+
+def test_smoothing_toggle_in_headless_chromium(two_runs: tuple[RunData, RunData], tmp_path: Path) -> None:
+    a, b = two_runs
+    html = to_html(compare([b], a))
+    assert "<script" not in html and html.count("</body>") == 1
+    toggle = re.search(r'<div class="toggle" id="loss-toggle">(.*?)</div>', html).group(1)
+    assert "smoothed</label>" in toggle and "raw</label>" in toggle and "trailing mean over the last 1% of steps" in toggle
+    loss = re.search(r'<svg class="chart" id="chart-train_loss".*?</svg>', html, re.S).group(0)
+    assert len(re.findall(r'<path class="smooth" data-run=', loss)) == 2  # smoothed curves, beside the raw ones
+    assert len(re.findall(r'<path class="series" data-run=', loss)) == 2
+    page = tmp_path / "toggle.html"
+    page.write_text(html.replace("</body>", _CLICK_RAW), encoding="utf-8")
+    dom = _chromium(["--dump-dom", page.as_uri()], tmp_path).stdout
+    before, after, checked = re.search(r'<pre id="probe">(.*?)</pre>', dom).group(1).split("|")
+    # smoothed by default, raw curves faint behind; after the click on "raw": only the raw curves
+    assert before == "smoothed:inline:1,raw:inline:0.22"
+    assert after == "smoothed:none:1,raw:inline:1" and checked == "true"
 
 
 def test_docs_state_every_metric_definition() -> None:

@@ -36,6 +36,8 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
     if not runs:
         raise InputError("only the baseline was given;", "name at least one other run to compare with it.")
     cmp = build(runs, base)
+    if seeds := _seed_groups(project, cmp):
+        cmp = build(runs, base, seeds=seeds)
     if fmt == "table":
         from mcx.report.table import to_table
 
@@ -56,6 +58,22 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
         write_text(Path(out), rendered, "-o")
         return None
     return rendered
+
+
+def _seed_groups(project: Path, cmp: Any) -> dict[str, list[Any]]:
+    """The summary's run-to-run noise: for each run of its headline, the recorded runs that differ from
+    it only in train.seed (a scan of the project's fingerprints; only those runs' metrics are read)."""
+    from mcx.report.seeds import seed_runs
+
+    groups = {}
+    for run_id in cmp.summary.pair if cmp.summary is not None else ():
+        try:
+            found = seed_runs(project, run_id)
+        except InputError:  # a record this mcx cannot read gives no estimate; the summary says "unknown"
+            continue
+        if len(found) >= 2:
+            groups[run_id] = [s.data for s in found]
+    return groups
 
 
 def _looks_like_run_id(text: str) -> bool:

@@ -10,17 +10,24 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from attrs import frozen
 
 from mcx.errors import InputError
 from mcx.metrics.curves import Curve
 from mcx.metrics.summary import BY_KEY, METRIC_KEYS, METRICS, Metric
+from mcx.report.outcome import Summary, summarize_comparison
 from mcx.report.rundata import RunData, flatten, run_spreads, summarize_run
+
+PlotView = Literal["plain", "smoothed", "spread"]
 
 # Relative slack below which a change is float noise, neither a regression nor an improvement.
 EPS = 1e-9
+# What "within noise" in the metric table means (``judge``), for the reports' definitions.
+STEP_NOISE = ("half the width of the central 80% (p10..p90) of a run's steady per-step values, relative to its "
+              "value; a change no larger than the larger of the two runs' is within noise: neither improved "
+              "nor regressed")
 # Fingerprint components in the order a reader checks them; "config" is the config diff itself.
 COMPONENT_ORDER = ("code", "environment", "data", "hardware")
 
@@ -71,6 +78,7 @@ class MetricCell:
     improved: bool = False
     spread: float | None = None  # this run's step-to-step spread (relative), for steady metrics
     within_noise: bool = False  # the change is smaller than the larger step-to-step spread of the two runs
+    noise: float | None = None  # that larger spread (relative), which the change was held to
 
 
 @frozen
@@ -115,6 +123,7 @@ class Plot:
     curve: str  # the metric plotted, e.g. "train/loss"
     series: tuple[Series, ...]  # runs that have the curve, in ``Comparison.runs`` order
     zero_based: bool = False  # y axis from 0 (rates)
+    view: PlotView = "plain"  # "smoothed": raw and smoothed curves with a toggle; "spread": the step-to-step band
 
 
 @frozen
@@ -128,14 +137,16 @@ class Comparison:
     regressions: tuple[Regression, ...]
     plots: tuple[Plot, ...]
     notes: tuple[str, ...] = ()  # what loading skipped, per run
+    summary: Summary | None = None  # what differs, which run is better on the held-out metric, against noise
 
 
-# key, title, y label, curve, y axis from zero
-PLOTS: tuple[tuple[str, str, str, str, bool], ...] = (
-    ("train_loss", "Train loss", "loss", "train/loss", False),
-    ("valid_loss", "Validation loss", "loss", "valid/loss", False),
-    ("throughput", "Throughput", "tokens/s/GPU", "train/tokens_per_s_per_gpu", True),
-    ("grad_norm", "Gradient norm", "grad norm", "train/grad_norm", False),
+# key, title, y label, curve, y axis from zero, view
+PLOTS: tuple[tuple[str, str, str, str, bool, PlotView], ...] = (
+    ("train_loss", "Train loss", "loss", "train/loss", False, "smoothed"),
+    ("valid_loss", "Validation loss", "loss", "valid/loss", False, "plain"),
+    ("throughput", "Throughput", "tokens/s/GPU", "train/tokens_per_s_per_gpu", True, "spread"),
+    ("lr", "Learning rate", "learning rate", "train/lr", True, "plain"),
+    ("grad_norm", "Gradient norm", "grad norm", "train/grad_norm", False, "plain"),
 )
 
 
@@ -194,12 +205,13 @@ def judge(metric: Metric, base: float | None, value: float | None, tolerance: fl
         return MetricCell(value, delta, delta_rel, regressed=worse > 0, improved=worse < 0, spread=spread)
     noise = max((s for s in spreads if s is not None), default=None)
     if finite and noise is not None and abs(delta_rel) <= noise:
-        return MetricCell(value, delta, delta_rel, spread=spread, within_noise=True)
+        return MetricCell(value, delta, delta_rel, spread=spread, within_noise=True, noise=noise)
     if finite:
         rel_worse = worse / abs(base)
         return MetricCell(value, delta, delta_rel, regressed=rel_worse > tolerance + EPS, improved=rel_worse < -EPS,
-                          spread=spread)
-    return MetricCell(value, delta, delta_rel, regressed=worse > EPS, improved=worse < -EPS, spread=spread)
+                          spread=spread, noise=noise)
+    return MetricCell(value, delta, delta_rel, regressed=worse > EPS, improved=worse < -EPS, spread=spread,
+                      noise=noise)
 
 
 def _fingerprint_diff(runs: Sequence[RunData]) -> tuple[dict[str, tuple[DiffRow, ...]], tuple[str, ...]]:
@@ -218,11 +230,14 @@ def _fingerprint_diff(runs: Sequence[RunData]) -> tuple[dict[str, tuple[DiffRow,
 
 
 def compare(runs: Sequence[RunData], baseline: RunData | None = None, *,
-            tolerances: Mapping[str, float] | None = None) -> Comparison:
+            tolerances: Mapping[str, float] | None = None,
+            seeds: Mapping[str, Sequence[RunData]] | None = None) -> Comparison:
     """Compare runs; with a baseline, it comes first and every other run gets deltas against it.
 
     ``tolerances``: metric key -> allowed relative change in the worse direction (default 0, so any
     change beyond float noise is flagged). A run given twice (or also as the baseline) appears once.
+    ``seeds``: run ID -> the recorded runs that differ from it only in ``train.seed`` (itself
+    included, ``mcx.report.seeds.seed_runs``); their spread is the summary's run-to-run noise.
     """
     tols = check_tolerances(tolerances)
     ordered: list[RunData] = []
@@ -257,22 +272,27 @@ def compare(runs: Sequence[RunData], baseline: RunData | None = None, *,
         rows.append(MetricRow(m, tol, tuple(cells)))
 
     plots = []
-    for key, title, y_label, name, zero_based in PLOTS:
+    for key, title, y_label, name, zero_based, view in PLOTS:
         series = tuple(Series(h.run_id, h.label, r.curves[name])
                        for h, r in zip(headers, ordered) if name in r.curves and r.curves[name].values)
         if series:
-            plots.append(Plot(key, title, y_label, name, series, zero_based))
+            plots.append(Plot(key, title, y_label, name, series, zero_based, view))
 
     fp_diff, fp_same = _fingerprint_diff(ordered)
+    config_diff = diff_rows([r.spec for r in ordered])
     notes = tuple(f"{r.run_id}: {note}" for r in ordered for s in r.stages.values() for note in s.notes)
+    summary = summarize_comparison([h.run_id for h in headers], summaries, base_id,
+                                   config_keys=tuple(r.key for r in config_diff), components=tuple(fp_diff),
+                                   seeds={**(seeds or {})}, runs=ordered)
     return Comparison(
         runs=headers,
         baseline=base_id,
-        config_diff=diff_rows([r.spec for r in ordered]),
+        config_diff=config_diff,
         fingerprint_diff=fp_diff,
         fingerprint_same=fp_same,
         metrics=tuple(rows),
         regressions=tuple(regressions),
         plots=tuple(plots),
         notes=notes,
+        summary=summary,
     )

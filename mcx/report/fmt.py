@@ -21,6 +21,14 @@ def duration(seconds: float) -> str:
     return f"{h}h {m:02d}m {sec:02d}s" if h else f"{m}m {sec:02d}s"
 
 
+def significant(x: float, digits: int = 3) -> str:
+    """A small number with ``digits`` significant digits (0.0624, not 0.1 or 0.0), never exponent form."""
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
 def value(unit: Unit, x: float | None) -> str:
     """One metric value in its unit; a dash when the run has none."""
     if x is None:
@@ -32,19 +40,21 @@ def value(unit: Unit, x: float | None) -> str:
     if unit == "ppl":
         return f"{x:,.2f}"
     if unit == "ratio":
-        return f"{x:.1%}"
+        return f"{x:.1%}" if abs(x) >= 0.01 or x == 0 else f"{significant(x * 100, 2)}%"
     if unit == "rate":
-        return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+        return f"{x:,.0f}" if abs(x) >= 100 else significant(x)
     if unit == "tflops":
-        return f"{x:,.1f}"
+        return f"{x:,.1f}" if abs(x) >= 10 else significant(x)
     if unit == "seconds":
-        return f"{x * 1000:.1f} ms" if abs(x) < 1 else f"{x:.2f} s"
+        if abs(x) >= 1:
+            return f"{x:.2f} s"
+        return f"{x * 1000:.1f} ms" if abs(x) >= 0.01 else f"{significant(x * 1000)} ms"
     if unit == "bytes":
         return f"{x / 2**30:.2f} GiB" if abs(x) >= 2**30 else f"{x / 2**20:.1f} MiB"
     if unit == "duration":
         return duration(x)
     if unit == "gpu_hours":
-        return f"{x:,.1f}" if abs(x) >= 100 else (f"{x:.2f}" if abs(x) >= 1 else f"{x:.3g}")
+        return f"{x:,.1f}" if abs(x) >= 100 else (f"{x:.2f}" if abs(x) >= 1 else significant(x))
     return f"{x:.6g}"
 
 
@@ -60,7 +70,22 @@ def delta(unit: Unit, cell: MetricCell) -> str:
     return ""
 
 
+def noise(cell: MetricCell) -> str:
+    """For a change within the step-to-step spread: what it was held to; else (and for no change) empty."""
+    if not cell.within_noise or cell.noise is None or not cell.delta:
+        return ""
+    return f"within ±{significant(cell.noise * 100, 2)}% step noise"
+
+
+def delta_text(unit: Unit, cell: MetricCell) -> str:
+    """The change and, within noise, that it is: "+6.80% (within ±14% step noise)"."""
+    d, n = delta(unit, cell), noise(cell)
+    return f"{d} ({n})" if d and n else d
+
+
 def verdict_word(cell: MetricCell) -> str:
+    if cell.within_noise:
+        return "within the step-to-step spread: neither improved nor regressed"
     return "regressed" if cell.regressed else ("improved" if cell.improved else "")
 
 

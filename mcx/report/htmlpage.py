@@ -1,19 +1,25 @@
 """A Comparison as one self-contained HTML page: inline CSS, inline SVG charts, no scripts, no fetches.
 
-Made to read on a laptop screen: the runs (with the colours the charts use), any regressions, the
-metric table with coloured deltas, the charts, then what differs in config and fingerprint. Up to
+Made to read on a laptop screen: the summary (what differs, which run is better, against noise),
+the runs (with the colours the charts use), any regressions, the metric table with coloured deltas
+(greyed within noise), the charts, what differs in config and fingerprint, then the definitions.
+The train loss chart switches between smoothed and raw curves with two radio buttons and CSS
+(``:checked ~``), so the toggle needs no script. Up to
 ``WIDE_MAX`` runs are columns; more runs turn the tables so that runs are rows. Every string that
 comes from a run (names, spec values, fingerprint fields) goes through ``html.escape``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from html import escape
 
 from mcx.report import fmt
-from mcx.report.compare import ABSENT, Comparison, DiffRow, MetricRow, same_key
-from mcx.report.svg import Line, colors, line_chart
+from mcx.report.compare import ABSENT, Comparison, DiffRow, MetricRow, Plot, same_key
+from mcx.report.outcome import MEASURE, definitions, lines
+from mcx.report.rolling import spread_band, trailing_mean
+from mcx.report.svg import ENVELOPE_MAX, Line, colors, line_chart
 
 WIDE_MAX = 6  # runs shown as table columns; beyond this runs become rows
 REGRESSIONS_LISTED = 8  # the rest are marked in the metric table
@@ -61,6 +67,18 @@ svg.chart{width:100%;height:auto;display:block}
 .absent{color:#98a2b3}
 .same{color:var(--muted);margin:6px 0 0}
 .notes li{color:var(--muted)}
+.d.noise,.nz{color:#98a2b3}.nz{display:block;font-size:11px}
+.summary{margin:0;padding-left:18px}.summary li{margin:3px 0}
+.view{position:absolute;opacity:0}
+.toggle{display:flex;flex-wrap:wrap;gap:6px;align-items:center;margin:0 0 8px;color:var(--muted);font-size:12.5px}
+.toggle label{padding:1px 10px;border:1px solid var(--line);border-radius:12px;cursor:pointer;color:var(--fg)}
+#view-smoothed:checked~.toggle label[for=view-smoothed],#view-raw:checked~.toggle label[for=view-raw]{
+ background:var(--accent);border-color:var(--accent);color:#fff}
+#view-smoothed:focus-visible~.toggle label[for=view-smoothed],#view-raw:focus-visible~.toggle label[for=view-raw]{
+ outline:2px solid var(--accent);outline-offset:1px}
+#view-smoothed:checked~.grid .raw{opacity:.22}
+#view-raw:checked~.grid .smoothed{display:none}
+.defs td{white-space:normal;text-align:left;max-width:900px}
 footer{color:var(--muted);font-size:12px;margin-top:18px}
 """
 
@@ -95,10 +113,12 @@ def _metric_cells(cmp: Comparison, row: MetricRow) -> list[str]:
             continue
         d = fmt.delta(row.metric.unit, cell)
         word = fmt.verdict_word(cell)
-        cls = "bad" if cell.regressed else ("good" if cell.improved else "")
+        cls = "noise" if cell.within_noise else ("bad" if cell.regressed else ("good" if cell.improved else ""))
         title = f' title="{word}"' if word else ""
         mark = " ▲" if cell.regressed else ""
-        out.append(f'<td class="{cls}"{title}>{text} <span class="d {cls}">{escape(d)}{mark}</span></td>')
+        note = f'<span class="nz">{escape(fmt.noise(cell))}</span>' if cell.within_noise else ""
+        td_cls = ' class="bad"' if cell.regressed else ""
+        out.append(f'<td{td_cls}{title}>{text} <span class="d {cls}">{escape(d)}{mark}</span>{note}</td>')
     return out
 
 
@@ -135,6 +155,53 @@ def _runs_section(cmp: Comparison, palette: Sequence[str]) -> str:
             f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
 
+def _summary_section(cmp: Comparison, color_of: dict[str, str]) -> str:
+    """The summary's sentences, run IDs with their colour swatch and the seed command as code."""
+    items = []
+    for line in lines(cmp):
+        text = escape(line).replace(escape(MEASURE), f"<code>{escape(MEASURE)}</code>")
+        for h in cmp.runs:  # run IDs are escaped before they are looked for, so no markup gets in
+            rid = escape(h.run_id)
+            text = re.sub(rf"\b{re.escape(rid)}\b", f'<span class="sw" style="background:{color_of[h.run_id]}">'
+                          f"</span><code>{rid}</code>", text)
+        items.append(f"<li>{text}</li>")
+    return f'<section id="summary"><h2>Summary</h2><ul class="summary">{"".join(items)}</ul></section>'
+
+
+def _chart(cmp: Comparison, plot: Plot, color_of: dict[str, str]) -> str:
+    bands = plot.view == "spread" and len(plot.series) <= ENVELOPE_MAX  # more bands blur together
+    lines_ = []
+    for s in plot.series:
+        steps, values = s.curve.steps, s.curve.values
+        lines_.append(Line(s.run_id, s.label + (" (baseline)" if s.run_id == cmp.baseline else ""), color_of[s.run_id],
+                           steps, values, smooth=trailing_mean(steps, values) if plot.view == "smoothed" else None,
+                           band=spread_band(steps, values) if bands else None))
+    return line_chart(lines_, chart_id=f"chart-{plot.key}", title=plot.title, x_label="step", y_label=plot.y_label,
+                      zero_based=plot.zero_based)
+
+
+def _curves_section(cmp: Comparison, color_of: dict[str, str]) -> str:
+    figs = "".join(f"<figure>{_chart(cmp, plot, color_of)}</figure>" for plot in cmp.plots)
+    toggle = ""
+    if any(p.view == "smoothed" for p in cmp.plots):
+        toggle = ('<input type="radio" class="view" name="loss-view" id="view-smoothed" checked>'
+                  '<input type="radio" class="view" name="loss-view" id="view-raw">'
+                  '<div class="toggle" id="loss-toggle">Train loss: <label for="view-smoothed">smoothed</label>'
+                  '<label for="view-raw">raw</label><span>smoothed: a trailing mean over the last 1% of steps '
+                  "(at least 10), the window of train loss (final); raw curves stay faint behind it</span></div>")
+    note = ""
+    if any(p.view == "spread" for p in cmp.plots):
+        note = ('<p class="same">Throughput: the shaded band is the step-to-step spread, p10..p90 of the per-step '
+                "values in a sliding window (see Definitions).</p>")
+    return f'<section id="curves"><h2>Curves</h2>{toggle}<div class="grid">{figs}</div>{note}</section>'
+
+
+def _definitions_section(cmp: Comparison) -> str:
+    rows = "".join(f"<tr><th>{escape(term)}</th><td>{escape(text)}</td></tr>" for _, term, text in definitions(cmp))
+    return (f'<section id="definitions"><h2>Definitions</h2><div class="scroll"><table class="defs">'
+            f"<tbody>{rows}</tbody></table></div></section>")
+
+
 def to_html(cmp: Comparison) -> str:
     """The comparison as one HTML document (UTF-8 text)."""
     palette = colors(len(cmp.runs))
@@ -155,9 +222,9 @@ def to_html(cmp: Comparison) -> str:
         f"<title>mcx compare: {escape(ids)}</title>",
         f"<style>{CSS}</style></head><body><main>",
         "<header><h1>Run comparison</h1>",
-        f'<p class="sub">{" · ".join(summary)}</p>',
+        f'<p class="sub">{" · ".join(summary)}</p></header>',
+        _summary_section(cmp, color_of) if cmp.summary is not None else "",
         _runs_section(cmp, palette),
-        "</header>",
     ]
     if cmp.regressions:
         items = "".join(f"<li>{escape(r.describe())}</li>" for r in cmp.regressions[:REGRESSIONS_LISTED])
@@ -169,20 +236,12 @@ def to_html(cmp: Comparison) -> str:
     if cmp.metrics:
         cells = [_metric_cells(cmp, row) for row in cmp.metrics]
         parts.append(_matrix("metric", [_metric_head(r) for r in cmp.metrics], heads, cells, runs_are_columns=wide))
-        parts.append('<p class="same">Train losses are means over a window of logged steps (1%, at least 10); '
-                     "throughput, MFU and step time are means after the first 5% of steps (warm-up).</p>")
+        parts.append('<p class="same">How each number is computed: see <a href="#definitions">Definitions</a>.</p>')
     else:
         parts.append('<p class="same">No metrics were logged by these runs.</p>')
     parts.append("</section>")
     if cmp.plots:
-        figs = []
-        for plot in cmp.plots:
-            lines = [Line(s.run_id, s.label + (" (baseline)" if s.run_id == cmp.baseline else ""),
-                          color_of[s.run_id], s.curve.steps, s.curve.values) for s in plot.series]
-            svg = line_chart(lines, chart_id=f"chart-{plot.key}", title=plot.title, x_label="step", y_label=plot.y_label,
-                             zero_based=plot.zero_based)
-            figs.append(f"<figure>{svg}</figure>")
-        parts.append(f'<section id="curves"><h2>Curves</h2><div class="grid">{"".join(figs)}</div></section>')
+        parts.append(_curves_section(cmp, color_of))
     parts.append('<section id="config"><h2>Config differences</h2>')
     if cmp.config_diff:
         parts.append(_diff_table(cmp.config_diff, heads, wide))
@@ -201,5 +260,6 @@ def to_html(cmp: Comparison) -> str:
     if cmp.notes:
         items = "".join(f"<li>{escape(note)}</li>" for note in cmp.notes)
         parts.append(f'<section class="notes" id="notes"><h2>Notes</h2><ul>{items}</ul></section>')
+    parts.append(_definitions_section(cmp))
     parts.append("<footer>Generated by mcx compare.</footer></main></body></html>")
     return "\n".join(parts)

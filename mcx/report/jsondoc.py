@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from mcx.report.compare import ABSENT, Comparison, DiffRow
+from mcx.report.outcome import MEASURE, SEED_SPREAD, definitions, lines
 
 SCHEMA = "mcx.compare/1"
 
@@ -40,6 +41,35 @@ def _diff(cmp: Comparison, rows: tuple[DiffRow, ...]) -> list[dict[str, Any]]:
             for r in rows]
 
 
+def _summary(cmp: Comparison) -> dict[str, Any] | None:
+    """The summary's facts (``mcx.report.outcome``) and its sentences."""
+    s = cmp.summary
+    if s is None:
+        return None
+    g, n = s.margin, s.noise
+    noise: dict[str, Any] = {"source": "unknown", "how_to_measure": f"{MEASURE} for a few N, then compare again"}
+    if n is not None:
+        noise = {"source": "seed spread", "spread": num(n.spread), "of": n.of or None,
+                 "seed_runs": [{"run_id": rid, "seed": plain(seed)} for rid, seed in n.seeds],
+                 "margin_within": s.within_noise, "definition": SEED_SPREAD}
+    return {
+        "differs": {"config": list(s.config_keys), "fingerprint": list(s.components)},
+        "metric": s.metric.key if s.metric else None,
+        "metric_label": s.metric.label if s.metric else None,
+        "metric_reason": s.reason,
+        "better": s.metric.better if s.metric else None,
+        "reference": s.reference,
+        "reference_role": s.reference_role,
+        "ranking": [{"run_id": r.run_id, "value": num(r.value), "delta": num(r.delta), "delta_rel": num(r.delta_rel)}
+                    for r in s.ranking],
+        "best": g.best if g else None,
+        "margin": ({"best": g.best, "other": g.other, "delta": num(g.delta), "delta_rel": num(g.delta_rel)}
+                   if g else None),
+        "noise": noise,
+        "text": lines(cmp),
+    }
+
+
 def to_json(cmp: Comparison, *, curves: bool = False) -> dict[str, Any]:
     """The comparison as JSON data; ``curves=True`` adds every plotted curve's points."""
     metrics = {}
@@ -49,7 +79,10 @@ def to_json(cmp: Comparison, *, curves: bool = False) -> dict[str, Any]:
             entry: dict[str, Any] = {"value": num(cell.value)}
             if cmp.baseline is not None and not h.is_baseline:
                 entry.update(delta=num(cell.delta), delta_rel=num(cell.delta_rel),
-                             regressed=cell.regressed, improved=cell.improved)
+                             regressed=cell.regressed, improved=cell.improved, within_noise=cell.within_noise,
+                             noise=num(cell.noise))
+            if cell.spread is not None:
+                entry["spread"] = num(cell.spread)
             per_run[h.run_id] = entry
         metrics[row.metric.key] = {"label": row.metric.label, "better": row.metric.better, "unit": row.metric.unit,
                                    "tolerance": row.tolerance, "runs": per_run}
@@ -64,6 +97,8 @@ def to_json(cmp: Comparison, *, curves: bool = False) -> dict[str, Any]:
         "fingerprint_diff": {name: _diff(cmp, rows) for name, rows in cmp.fingerprint_diff.items()},
         "fingerprint_same": list(cmp.fingerprint_same),
         "notes": list(cmp.notes),
+        "summary": _summary(cmp),
+        "definitions": {key: {"term": term, "definition": text} for key, term, text in definitions(cmp)},
     }
     if curves:
         doc["curves"] = {p.curve: {s.run_id: {"steps": list(s.curve.steps), "values": [num(v) for v in s.curve.values]}

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from mcx.report import fmt
 from mcx.report.compare import ABSENT, Comparison, DiffRow
+from mcx.report.outcome import MEASURE, definitions, lines
 
 _MD_SPECIAL = str.maketrans({**{c: f"\\{c}" for c in "\\`*_{}[]()#+!|~"}, "&": "&amp;", "<": "&lt;", ">": "&gt;"})
 
@@ -47,6 +48,10 @@ def to_markdown(cmp: Comparison) -> str:
     out = ["## Run comparison", ""]
     run_rows = [[_code(h.run_id), md_escape(h.name), md_escape(h.status), "baseline" if h.is_baseline else ""]
                 for h in cmp.runs]
+    if cmp.summary is not None:
+        out += ["### Summary", ""]
+        out += [f"- {md_escape(line).replace(md_escape(MEASURE), _code(MEASURE))}" for line in lines(cmp)]
+        out.append("")
     out += _table(["run", "name", "status", ""], run_rows, align_right_from=4)
     out.append("")
     if cmp.baseline is not None:
@@ -68,9 +73,11 @@ def to_markdown(cmp: Comparison) -> str:
             for h, cell in zip(cmp.runs, row.cells):
                 text = fmt.value(row.metric.unit, cell.value)
                 if cmp.baseline is not None and not h.is_baseline:
-                    d = fmt.delta(row.metric.unit, cell)
+                    d, noise = fmt.delta(row.metric.unit, cell), fmt.noise(cell)
                     if cell.regressed:
                         text = f"**{text} ({d}) ▲ regression**" if d else f"**{text} ▲ regression**"
+                    elif noise:
+                        text = f"{text} ({d}, {noise})"
                     elif d:
                         text = f"{text} ({d})"
                 cells.append(text)
@@ -92,4 +99,7 @@ def to_markdown(cmp: Comparison) -> str:
         out += ["### Notes", ""]
         out += [f"- {md_escape(n)}" for n in cmp.notes]
         out.append("")
+    out += ["### Definitions", ""]
+    out += [f"- **{md_escape(term)}**: {md_escape(text)}" for _, term, text in definitions(cmp)]
+    out.append("")
     return "\n".join(out)

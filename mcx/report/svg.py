@@ -46,6 +46,8 @@ class Line:
     color: str
     steps: Sequence[int]
     values: Sequence[float]
+    smooth: tuple[Sequence[int], Sequence[float]] | None = None  # a smoothed view: (steps, values)
+    band: tuple[Sequence[float], Sequence[float], Sequence[float]] | None = None  # shaded (steps, low, high)
 
 
 def nice_step(span: float, target: int) -> float:
@@ -174,22 +176,50 @@ def _axes(f: _Frame, x_label: str, y_label: str) -> list[str]:
     return out
 
 
-def _series(f: _Frame, lines: Sequence[Line], reduced: Sequence[Reduced], clip: str) -> list[str]:
-    px0, kx, py0, ky = f.mapping()
-    out = [f'<g clip-path="url(#{escape(clip)})">']
+def _band_path(xs: Sequence[float], lo: Sequence[float], hi: Sequence[float], m: tuple[float, ...]) -> str:
+    px0, kx, py0, ky = m
+    return _path(xs, hi, px0, kx, py0, ky) + " L" + _path(xs[::-1], lo[::-1], px0, kx, py0, ky)[1:] + " Z"
+
+
+def _lines(f: _Frame, lines: Sequence[Line], reduced: Sequence[Reduced], cls: str) -> list[str]:
+    """Each line's path (class ``cls``), its min/max envelope where reduced has one, dots on short raw curves."""
+    m = f.mapping()
+    px0, kx, py0, ky = m
+    out = []
     for ln, r in zip(lines, reduced):  # bands first, so that no band covers a line
         if r.lo is not None and r.hi is not None and r.xs:
-            band = _path(r.xs, r.hi, px0, kx, py0, ky) + " L" + _path(r.xs[::-1], r.lo[::-1], px0, kx, py0, ky)[1:]
-            out.append(f'<path class="band" d="{band} Z" fill="{ln.color}" fill-opacity="0.13" stroke="none"/>')
+            out.append(f'<path class="band" d="{_band_path(r.xs, r.lo, r.hi, m)}" fill="{ln.color}" '
+                       'fill-opacity="0.13" stroke="none"/>')
     for ln, r in zip(lines, reduced):
         if not r.xs:
             continue
-        out.append(f'<path class="series" data-run="{escape(ln.key)}" d="{_path(r.xs, r.ys, px0, kx, py0, ky)}" '
+        out.append(f'<path class="{cls}" data-run="{escape(ln.key)}" d="{_path(r.xs, r.ys, px0, kx, py0, ky)}" '
                    f'fill="none" stroke="{ln.color}" stroke-width="1.7" stroke-linejoin="round" '
                    f'stroke-linecap="round"><title>{escape(ln.label)}</title></path>')
-        if r.raw and len(r.xs) <= MARKERS_MAX:
+        if cls == "series" and r.raw and len(r.xs) <= MARKERS_MAX:
             dots = "".join(f'<circle cx="{px0 + x * kx:.1f}" cy="{py0 - y * ky:.1f}" r="2.6"/>' for x, y in zip(r.xs, r.ys))
             out.append(f'<g fill="{ln.color}">{dots}</g>')
+    return out
+
+
+def _series(f: _Frame, lines: Sequence[Line], reduced: Sequence[Reduced], smoothed: Sequence[Reduced] | None,
+            clip: str) -> list[str]:
+    """The curves; with ``smoothed``, raw and smoothed curves in groups ``raw`` and ``smoothed`` (the
+    page's toggle shows one or the other)."""
+    m = f.mapping()
+    out = [f'<g clip-path="url(#{escape(clip)})">']
+    for ln in lines:  # a given band (the step-to-step spread) replaces the min/max envelope
+        if ln.band is not None and ln.band[0]:
+            out.append(f'<path class="spread" data-run="{escape(ln.key)}" d="{_band_path(*ln.band, m)}" '
+                       f'fill="{ln.color}" fill-opacity="0.2" stroke="none"/>')
+    if smoothed is None:
+        out += _lines(f, lines, reduced, "series")
+    else:
+        out.append('<g class="raw">')
+        out += _lines(f, lines, reduced, "series")
+        out.append('</g><g class="smoothed">')
+        out += _lines(f, lines, smoothed, "smooth")
+        out.append("</g>")
     out.append("</g>")
     return out
 
@@ -233,9 +263,13 @@ def line_chart(lines: Sequence[Line], *, chart_id: str, title: str, x_label: str
     x0, x1 = (float(min(starts)), float(max(ends))) if starts else (0.0, 1.0)
     if x1 <= x0:
         x0, x1 = x0 - 1, x1 + 1
-    envelope = len(lines) <= ENVELOPE_MAX
+    envelope = len(lines) <= ENVELOPE_MAX and not any(ln.band for ln in lines)  # a given band replaces it
     reduced = [reduce_points(ln.steps, ln.values, x0, x1, plot_w // 2, envelope=envelope) for ln in lines]
-    y0, y1, clipped = _y_span([y for r in reduced for y in r.ys], zero_based)
+    smoothed = None
+    if any(ln.smooth is not None for ln in lines):
+        smoothed = [reduce_points(*(ln.smooth or ((), ())), x0, x1, plot_w // 2) for ln in lines]
+    pooled = [y for r in reduced for y in r.ys] + [y for ln in lines if ln.band for y in ln.band[2]]
+    y0, y1, clipped = _y_span(pooled, zero_based)
     frame = _Frame(MARGIN_L, MARGIN_T, plot_w, plot_height, x0, x1, y0, y1)
     cols, rows, fit = _legend_layout(lines, plot_w)
     height = frame.bottom + MARGIN_B + rows * LEGEND_ROW + 6
@@ -254,7 +288,7 @@ def line_chart(lines: Sequence[Line], *, chart_id: str, title: str, x_label: str
                    "some values off scale<title>the y axis leaves out the top and bottom 2% of the points; "
                    "lines leaving it are cut at the edge</title></text>")
     out += _axes(frame, x_label, y_label)
-    out += _series(frame, lines, reduced, clip)
+    out += _series(frame, lines, reduced, smoothed, clip)
     out += _legend(frame, lines, cols, fit)
     out.append("</svg>")
     return "\n".join(out)

@@ -36,7 +36,7 @@ def _metric_cell(cmp: Comparison, row: MetricRow, i: int) -> Text:
     text = Text(fmt.value(row.metric.unit, cell.value))
     if cmp.baseline is None or cmp.runs[i].is_baseline:
         return text
-    d = fmt.delta(row.metric.unit, cell)
+    d = fmt.delta_text(row.metric.unit, cell)  # within noise: says so, and dim like no change
     if d:
         style = "bold red" if cell.regressed else ("green" if cell.improved else "dim")
         text.append(f" {d}", style=style)
