@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu/suite.py OUT [--only NAME[,NAME...]] [--list] [--timeout S] [-- EXTRA ARGS]
 
-Runs the named tasks one after the other (default: gpu, gpu2, throughput-1gpu), each with its output in
+Runs the named tasks one after the other (default: gpu, gpu-fp8, gpu2, throughput-1gpu), each with its output in
 OUT/<name>.log (and its files under OUT/<name>/), and writes OUT/junit.xml (the pytest tasks' JUnit
 reports merged) and OUT/summary.json (per task: exit code, wall time; per test: outcome and duration;
 the throughput figures; the GPUs and versions). EXTRA ARGS go to the end of the one task named by
@@ -35,8 +35,12 @@ S1, S2, S2F = "experiments/h200_1gpu.toml", "experiments/h200_2gpu.toml", "exper
 # name: (GPUs, minutes on H200s (estimated from GPU sessions 2-8 and site_check/ckpt_integrity), what, argv).
 # In argv, {out} is OUT/<name> and {work} this task's work directory.
 TASKS: dict[str, tuple[int, float, str, list[str]]] = {
-    "gpu": (1, 7, "pytest -m gpu: tests/gpu on one GPU",
-            [PY, "-m", "pytest", "tests/gpu", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rfEs", "--durations=0"]),
+    "gpu": (1, 8.5, "pytest -m gpu: tests/gpu on one GPU, but FP8 against bf16 (task gpu-fp8)",
+            [PY, "-m", "pytest", "tests/gpu", "-m", "gpu", "-k", "not fp8", "-p", "no:cacheprovider", "-q", "-rfEs",
+             "--durations=0"]),
+    "gpu-fp8": (1, 3.5, "pytest -m gpu -k fp8: FP8 against bf16 for 300 steps on one GPU",
+                [PY, "-m", "pytest", "tests/gpu", "-m", "gpu", "-k", "fp8", "-p", "no:cacheprovider", "-q", "-rfEs",
+                 "--durations=0"]),
     "gpu2": (2, 6, "pytest -m gpu2: tests/gpu's two-GPU layouts",
              [PY, "-m", "pytest", "tests/gpu", "-m", "gpu2", "-p", "no:cacheprovider", "-q", "-rfEs", "--durations=0"]),
     # docs/benchmarks.md: mcx vs the bare loop (ratio), MFU, FP8 ratio; README's "Speed on H200".
@@ -88,7 +92,7 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
     "ckpt-integrity": (1, 6, "ckpt_integrity.sh: checkpoint checksums, damage named and set aside",
                        ["bash", "benchmarks/gpu/ckpt_integrity.sh"]),
 }
-DEFAULT = ("gpu", "gpu2", "throughput-1gpu")
+DEFAULT = ("gpu", "gpu-fp8", "gpu2", "throughput-1gpu")
 
 
 def gpus() -> tuple[int, list[str]]:
