@@ -79,13 +79,14 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) 
         raise TrainingFailed(f"the trial at micro_batch_size={mbs} stopped after {len(recs)} steps "
                              f"({outcome.state}: {outcome.detail}); the last lines of its worker.log:\n"
                              + _log_tail(sdir), "fix what it names and run mcx tune again.")
-    timed = recs[1:]  # the first step pays for warm-up
-    tps = sum(r["tokens_per_s_per_gpu"] for r in timed) / len(timed)
-    mfu = [r["mfu"] for r in timed if r.get("mfu") is not None]
+    # The trial's figures as docs/metrics.md defines them (the first of its few steps is the warm-up left out).
+    from mcx.metrics.summary import BY_KEY, reduce_values
+
+    def summary(key: str) -> float | None:
+        return reduce_values(BY_KEY[key].reduce, [r[key] for r in recs if r.get(key) is not None])
+
     return {"micro_batch_size": mbs, "fits": True, "expandable_segments": spec.train.expandable_segments,
-            "tokens_per_s_per_gpu": tps,
-            "mfu": sum(mfu) / len(mfu) if mfu else None, "mem_peak_bytes": max(r["mem_peak_bytes"] for r in timed),
-            "step_time_s": sum(r["step_time_s"] for r in timed) / len(timed)}
+            **{key: summary(key) for key in ("tokens_per_s_per_gpu", "mfu", "mem_peak_bytes", "step_time_s")}}
 
 
 def _log_tail(stage_dir: Path, lines: int = 15) -> str:

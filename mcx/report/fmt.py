@@ -6,8 +6,8 @@ import json
 import math
 from typing import Any
 
+from mcx.metrics.summary import BY_KEY, Unit
 from mcx.report.compare import ABSENT, MetricCell
-from mcx.metrics.summary import Unit
 
 DASH = "—"
 
@@ -56,6 +56,12 @@ def value(unit: Unit, x: float | None) -> str:
     if unit == "gpu_hours":
         return f"{x:,.1f}" if abs(x) >= 100 else (f"{x:.2f}" if abs(x) >= 1 else significant(x))
     return f"{x:.6g}"
+
+
+def metric(key: str, x: Any) -> str:
+    """A summary metric (mcx.metrics.summary's key) as every surface prints it; a dash when absent."""
+    number = float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+    return value(BY_KEY[key].unit, number)
 
 
 def delta(unit: Unit, cell: MetricCell) -> str:

@@ -5,10 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-
-def _num(v: Any, f: str = ".4f") -> str:
-    return format(v, f) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
-
+from mcx.report.fmt import metric
 
 RUN_COLUMNS = ("run_id", "name", "status", "created", "stages", "train_loss", "valid_loss", "tokens_per_s_per_gpu",
                "tracking")
@@ -24,8 +21,8 @@ def render_runs(rows: list[dict[str, Any]], plain: bool = False) -> Any:
         final = r.get("final") or {}
         tracking = r.get("tracking") or {}
         cells.append([r.get("run_id", "?"), str(r.get("name") or "-"), str(r.get("status") or "-"), created, stages or "-",
-                      _num(final.get("train_loss")), _num(final.get("valid_loss")),
-                      _num(final.get("tokens_per_s_per_gpu"), ".0f"), str(tracking.get("state", tracking.get("target", "")))])
+                      metric("train_loss", final.get("train_loss")), metric("valid_loss", final.get("valid_loss")),
+                      metric("tokens_per_s_per_gpu", final.get("tokens_per_s_per_gpu")), str(tracking.get("state", tracking.get("target", "")))])
     if plain:
         return "".join("\t".join(" ".join(c.split()) or "-" for c in line) + "\n" for line in [list(RUN_COLUMNS), *cells])
     from rich.table import Table
@@ -37,15 +34,6 @@ def render_runs(rows: list[dict[str, Any]], plain: bool = False) -> Any:
     for line in cells:
         t.add_row(*line)
     return t
-
-
-def _metric(key: str, final: dict[str, Any]) -> str:
-    """A stage's summary metric as every report prints it (mcx.metrics.summary's unit, fmt.value)."""
-    from mcx.metrics.summary import BY_KEY
-    from mcx.report.fmt import value
-
-    v = final.get(key)
-    return value(BY_KEY[key].unit, float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
 
 
 SHOW_METRICS = ("train_loss", "valid_loss", "test_ppl", "tokens_per_s_per_gpu", "mfu", "step_time_s", "mem_peak_bytes")
@@ -89,7 +77,7 @@ def render_run(rec: dict[str, Any]) -> Any:
                         ("steps", lambda st: str(st.get("steps")))):
         stages.add_row(label, *(cell(st) for st in stage_recs.values()))
     for key in SHOW_METRICS:
-        stages.add_row(BY_KEY[key].label, *(_metric(key, st.get("final") or {}) for st in stage_recs.values()))
+        stages.add_row(BY_KEY[key].label, *(metric(key, (st.get("final") or {}).get(key)) for st in stage_recs.values()))
     tags = Table(title="fingerprint", title_justify="left")
     tags.add_column("tag", overflow="fold")
     tags.add_column("value", overflow="fold")

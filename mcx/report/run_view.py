@@ -9,13 +9,9 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-
-def _fmt(v: Any, f: str = ".4f") -> str:
-    return format(v, f) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+from mcx.report.fmt import metric
 
 
-def _mfu(v: Any) -> str:
-    return f"{v:.1%}" if isinstance(v, (int, float)) and not isinstance(v, bool) else "unknown"
 
 
 def _where(rows: list[tuple[str, str]]) -> Table:
@@ -37,8 +33,9 @@ def render_run_result(summary: dict[str, Any]) -> RenderableType:
         checks = st.get("checks") or {}
         passed = sum(1 for c in checks.values() if isinstance(c, dict) and c.get("passed"))
         m = st.get("metrics") or {}
-        t.add_row(name, str(st.get("status")), f"{passed}/{len(checks)}" if checks else "-", _fmt(m.get("train_loss")),
-                  _fmt(m.get("valid_loss")), _fmt(m.get("tokens_per_s_per_gpu"), ".0f"), _mfu(m.get("mfu")))
+        t.add_row(name, str(st.get("status")), f"{passed}/{len(checks)}" if checks else "-", metric("train_loss", m.get("train_loss")),
+                  metric("valid_loss", m.get("valid_loss")), metric("tokens_per_s_per_gpu", m.get("tokens_per_s_per_gpu")),
+                  metric("mfu", m.get("mfu")))
     rows = [("run ID", str(summary.get("run_id")))]
     if summary.get("run_dir"):
         rows.append(("run directory", summary["run_dir"]))
@@ -97,8 +94,8 @@ def render_tune(result: dict[str, Any]) -> RenderableType:
     for trial in result.get("trials") or []:
         peak = trial.get("mem_peak_bytes")
         t.add_row(str(trial["micro_batch_size"]), "yes" if trial.get("fits") else str(trial.get("reason", "no")),
-                  _fmt(trial.get("tokens_per_s_per_gpu"), ",.0f"), _mfu(trial.get("mfu")) if trial.get("fits") else "-",
-                  f"{peak / 2**30:.1f} GiB" if isinstance(peak, (int, float)) else "-",
+                  metric("tokens_per_s_per_gpu", trial.get("tokens_per_s_per_gpu")),
+                  metric("mfu", trial.get("mfu")) if trial.get("fits") else "-", metric("mem_peak_bytes", peak),
                   "on" if trial.get("expandable_segments") else "off")
     best = result["best"]
     return Group(t, _where([("best", f"micro_batch_size={best['micro_batch_size']}"),
