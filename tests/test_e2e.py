@@ -259,6 +259,18 @@ def test_ls_and_show_list_the_run(project, a):
     assert shown["run_id"] == a["run_id"] and shown["status"] == "finished"
     assert set(shown["stages"]) == {"smoke", "full"}
     assert shown["final"]["valid_loss"] == a["final"]["valid_loss"]
+    # Where its spec and checkpoints are, with the DVC hash each stage's committed pointer records.
+    rdir = project / ".mcx" / "runs" / a["run_id"]
+    assert Path(shown["spec_path"]) == rdir / "spec.toml" and (rdir / "spec.toml").is_file()
+    for stage, steps in (("smoke", 10), ("full", 12)):
+        ck = shown["checkpoints"][stage]
+        pointer = project / ".mcx" / "checkpoints" / a["run_id"] / f"{stage}.dvc"
+        assert Path(ck["path"]) == rdir / stage / "checkpoints" / f"iter_{steps:07d}" and ck["present"] is True
+        assert Path(ck["pointer"]) == pointer and f"md5: {ck['md5']}" in pointer.read_text()
+    assert shown["tracking"]["mlflow_run"] == a["tracking"]["mlflow_run"] and shown["tracking"]["mlflow_url"] is None
+    text = " ".join(mcx_inprocess(project, "show", a["run_id"]).out.split())
+    assert str(rdir / "spec.toml") in text and shown["checkpoints"]["full"]["md5"] in text
+    assert a["tracking"]["mlflow_run"] in text and "…" not in text  # off a terminal nothing is cut
 
 
 # -- a smoke stage that fails -----------------------------------------------------------------------

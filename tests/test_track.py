@@ -388,6 +388,10 @@ def test_server_down_for_the_whole_run_then_sync(tmp_path: Path, mlflow_server) 
     assert runs["run"].info.status == "FINISHED"
     again = sync(project)
     assert again.ok and again.ops_sent == 0 and again.metrics_sent == 0
+    # `mcx show` links the run's page on the server (the MLflow UI's route for a run).
+    info = runs["run"].info
+    assert show_run(project, rid)["tracking"]["mlflow_url"] == \
+        f"{mlflow_server.uri}/#/experiments/{info.experiment_id}/runs/{info.run_id}"
 
 
 @pytest.mark.slow
