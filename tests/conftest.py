@@ -141,7 +141,7 @@ E2E_ENV_DROP = ("MLFLOW_TRACKING_URI", "MCX_PROJECT", "MCX_LOCKFILE")
 
 
 def e2e_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in E2E_ENV_DROP and not k.startswith("MCX_TEST_")}
+    env = {k: v for k, v in os.environ.items() if k not in E2E_ENV_DROP and not k.startswith("MCX_TEST")}
     return {**env, **extra}
 
 
@@ -218,7 +218,7 @@ def mcx_inprocess(project: Path, *args: str) -> CliResult:
 def e2e_clean_env():
     """Module-wide: no MLFLOW_TRACKING_URI / MCX_* from the caller's shell reaches in-process commands."""
     with pytest.MonkeyPatch.context() as mp:
-        for key in [*E2E_ENV_DROP, *(k for k in os.environ if k.startswith("MCX_TEST_"))]:
+        for key in [*E2E_ENV_DROP, *(k for k in os.environ if k.startswith("MCX_TEST"))]:
             mp.delenv(key, raising=False)
         yield
 

@@ -253,7 +253,7 @@ def fault_env(**extra: str) -> dict[str, str]:
 def module_env() -> Iterator[None]:
     """In-process commands see what subprocesses see: no caller's MLFLOW_/MCX_ settings, the secrets."""
     with pytest.MonkeyPatch.context() as mp:
-        for key in [*E2E_ENV_DROP, *(k for k in os.environ if k.startswith("MCX_TEST_"))]:
+        for key in [*E2E_ENV_DROP, *(k for k in os.environ if k.startswith("MCX_TEST"))]:
             mp.delenv(key, raising=False)
         for key, value in SECRETS.items():
             mp.setenv(key, value)
@@ -746,7 +746,6 @@ def test_disk_full_while_saving_says_the_disk_is_full_and_where(disk_full):
 
 # -- 4. NaN ------------------------------------------------------------------------------------------
 
-PERTURB_ENV = "MCX_TEST_PERTURB_PARAMS_AT_STEP"  # mcx.train.loop.PERTURB_ENV (not imported: it imports torch)
 NAN_STEP = 14
 
 
@@ -754,7 +753,7 @@ def test_nan_in_the_weights_stops_mcx_run_as_diverged_with_advice(new_project, r
     """NaN added to every weight before step NAN_STEP (the worker's fault-injection hook): the loss and
     the gradients are NaN, the divergence guard stops the stage at that step, `mcx run` exits 1 with
     the reason and the advice, run.json says diverged, and the last checkpoint before it is kept."""
-    monkeypatch.setenv(PERTURB_ENV, f"{NAN_STEP}:nan")
+    monkeypatch.setenv("MCX_TEST_HOOKS", f"perturb_params_at_step={NAN_STEP}:nan")  # mcx.testhooks
     project = new_project()
     res = mcx_inprocess(project, *RUN)
     assert res.code == 1, res
@@ -1109,3 +1108,45 @@ def test_no_secret_reaches_a_run_directory_or_a_tracking_store(reference):
     assert reports
     for report in reports:
         assert json.loads(report.read_text())["environment_variables"]["MLFLOW_TRACKING_PASSWORD"] == "***"
+
+
+# -- test hooks: one switch, test jobs only ---------------------------------------------------------
+
+def test_test_hooks_reach_only_a_test_job_and_stale_variables_are_refused(new_project, tmp_path, monkeypatch):
+    """MCX_TEST_HOOKS is the one switch: the control plane copies it into the job file (a test job); a
+    worker whose job file is not a test job refuses to start where it is set; old MCX_TEST_* names are
+    refused; an unknown hook is named."""
+    import subprocess
+    import sys
+
+    from mcx import testhooks
+    from mcx.errors import InputError
+
+    assert testhooks.active({"MCX_TEST_HOOKS": "perturb_params_at_step=7:0.5, cpu_model=X"}) == \
+        {"perturb_params_at_step": "7:0.5", "cpu_model": "X"}
+    assert testhooks.perturbation({"perturb_params_at_step": "7:0.5"}) == (7, 0.5)
+    with pytest.raises(InputError, match="'perturb_at=3' is not a test hook"):
+        testhooks.active({"MCX_TEST_HOOKS": "perturb_at=3"})
+    with pytest.raises(InputError, match="MCX_TEST_CPU_MODEL is set"):
+        testhooks.active({"MCX_TEST_CPU_MODEL": "X"})
+
+    project = new_project()
+    monkeypatch.setenv("MCX_TEST_HOOKS", "perturb_params_at_step=5")
+    res = mcx_inprocess(project, *RUN)
+    assert res.code == 0, res
+    stage_dir = project / ".mcx" / "runs" / run_json(project)["run_id"] / "full"
+    job = json.loads((stage_dir / "job.json").read_text())
+    assert job["test_hooks"] == {"perturb_params_at_step": "5"}
+    assert "a test job: test hooks" in (stage_dir / "worker.log").read_text()
+    # The same job without its hooks while the switch is set: the worker refuses (exit 2), trains nothing.
+    del job["test_hooks"]
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    (stage / "job.json").write_text(json.dumps(job))
+    env = {**os.environ, "MCX_TEST_HOOKS": "perturb_params_at_step=5"}
+    proc = subprocess.run([sys.executable, "-m", "mcx.train", str(stage)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    said = json.loads((stage / "result.json").read_text())["error"]
+    assert "MCX_TEST_HOOKS is set" in said and "not a test job" in said, said
+    assert not (stage / "metrics.jsonl").exists()

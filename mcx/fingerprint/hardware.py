@@ -18,9 +18,8 @@ Hashed (``id``):
 
 The interconnect between nodes (InfiniBand, RoCE) is not probed: nodes > 1 is in the hash.
 
-Test hook: ``MCX_TEST_CPU_MODEL`` replaces the probed CPU model, so that a test on one machine can
-record runs as if on another (tests/test_reproduce.py: a reproduction on other hardware). Never set
-it in use.
+Test hook ``cpu_model`` (mcx.testhooks) replaces the probed CPU model, so that a test on one machine
+can record runs as if on another (tests/test_reproduce.py: a reproduction on other hardware).
 """
 
 from __future__ import annotations
@@ -32,13 +31,13 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mcx import testhooks
 from mcx.fingerprint.tools import run_tool
 
 if TYPE_CHECKING:
     from mcx.spec import ExperimentSpec
 
 NVIDIA_SMI_TIMEOUT_S = 5.0
-CPU_MODEL_ENV = "MCX_TEST_CPU_MODEL"  # test hook: see the module docstring
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # nvidia-smi underlines the topo header, even into a pipe
 _QUERY = ("nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.total", "--format=csv,noheader,nounits")
 
@@ -131,7 +130,7 @@ def probe() -> dict[str, Any]:
         "gpus": gpus,
         "visible": [g["index"] for g in seen],
         "interconnect": parse_topology(topo or "", [g["index"] for g in seen]),
-        "cpu": os.environ.get(CPU_MODEL_ENV) or cpu_model(),
+        "cpu": testhooks.active().get("cpu_model") or cpu_model(),
         "cpu_cores": cores,
     }
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from attrs import frozen
 
+from mcx import testhooks
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.spec import ExperimentSpec, dump_spec, load_spec, spec_to_dict
@@ -328,7 +329,8 @@ def _job(stage: str, sspec: ExperimentSpec, slayout: Any, pr: PlanResult, sdir: 
             "data_dir": str(data_dir.resolve()), "checkpoint_dir": str(ckpt.resolve()), "train_samples_limit": limit,
             "checks": {"resume_check_iters": pr.spec.smoke.resume_check_iters, "loss_window": pr.spec.smoke.loss_window,
                        "min_loss_drop": pr.spec.smoke.min_loss_drop},
-            "device": _device(sspec, pr), "output": options.output}
+            "device": _device(sspec, pr), "output": options.output,
+            **({"test_hooks": hooks} if (hooks := testhooks.active()) else {})}  # a test job (mcx.testhooks)
 
 
 def _smoke_limit(pr: PlanResult, data_dir: Path, sspec: ExperimentSpec | None = None) -> int:

@@ -65,6 +65,7 @@ class Job:
     checks: Checks = field(factory=Checks)
     device: Device = "cpu"
     output: Output = "bar"
+    test_hooks: dict[str, str] = field(factory=dict)  # non-empty only in a test job (mcx.testhooks)
 
 
 def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:

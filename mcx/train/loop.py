@@ -20,18 +20,15 @@ depend on where a run was resumed. The test pass reads the first ``E * G`` test 
 Preemption: SIGTERM (or SIGUSR1, Slurm's usual pre-kill signal) sets a flag; at the next step
 boundary all ranks agree on it, the current state is checkpointed, and the stage ends "preempted".
 
-Test hook (fault injection, the one place): ``MCX_TEST_PERTURB_PARAMS_AT_STEP=N`` (or ``N:AMOUNT``)
-adds AMOUNT (default ``PERTURB_AMOUNT``) to every floating-point model tensor just before step N of
-every stage that reaches it, so a rerun departs from its original exactly at step N
-(tests/test_reproduce.py checks that ``mcx reproduce`` says so). Pick N outside the smoke stage's
-resume-check steps, which are replayed without it. Never set it in use.
+Test hook (fault injection, a test job only: mcx.testhooks): ``perturb_params_at_step=N[:AMOUNT]``
+adds AMOUNT to every floating-point model tensor just before step N, so a rerun departs from its
+original exactly at step N (tests/test_reproduce.py checks that ``mcx reproduce`` says so).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
 import signal
 import threading
@@ -41,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mcx import testhooks
 from mcx.errors import DataError, InputError
 from mcx.plan.flops import flops_per_iteration
 from mcx.train import checkpoint as ckpt
@@ -55,8 +53,6 @@ from mcx.train.runtime import World
 log = logging.getLogger("mcx.train")
 
 PREEMPT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-PERTURB_ENV = "MCX_TEST_PERTURB_PARAMS_AT_STEP"  # test hook: see the module docstring
-PERTURB_AMOUNT = 1e-2  # default; "N:AMOUNT" chooses another
 
 
 def save_error(exc: BaseException, root: Path, tmp: Path) -> BaseException:
@@ -305,8 +301,7 @@ class Trainer:
         self.progress.start(t.train_iters, step, f"{self.job.stage} {self.job.run_id}")
         train_it = self.batches(self.data.train, consumed)
         interval = self.spec.checkpoint.interval
-        at, _, amount = (os.environ.get(PERTURB_ENV) or "0").partition(":")
-        perturb_at, perturb_amount = int(at), float(amount or PERTURB_AMOUNT)
+        perturb_at, perturb_amount = testhooks.perturbation(self.job.test_hooks) or (0, 0.0)
         while step < t.train_iters:
             if self.world.any(stop.signal is not None):
                 return self._preempt(outcome, step, consumed)
@@ -356,11 +351,11 @@ class Trainer:
         self.store.settle()
 
     def _perturb(self, step: int, amount: float) -> None:
-        """The PERTURB_ENV test hook: nudge the live model weights (the optimizer state is left alone)."""
+        """The perturb_params_at_step test hook: nudge the live model weights (the optimizer state is left alone)."""
         for name, tensor in self.backend.state_tensors().items():
             if name.startswith("model") and tensor.is_floating_point():
                 tensor.add_(amount)
-        log.warning("test hook %s: added %g to the model weights before step %d", PERTURB_ENV, amount, step)
+        log.warning("test hook perturb_params_at_step: added %g to the model weights before step %d", amount, step)
 
     def _preempt(self, outcome: Outcome, step: int, consumed: int) -> Outcome:
         log.warning("preemption signal received: checkpointing step %d and stopping", step)
