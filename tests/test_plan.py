@@ -700,3 +700,24 @@ def test_expandable_segments_keeps_the_other_allocator_settings():
     assert with_expandable_segments("max_split_size_mb:128") == "max_split_size_mb:128,expandable_segments:True"
     assert with_expandable_segments("expandable_segments:False, garbage_collection_threshold:0.6") == \
         "garbage_collection_threshold:0.6,expandable_segments:True"
+
+
+def test_the_job_file_carries_the_planners_layout_and_reads_it_back():
+    """One Layout: the job file's layout section is the planner's Layout's degrees (the contract's
+    eight keys, as before), and the worker reads back the very Layout the planner chose, its nodes,
+    GPUs per node and distributed optimizer taken from the stage's spec."""
+    from mcx.plan.degrees import JOB_FIELDS
+    from mcx.train.job import Job, job_from_dict, job_to_dict
+
+    for name, vocab in (("llama3_70b.toml", 128256), ("mixtral_8x7b.toml", 32000), ("tiny.toml", 512)):
+        spec = load_spec(REPO / "experiments" / name)
+        plan = make_plan(spec, te_available=True, vocab_size=vocab)
+        for stage in ("full", "smoke"):
+            sspec, slayout = stage_spec(spec, plan.layout, stage, te_available=True, vocab_size=vocab)
+            job = Job(run_id="0123456789ab", stage=stage, spec=sspec, layout=slayout, data_dir="/d",
+                      checkpoint_dir="/c", device="cuda", test_hooks={"x": "1"} if stage == "smoke" else {})
+            data = json.loads(json.dumps(job_to_dict(job)))
+            assert sorted(data["layout"]) == sorted(JOB_FIELDS)
+            assert job_from_dict(data) == job, (name, stage)
+    with pytest.raises(SpecError, match="layout.nodes"):
+        job_from_dict({**data, "layout": {**data["layout"], "nodes": 2}})

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
 
-from attrs import evolve, frozen
+from attrs import evolve
 
 from mcx.spec.rules import divisors
 from mcx.errors import SpecError
+from mcx.plan.degrees import Layout
 from mcx.plan.hardware import GiB, gpu_info, supports_fp8
+from mcx.plan.memory import TIGHT_FRACTION, estimate_memory
 from mcx.plan.params import count_params, require_vocab_size
 from mcx.spec.schema import ExperimentSpec
 
@@ -42,30 +43,6 @@ Problems = list[tuple[str, str]]
 PP_FROM_PARAMS = 70e9  # recommend pipeline parallel above this many parameters
 CP_FROM_SEQ = 8192  # recommend context parallel above this sequence length
 REFERENCE_MEMORY = 80 * GiB  # sizing recommendations when hardware.gpu = "any"
-
-
-@frozen(kw_only=True)
-class Layout:
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
-    cp: int = 1
-    ep: int = 1
-    dp: int = 1
-    world_size: int = 1
-    gpus_per_node: int = 1
-    nodes: int = 1
-    sequence_parallel: bool = False
-    distributed_optimizer: bool = True
-
-    def job_dict(self) -> dict[str, Any]:
-        """The ``layout`` object of the job contract (docs/architecture.md)."""
-        return {"tp": self.tp, "pp": self.pp, "vpp": self.vpp, "cp": self.cp, "ep": self.ep, "dp": self.dp,
-                "world_size": self.world_size, "sequence_parallel": self.sequence_parallel}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**self.job_dict(), "gpus_per_node": self.gpus_per_node, "nodes": self.nodes,
-                "distributed_optimizer": self.distributed_optimizer}
 
 
 def _listing(values: list[int]) -> str:
@@ -260,8 +237,6 @@ def _candidates(spec: ExperimentSpec) -> dict[str, list[int]]:
 
 def _search(spec: ExperimentSpec, te_available: bool | None, vocab: int, impl: str) -> tuple[Layout | None, bool]:
     """The preferred valid layout for the unset degrees, and whether it fits in memory."""
-    from mcx.plan.memory import TIGHT_FRACTION, estimate_memory  # memory imports Layout for typing only
-
     m, par = spec.model, spec.parallel
     cands = _candidates(spec)
     world = spec.hardware.nodes * spec.hardware.gpus_per_node

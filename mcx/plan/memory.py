@@ -45,7 +45,7 @@ from mcx.plan.hardware import GiB, gpu_info
 from mcx.plan.params import Shapes, count_params, stage_params
 
 if TYPE_CHECKING:
-    from mcx.plan.layout import Layout
+    from mcx.plan.degrees import Layout
     from mcx.spec.schema import ExperimentSpec
 
 # Local spec vs the structural (TE) count, fitted to mcx's own H200 peaks (sessions 1-3: 2.8B at

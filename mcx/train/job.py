@@ -11,37 +11,19 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from mcx.errors import InputError, SpecError
+from mcx.plan.degrees import JOB_FIELDS, Layout
 from mcx.spec import convert
 from mcx.spec.schema import ExperimentSpec
+from mcx.spec.load import spec_to_dict
 
 Stage = Literal["smoke", "full"]
 Device = Literal["cpu", "cuda"]
 Output = Literal["bar", "quiet", "json"]
 
 JOB_FILE = "job.json"
-
-
-@frozen(kw_only=True)
-class Layout:
-    """Parallel degrees the planner chose; their product with dp is the world size."""
-
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
-    cp: int = 1
-    ep: int = 1
-    dp: int = 1
-    world_size: int = 1
-    sequence_parallel: bool = False
-
-    @property
-    def virtual_stages(self) -> int | None:
-        """Model chunks per pipeline rank for the interleaved schedule; None when not interleaving
-        (MCore's ``virtual_pipeline_model_parallel_size`` must then be None, not 1)."""
-        return self.vpp if self.pp > 1 and self.vpp is not None and self.vpp > 1 else None
 
 
 @frozen(kw_only=True)
@@ -69,8 +51,29 @@ class Job:
 
 
 def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
-    """Structure a job dict; every problem is reported with its key."""
-    return convert.structure(data, Job, source)
+    """Structure a job dict; every problem is reported with its key.
+
+    The layout section holds the degrees only (``JOB_FIELDS``); the planner's other Layout fields are
+    the stage spec's, so each value is carried once and the worker's Layout equals the planner's.
+    """
+    extra = sorted(set(data.get("layout") or {}) - set(JOB_FIELDS)) if isinstance(data.get("layout"), dict) else []
+    if extra:
+        raise SpecError([(f"layout.{key}", "unknown key in the job contract's layout") for key in extra], source)
+    job = convert.structure(data, Job, source)
+    hw = job.spec.hardware
+    return evolve(job, layout=evolve(job.layout, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node,
+                                     distributed_optimizer=job.spec.parallel.distributed_optimizer))
+
+
+def job_to_dict(job: Job) -> dict[str, Any]:
+    """The job file's JSON object (docs/architecture.md, "The job contract"); job_from_dict reads it back."""
+    return {"run_id": job.run_id, "stage": job.stage, "spec": spec_to_dict(job.spec), "layout": job.layout.job_dict(),
+            "data_dir": job.data_dir, "checkpoint_dir": job.checkpoint_dir,
+            "train_samples_limit": job.train_samples_limit,
+            "checks": {"resume_check_iters": job.checks.resume_check_iters, "loss_window": job.checks.loss_window,
+                       "min_loss_drop": job.checks.min_loss_drop},
+            "device": job.device, "output": job.output,
+            **({"test_hooks": dict(job.test_hooks)} if job.test_hooks else {})}
 
 
 def read_job(stage_dir: Path) -> Job:
