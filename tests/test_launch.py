@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mcx.errors import InputError
-from mcx.launch import LocalLauncher, TorchrunLauncher, launcher_for, render_sbatch, worker_env
+from mcx.launch import LocalLauncher, Placement, TorchrunLauncher, launcher_for, render_sbatch, worker_env
 from mcx.launch.env import DETERMINISTIC_ENV, check_env, omp_threads
 from mcx.launch.process import child_pids
 from mcx.launch.sbatch import time_limit_seconds
@@ -125,7 +125,7 @@ def directives(script: str) -> list[list[str]]:
 def test_render_sbatch_gpu_layout_and_options():
     script = render_sbatch(
         Path("/scratch/runs/3f9c0a12b4de/full"),
-        {"world_size": 16, "nodes": 2, "device": "cuda"},
+        Placement(world_size=16, nodes=2, device="cuda"),
         LaunchSpec(
             kind="slurm",
             master_port=29511,
@@ -158,7 +158,7 @@ def test_render_sbatch_gpu_layout_and_options():
 
 
 def test_render_sbatch_cpu_layout_without_requeue_has_no_warning_signal():
-    script = render_sbatch(Path("/r/x/smoke"), {"world_size": 2}, slurm_spec(requeue=False, time="10"), {})
+    script = render_sbatch(Path("/r/x/smoke"), Placement(world_size=2), slurm_spec(requeue=False, time="10"), {})
     words = [w for line in directives(script) for w in line]
     assert "--cpus-per-task=2" in words and "--no-requeue" in words
     assert not any(w.startswith("--signal") for w in words)
@@ -198,7 +198,7 @@ def test_render_sbatch_quotes_hostile_values(tmp_path: Path):
     extra = (f"--comment={HOSTILE}", "--exclusive")
     script = render_sbatch(
         stage_dir,
-        {"world_size": 2},
+        Placement(world_size=2),
         slurm_spec(partition=HOSTILE, account=HOSTILE, qos=HOSTILE, constraint=HOSTILE, extra_sbatch=extra),
         env,
         python=python,
@@ -259,15 +259,15 @@ def test_render_sbatch_quotes_hostile_values(tmp_path: Path):
 )
 def test_render_sbatch_rejects_newlines_naming_the_key(kw, key):
     with pytest.raises(InputError) as e:
-        render_sbatch(Path("/r/x/smoke"), {"world_size": 1}, slurm_spec(**kw), {})
+        render_sbatch(Path("/r/x/smoke"), Placement(world_size=1), slurm_spec(**kw), {})
     assert key in str(e.value)
 
 
 def test_render_sbatch_rejects_newlines_in_env_and_stage_dir():
     with pytest.raises(InputError, match="env.X"):
-        render_sbatch(Path("/r/x/smoke"), {"world_size": 1}, slurm_spec(), {"X": "a\nb"})
+        render_sbatch(Path("/r/x/smoke"), Placement(world_size=1), slurm_spec(), {"X": "a\nb"})
     with pytest.raises(InputError, match="stage directory"):
-        render_sbatch(Path("/r/x\n/smoke"), {"world_size": 1}, slurm_spec(), {})
+        render_sbatch(Path("/r/x\n/smoke"), Placement(world_size=1), slurm_spec(), {})
 
 
 @pytest.mark.parametrize(
@@ -282,7 +282,7 @@ def test_render_sbatch_rejects_newlines_in_env_and_stage_dir():
 )
 def test_render_sbatch_checks_extra_sbatch(option, fragment):
     with pytest.raises(InputError) as e:
-        render_sbatch(Path("/r/x/smoke"), {"world_size": 1}, slurm_spec(extra_sbatch=(option,)), {})
+        render_sbatch(Path("/r/x/smoke"), Placement(world_size=1), slurm_spec(extra_sbatch=(option,)), {})
     assert fragment in str(e.value)
 
 
@@ -299,16 +299,16 @@ def test_time_limit_and_grace_are_checked():
     with pytest.raises(InputError, match="launch.slurm.time"):
         time_limit_seconds("four hours")
     with pytest.raises(InputError, match="signal_grace_seconds"):
-        render_sbatch(Path("/r/x/smoke"), {"world_size": 1}, slurm_spec(time="2", signal_grace_seconds=120), {})
+        render_sbatch(Path("/r/x/smoke"), Placement(world_size=1), slurm_spec(time="2", signal_grace_seconds=120), {})
 
 
 def test_layout_checks():
     with pytest.raises(InputError, match="launch.kind = 'torchrun'"):
-        LocalLauncher().start(Path("/nonexistent"), {"world_size": 2}, LaunchSpec(), {})
+        LocalLauncher().start(Path("/nonexistent"), Placement(world_size=2), LaunchSpec(), {})
     with pytest.raises(InputError, match="several nodes"):
-        TorchrunLauncher().start(Path("/nonexistent"), {"world_size": 4, "nodes": 2}, LaunchSpec(), {})
+        TorchrunLauncher().start(Path("/nonexistent"), Placement(world_size=4, nodes=2), LaunchSpec(), {})
     with pytest.raises(InputError, match="not a multiple"):
-        render_sbatch(Path("/r/x/smoke"), {"world_size": 3, "nodes": 2}, slurm_spec(), {})
+        render_sbatch(Path("/r/x/smoke"), Placement(world_size=3, nodes=2), slurm_spec(), {})
 
 
 # -- local launcher ------------------------------------------------------------------------------
@@ -322,7 +322,7 @@ def test_local_runs_the_worker_with_the_worker_env(tmp_path: Path):
     stage_dir = stage(tmp_path, steps=3)
     (stage_dir / "result.json").write_text('{"status": "finished", "stale": true}')
     env = {**worker_env(spec(deterministic=True)), **PROBE_ENV, "MCX_PROBE_VALUE": HOSTILE}
-    handle = local(tmp_path).start(stage_dir, {"world_size": 1}, LaunchSpec(), env)
+    handle = local(tmp_path).start(stage_dir, Placement(world_size=1), LaunchSpec(), env)
     outcome = handle.wait(60)
     assert outcome.state == "finished", outcome.detail
     assert outcome.exit_code == 0 and outcome.job_id == str(handle.pid)
@@ -338,7 +338,7 @@ def test_local_runs_the_worker_with_the_worker_env(tmp_path: Path):
 
 def test_local_failure_reports_the_exit_code(tmp_path: Path):
     stage_dir = stage(tmp_path, steps=5, fail_at_step=2)
-    outcome = local(tmp_path).start(stage_dir, {"world_size": 1}, LaunchSpec(), PROBE_ENV).wait(60)
+    outcome = local(tmp_path).start(stage_dir, Placement(world_size=1), LaunchSpec(), PROBE_ENV).wait(60)
     assert outcome.state == "failed"
     assert outcome.exit_code == 3
     assert "exited with code 3" in outcome.detail and "fail_at_step reached" in outcome.detail
@@ -346,7 +346,7 @@ def test_local_failure_reports_the_exit_code(tmp_path: Path):
 
 def test_a_crashed_worker_leaves_no_helper_process_behind(tmp_path: Path):
     stage_dir = stage(tmp_path, steps=5, crash_at_step=3, helper=True)
-    outcome = local(tmp_path).start(stage_dir, {"world_size": 1}, LaunchSpec(), PROBE_ENV).wait(60)
+    outcome = local(tmp_path).start(stage_dir, Placement(world_size=1), LaunchSpec(), PROBE_ENV).wait(60)
     assert outcome.state == "failed" and outcome.exit_code == -9, outcome.detail
     helper = int((stage_dir / "helper.pid").read_text())
     deadline = time.monotonic() + 10
@@ -364,7 +364,7 @@ def _state(pid: int) -> str:
 
 def test_local_cancel_checkpoints_and_a_rerun_resumes(tmp_path: Path):
     stage_dir = stage(tmp_path, steps=6, step_seconds=0.3)
-    handle = local(tmp_path).start(stage_dir, {"world_size": 1}, LaunchSpec(), PROBE_ENV)
+    handle = local(tmp_path).start(stage_dir, Placement(world_size=1), LaunchSpec(), PROBE_ENV)
     wait_for_step(stage_dir, 2)
     handle.cancel()
     outcome = handle.wait(30)
@@ -372,7 +372,7 @@ def test_local_cancel_checkpoints_and_a_rerun_resumes(tmp_path: Path):
     assert outcome.result["status"] == "preempted"
     saved = outcome.result["steps"]
     assert f"iter_{saved:07d}" in outcome.detail
-    again = local(tmp_path).start(stage_dir, {"world_size": 1}, LaunchSpec(), PROBE_ENV).wait(60)
+    again = local(tmp_path).start(stage_dir, Placement(world_size=1), LaunchSpec(), PROBE_ENV).wait(60)
     assert again.state == "finished" and again.result["steps"] == 6
     assert metric_steps(stage_dir) == [1, 2, 3, 4, 5, 6]
 
@@ -380,11 +380,11 @@ def test_local_cancel_checkpoints_and_a_rerun_resumes(tmp_path: Path):
 CONTROL_PLANE = """
 import sys
 from pathlib import Path
-from mcx.launch import LocalLauncher
+from mcx.launch import LocalLauncher, Placement
 from mcx.spec.schema import LaunchSpec
 stage = Path(sys.argv[1])
 handle = LocalLauncher(module="launch_probe", log=stage / "launch.log").start(
-    stage, {"world_size": 1}, LaunchSpec(), {"PYTHONPATH": sys.argv[2]})
+    stage, Placement(world_size=1), LaunchSpec(), {"PYTHONPATH": sys.argv[2]})
 print(handle.pid, flush=True)
 outcome = handle.wait()
 print(outcome.state, outcome.result["status"], outcome.result["term_signals"], flush=True)
@@ -417,7 +417,7 @@ def test_torchrun_two_cpu_processes_all_reduce_and_rank0_writes_the_result(tmp_p
     stage_dir = stage(tmp_path, steps=3)
     env = {**worker_env(spec(deterministic=True)), **PROBE_ENV}
     launcher = TorchrunLauncher(module="launch_probe", log=tmp_path / "launch.log")
-    outcome = launcher.start(stage_dir, {"world_size": 2}, LaunchSpec(kind="torchrun"), env).wait(120)
+    outcome = launcher.start(stage_dir, Placement(world_size=2), LaunchSpec(kind="torchrun"), env).wait(120)
     assert outcome.state == "finished", (outcome.detail, (tmp_path / "launch.log").read_text())
     assert outcome.result["world_size"] == 2
     assert outcome.result["allreduce"] == 3.0  # 1 + 2: both ranks joined the gloo group
@@ -430,7 +430,7 @@ def test_torchrun_two_cpu_processes_all_reduce_and_rank0_writes_the_result(tmp_p
 def test_torchrun_interrupt_reaches_every_worker_and_they_checkpoint(tmp_path: Path):
     stage_dir = stage(tmp_path, steps=500, step_seconds=0.1)
     launcher = TorchrunLauncher(module="launch_probe", log=tmp_path / "launch.log")
-    handle = launcher.start(stage_dir, {"world_size": 2}, LaunchSpec(kind="torchrun"), PROBE_ENV)
+    handle = launcher.start(stage_dir, Placement(world_size=2), LaunchSpec(kind="torchrun"), PROBE_ENV)
     wait_for_step(stage_dir, 2, timeout=90)
     assert len(child_pids(handle.pid)) == 2
     handle.interrupt()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mcx.launch import SlurmHandle, SlurmLauncher, worker_env
+from mcx.launch import Placement, SlurmHandle, SlurmLauncher, worker_env
 from mcx.launch.slurm import parse_job, query_job
 from mcx.spec.schema import DataSpec, ExperimentSpec, LaunchSpec, ModelSpec, SlurmSpec, TrainSpec
 
@@ -68,7 +68,7 @@ def handles() -> Iterator[list[SlurmHandle]]:
 def submit(handles: list[SlurmHandle], stage_dir: Path, world_size: int, env: dict, **slurm) -> SlurmHandle:
     launcher = SlurmLauncher(module="launch_probe", python=sys.executable, poll_interval=0.5)
     launch = LaunchSpec(kind="slurm", slurm=SlurmSpec(**{"time": "00:10:00", **slurm}))
-    handle = launcher.start(stage_dir, {"world_size": world_size}, launch, {**env, **PROBE_ENV})
+    handle = launcher.start(stage_dir, Placement(world_size=world_size), launch, {**env, **PROBE_ENV})
     handles.append(handle)
     return handle
 
@@ -253,7 +253,7 @@ def test_quickstart_worker_trains_through_sbatch_with_two_cpu_processes(tmp_path
     (stage_dir / "job.json").write_text(json.dumps(job))
     launcher = SlurmLauncher(python=sys.executable, poll_interval=1.0)
     handle = launcher.start(
-        stage_dir, {"world_size": 2}, LaunchSpec(kind="slurm", slurm=SlurmSpec(time="00:15:00")), worker_env(spec)
+        stage_dir, Placement(world_size=2), LaunchSpec(kind="slurm", slurm=SlurmSpec(time="00:15:00")), worker_env(spec)
     )
     handles.append(handle)
     outcome = handle.wait(600)
@@ -454,16 +454,16 @@ def test_jobs_the_cluster_cannot_place_are_refused_with_the_key_that_decides_the
 
     launcher = SlurmLauncher(module="launch_probe", python=sys.executable, poll_interval=0.5)
     cases = [  # layout, launch.slurm, stage, accepted (and cancelled), what the error says
-        ({"world_size": 16, "nodes": 2, "device": "cuda"}, {"partition": "debug"}, "full", False,
+        (Placement(world_size=16, nodes=2, device="cuda"), {"partition": "debug"}, "full", False,
          ["2 node(s) x 8 GPU(s) per node, partition debug", "cannot place it", "hardware.nodes x hardware.gpus_per_node",
           "GRES"]),
-        ({"world_size": 16, "nodes": 16, "device": "cpu"}, {"partition": "debug"}, "full", True,
+        (Placement(world_size=16, nodes=16, device="cpu"), {"partition": "debug"}, "full", True,
          ["16 node(s) x 1 CPU process(es) per node, partition debug", "reason PartitionConfig", "cannot place it",
           "hardware.nodes x hardware.gpus_per_node"]),
-        ({"world_size": 64, "nodes": 1, "device": "cpu"}, {}, "smoke", True,
+        (Placement(world_size=64, nodes=1, device="cpu"), {}, "smoke", True,
          ["1 node(s) x 64 CPU process(es) per node, partition the default", "cannot place it",
           "smoke.nodes x smoke.gpus_per_node"]),
-        ({"world_size": 1}, {"partition": "no-such-partition"}, "full", False,
+        (Placement(world_size=1), {"partition": "no-such-partition"}, "full", False,
          ["partition no-such-partition", "launch.slurm.partition names no partition"]),
     ]  # fmt: skip
     for i, (layout, slurm, stage, accepted, shown) in enumerate(cases):

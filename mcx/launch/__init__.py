@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mcx.launch.base import TERMINAL, Handle, Launcher, LaunchOutcome, State, placement, read_result
+from mcx.launch.base import TERMINAL, Handle, Launcher, LaunchOutcome, Placement, State, placement, read_result
 from mcx.launch.env import worker_env
 from mcx.launch.local import LocalLauncher
 from mcx.launch.sbatch import render_sbatch
@@ -21,6 +21,7 @@ __all__ = [
     "Handle",
     "LaunchOutcome",
     "Launcher",
+    "Placement",
     "LocalLauncher",
     "SlurmHandle",
     "SlurmLauncher",

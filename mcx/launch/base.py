@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 from attrs import frozen
 
 from mcx.errors import InputError
+from mcx.plan.degrees import Layout
 from mcx.spec.schema import LaunchSpec
 
 State = Literal["pending", "running", "finished", "failed", "cancelled", "timeout", "node_fail", "preempted"]
@@ -84,7 +85,7 @@ class Launcher(Protocol):
     def start(
         self,
         stage_dir: Path,
-        layout: Mapping[str, Any],
+        where: Placement,
         launch_spec: LaunchSpec,
         env: Mapping[str, str],
     ) -> Handle: ...
@@ -92,35 +93,37 @@ class Launcher(Protocol):
 
 @frozen(kw_only=True)
 class Placement:
-    """Where the worker processes go: ``nodes`` x ``procs_per_node`` processes on ``device``."""
+    """Where a stage's worker processes go: ``nodes`` x ``procs_per_node`` processes on ``device``
+    (one per GPU on GPU machines, ``world_size`` processes on CPU). ``layout``: the degrees those
+    ranks train with, for what a launcher shows of them (the sbatch script's ``# layout:`` line)."""
 
-    nodes: int
-    procs_per_node: int
-    device: Literal["cpu", "cuda"]
+    world_size: int
+    nodes: int = 1
+    device: Literal["cpu", "cuda"] = "cpu"
+    layout: Layout | None = None
+
+    def __attrs_post_init__(self) -> None:
+        world_size, nodes = self.world_size, self.nodes
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise InputError(f"layout.world_size must be a positive integer, got {world_size!r}")
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise InputError(f"layout.nodes must be a positive integer, got {nodes!r}")
+        if world_size % nodes:
+            raise InputError(
+                f"layout.world_size={world_size} is not a multiple of layout.nodes={nodes}",
+                "Every node runs the same number of processes: use a world size that nodes divides.",
+            )
+        if self.device not in ("cpu", "cuda"):
+            raise InputError(f"layout.device must be 'cpu' or 'cuda', got {self.device!r}")
 
     @property
-    def world_size(self) -> int:
-        return self.nodes * self.procs_per_node
+    def procs_per_node(self) -> int:
+        return self.world_size // self.nodes
 
 
-def placement(layout: Mapping[str, Any]) -> Placement:
-    """Read the launcher's part of a layout: ``world_size``, ``nodes`` (default 1), ``device``
-    (default "cpu"). One process per GPU on GPU machines, ``world_size`` processes on CPU."""
-    world_size = layout.get("world_size")
-    nodes = layout.get("nodes", 1)
-    device = layout.get("device", "cpu")
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
-        raise InputError(f"layout.world_size must be a positive integer, got {world_size!r}")
-    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
-        raise InputError(f"layout.nodes must be a positive integer, got {nodes!r}")
-    if world_size % nodes:
-        raise InputError(
-            f"layout.world_size={world_size} is not a multiple of layout.nodes={nodes}",
-            "Every node runs the same number of processes: use a world size that nodes divides.",
-        )
-    if device not in ("cpu", "cuda"):
-        raise InputError(f"layout.device must be 'cpu' or 'cuda', got {device!r}")
-    return Placement(nodes=nodes, procs_per_node=world_size // nodes, device=device)
+def placement(layout: Layout, device: Literal["cpu", "cuda"]) -> Placement:
+    """The placement of a stage the planner laid out (the one place the control plane builds one)."""
+    return Placement(world_size=layout.world_size, nodes=layout.nodes, device=device, layout=layout)
 
 
 def read_result(stage_dir: Path) -> dict[str, Any] | None:

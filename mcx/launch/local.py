@@ -6,12 +6,11 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from attrs import frozen
 
 from mcx.errors import InputError
-from mcx.launch.base import placement
+from mcx.launch.base import Placement
 from mcx.launch.env import check_env
 from mcx.launch.process import ProcessHandle
 from mcx.spec.schema import LaunchSpec
@@ -39,11 +38,10 @@ class LocalLauncher:
     def start(
         self,
         stage_dir: Path,
-        layout: Mapping[str, Any],
+        where: Placement,
         launch_spec: LaunchSpec,
         env: Mapping[str, str],
     ) -> ProcessHandle:
-        where = placement(layout)
         if where.world_size != 1:
             raise InputError(
                 f"launch.kind = 'local' runs one process, but the layout needs {where.world_size}",

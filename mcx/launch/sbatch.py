@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import InputError
-from mcx.launch.base import Placement, placement
+from mcx.launch.base import Placement
 from mcx.launch.env import check_env, reject_control
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.torchrun import torchrun_argv
@@ -111,16 +111,16 @@ def _directives(stage_dir: Path, where: Placement, slurm: SlurmSpec, warn: bool)
     return out
 
 
-def _layout_comment(layout: Mapping[str, Any], world_size: int) -> list[str]:
-    """``# layout: TP 8 x PP 8 (VPP 8) x CP 2 x EP 1 x DP 1 = 128 ranks`` for a job contract layout
+def _layout_comment(where: Placement) -> list[str]:
+    """``# layout: TP 8 x PP 8 (VPP 8) x CP 2 x EP 1 x DP 1 = 128 ranks`` for a placement with a layout
     (its integer degrees only: anything else is left out, so nothing but digits reaches the line)."""
-    deg = {k: layout.get(k) for k in ("tp", "pp", "vpp", "cp", "ep", "dp")}
-    if not all(type(deg[k]) is int for k in ("tp", "pp", "cp", "ep", "dp")):
+    lay = where.layout
+    if lay is None or not all(type(getattr(lay, k)) is int for k in ("tp", "pp", "cp", "ep", "dp")):
         return []
-    vpp = f" (VPP {deg['vpp']})" if type(deg["vpp"]) is int and deg["vpp"] > 1 else ""
-    sp = ", sequence parallel" if layout.get("sequence_parallel") is True else ""
-    return [f"# layout: TP {deg['tp']} x PP {deg['pp']}{vpp} x CP {deg['cp']} x EP {deg['ep']} x DP {deg['dp']} "
-            f"= {world_size} ranks{sp}"]
+    vpp = f" (VPP {lay.vpp})" if type(lay.vpp) is int and lay.vpp > 1 else ""
+    sp = ", sequence parallel" if lay.sequence_parallel is True else ""
+    return [f"# layout: TP {lay.tp} x PP {lay.pp}{vpp} x CP {lay.cp} x EP {lay.ep} x DP {lay.dp} "
+            f"= {where.world_size} ranks{sp}"]
 
 
 def _words(argv: list[str], raw: Mapping[str, str]) -> str:
@@ -130,14 +130,13 @@ def _words(argv: list[str], raw: Mapping[str, str]) -> str:
 
 def render_sbatch(
     stage_dir: Path,
-    layout: Mapping[str, Any],
+    where: Placement,
     launch_spec: LaunchSpec,
     env: Mapping[str, str],
     python: str = sys.executable,
     module: str = WORKER_MODULE,
 ) -> str:
     """The batch script that runs ``python -m module STAGE_DIR`` on the layout's nodes."""
-    where = placement(layout)
     slurm = launch_spec.slurm
     stage_dir = Path(reject_control(str(Path(stage_dir).resolve()), "stage directory"))
     reject_control(python, "python")
@@ -187,7 +186,7 @@ def render_sbatch(
     lines = [
         "#!/bin/bash",
         f"# mcx stage {q(str(stage_dir))}: {where.nodes} node(s) x {procs} {where.device} process(es).",
-        *_layout_comment(layout, where.world_size),
+        *_layout_comment(where),
         "# Written by mcx (mcx.launch.sbatch); submit with: sbatch <this file>",
         *_directives(stage_dir, where, slurm, warn),
         "",

@@ -28,7 +28,6 @@ from mcx.launch.base import (
     Placement,
     State,
     clear_result,
-    placement,
     read_result,
     resume_note,
     worker_said,
@@ -169,7 +168,7 @@ def query_job(job_id: str) -> JobInfo | None:
 
 def submit(
     stage_dir: Path,
-    layout: Mapping[str, Any],
+    where: Placement,
     launch_spec: LaunchSpec,
     env: Mapping[str, str],
     python: str = sys.executable,
@@ -177,7 +176,7 @@ def submit(
 ) -> str:
     """Write STAGE_DIR/sbatch.sh and submit it; returns the job ID."""
     stage_dir = Path(stage_dir).resolve()
-    script = render_sbatch(stage_dir, layout, launch_spec, env, python=python, module=module)
+    script = render_sbatch(stage_dir, where, launch_spec, env, python=python, module=module)
     path = stage_dir / SCRIPT_NAME
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(script, encoding="utf-8")
@@ -194,7 +193,7 @@ def submit(
         message = proc.stderr.strip() or proc.stdout.strip()
         if re.search(r"contact slurm controller|Connection refused|Unable to establish", message):
             raise EnvironmentProblem(f"sbatch cannot reach the Slurm controller: {message}")
-        raise refused(path, message, placement(layout), launch_spec.slurm.partition)
+        raise refused(path, message, where, launch_spec.slurm.partition)
     job_id = proc.stdout.strip().split(";", 1)[0]  # "<id>" or "<id>;<cluster>"
     if not job_id.isdigit():
         raise EnvironmentProblem(f"sbatch printed {proc.stdout.strip()!r} where a job ID was expected")
@@ -407,16 +406,16 @@ class SlurmLauncher:
     def start(
         self,
         stage_dir: Path,
-        layout: Mapping[str, Any],
+        where: Placement,
         launch_spec: LaunchSpec,
         env: Mapping[str, str],
     ) -> SlurmHandle:
-        job_id = submit(stage_dir, layout, launch_spec, env, python=self.python, module=self.module)
+        job_id = submit(stage_dir, where, launch_spec, env, python=self.python, module=self.module)
         return SlurmHandle(
             job_id,
             Path(stage_dir).resolve(),
             time_limit=launch_spec.slurm.time,
             poll_interval=self.poll_interval,
-            where=placement(layout),
+            where=where,
             partition=launch_spec.slurm.partition,
         )

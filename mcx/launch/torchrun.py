@@ -15,12 +15,11 @@ import socket
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from attrs import frozen
 
 from mcx.errors import InputError
-from mcx.launch.base import placement
+from mcx.launch.base import Placement
 from mcx.launch.env import check_env, omp_threads
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.process import ProcessHandle, child_pids
@@ -94,11 +93,10 @@ class TorchrunLauncher:
     def start(
         self,
         stage_dir: Path,
-        layout: Mapping[str, Any],
+        where: Placement,
         launch_spec: LaunchSpec,
         env: Mapping[str, str],
     ) -> ProcessHandle:
-        where = placement(layout)
         if where.nodes != 1:
             raise InputError(
                 f"launch.kind = 'torchrun' runs on one node, but the layout spans {where.nodes} nodes",

@@ -13,7 +13,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 
@@ -21,6 +21,10 @@ from mcx import testhooks
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.spec import ExperimentSpec, dump_spec, load_spec, spec_to_dict
+
+if TYPE_CHECKING:
+    from mcx.plan.degrees import Layout
+    from mcx.train.job import Job
 
 STAGES = ("smoke", "full")
 
@@ -152,7 +156,7 @@ def _preflight(pr: PlanResult, project: Path, stages: list[str]) -> None:
     te = pr.te_available
     for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
         sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te, vocab_size=pr.plan.vocab_size)
-        where = placement({**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)})
+        where = placement(slayout, _device(sspec, pr))
         kind = sspec.launch.kind
         keys = "smoke.nodes x smoke.gpus_per_node" if stage == "smoke" else "hardware.nodes x hardware.gpus_per_node"
         if kind == "local" and where.world_size != 1:
@@ -225,7 +229,7 @@ def _archive(project: Path, rdir: Path) -> None:
 
 def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dict[str, Any]:
     """The plan and what each stage would launch (its sbatch script on Slurm); the CLI prints them."""
-    from mcx.launch import render_sbatch, worker_env
+    from mcx.launch import placement, render_sbatch, worker_env
     from mcx.plan.stages import stage_spec
 
     scripts: dict[str, str] = {}
@@ -235,8 +239,8 @@ def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dic
         sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=te, vocab_size=pr.plan.vocab_size)
         launch[stage] = {"kind": sspec.launch.kind, "layout": slayout.job_dict()}
         if sspec.launch.kind == "slurm":
-            placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)}
-            scripts[stage] = render_sbatch(rdir / stage, placement, sspec.launch, worker_env(sspec))
+            scripts[stage] = render_sbatch(rdir / stage, placement(slayout, _device(sspec, pr)), sspec.launch,
+                                           worker_env(sspec))
     return {"run_id": pr.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},
             "scripts": scripts, "launch": launch, "plan": pr.plan_dict, "exit_code": 0}
 
@@ -321,16 +325,20 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
     return summary
 
 
-def _job(stage: str, sspec: ExperimentSpec, slayout: Any, pr: PlanResult, sdir: Path, data_dir: Path,
-         options: RunOptions) -> dict[str, Any]:
+def _job(stage: str, sspec: ExperimentSpec, slayout: Layout, pr: PlanResult, sdir: Path, data_dir: Path,
+         options: RunOptions) -> Job:
+    """The stage's job contract; ``job_to_dict`` gives job.json."""
+    from mcx.train.job import Checks, Job
+
     limit = _smoke_limit(pr, data_dir, sspec) if stage == "smoke" else None
     ckpt = Path(pr.spec.checkpoint.dir) / pr.run_id / stage if pr.spec.checkpoint.dir else sdir / "checkpoints"
-    return {"run_id": pr.run_id, "stage": stage, "spec": spec_to_dict(sspec), "layout": slayout.job_dict(),
-            "data_dir": str(data_dir.resolve()), "checkpoint_dir": str(ckpt.resolve()), "train_samples_limit": limit,
-            "checks": {"resume_check_iters": pr.spec.smoke.resume_check_iters, "loss_window": pr.spec.smoke.loss_window,
-                       "min_loss_drop": pr.spec.smoke.min_loss_drop},
-            "device": _device(sspec, pr), "output": options.output,
-            **({"test_hooks": hooks} if (hooks := testhooks.active()) else {})}  # a test job (mcx.testhooks)
+    sm = pr.spec.smoke
+    return Job(run_id=pr.run_id, stage=stage, spec=sspec, layout=slayout, data_dir=str(data_dir.resolve()),
+               checkpoint_dir=str(ckpt.resolve()), train_samples_limit=limit,
+               checks=Checks(resume_check_iters=sm.resume_check_iters, loss_window=sm.loss_window,
+                             min_loss_drop=sm.min_loss_drop),
+               device=_device(sspec, pr), output=options.output,
+               test_hooks=testhooks.active() or {})  # non-empty: a test job (mcx.testhooks)
 
 
 def _smoke_limit(pr: PlanResult, data_dir: Path, sspec: ExperimentSpec | None = None) -> int:
@@ -346,10 +354,11 @@ def _smoke_limit(pr: PlanResult, data_dir: Path, sspec: ExperimentSpec | None = 
 
 def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, rec: Any,
                options: RunOptions, console: Any, code_path: Path | None = None) -> dict[str, Any]:
-    from mcx.launch import launcher_for, read_result, worker_env
+    from mcx.launch import launcher_for, placement, read_result, worker_env
     from mcx.launch.base import clear_result, latest_checkpoint
     from mcx.plan.stages import stage_spec
     from mcx.track.paths import write_json_atomic
+    from mcx.train.job import job_to_dict
 
     sdir = rdir / stage
     prior = read_result(sdir)
@@ -359,7 +368,7 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
     sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=pr.te_available,
                                 vocab_size=pr.plan.vocab_size)
     sdir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(sdir / "job.json", _job(stage, sspec, slayout, pr, sdir, data_dir, options))
+    write_json_atomic(sdir / "job.json", job_to_dict(_job(stage, sspec, slayout, pr, sdir, data_dir, options)))
     resume = latest_checkpoint(sdir)
     clear_result(sdir)
     console.print(f"[bold]{stage} stage[/]: {sspec.model.num_layers} layers, hidden {sspec.model.hidden_size}, "
@@ -374,8 +383,7 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
             if code_path is not None:  # a reproduction: the worker imports the recorded mcx first
                 path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
                 env = {**env, "PYTHONPATH": os.pathsep.join(path)}
-            placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": _device(sspec, pr)}
-            handle = launcher.start(sdir, placement, sspec.launch, env)
+            handle = launcher.start(sdir, placement(slayout, _device(sspec, pr)), sspec.launch, env)
             forwarding = getattr(handle, "forwarding_signals", None)
             if forwarding is not None:
                 with forwarding():

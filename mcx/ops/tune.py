@@ -43,11 +43,12 @@ def _records(metrics: Path) -> list[dict[str, Any]]:
 def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) -> dict[str, Any]:
     from attrs import evolve
 
-    from mcx.launch import launcher_for, worker_env
+    from mcx.launch import launcher_for, placement, worker_env
     from mcx.ops.data import ensure_dataset
     from mcx.ops.plan import plan_loaded
     from mcx.ops.run import RunOptions, _job
     from mcx.plan.stages import stage_spec
+    from mcx.train.job import job_to_dict
 
     tspec = evolve(spec, train=evolve(spec.train, micro_batch_size=mbs, train_iters=steps + 1,
                                       eval_interval=10**9, lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
@@ -57,10 +58,9 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) 
     sdir = work / f"mbs{mbs}"
     sdir.mkdir(parents=True)
     job = _job("full", sspec, slayout, tpr, sdir, ensure_dataset(project, spec.data), RunOptions(output="quiet"))
-    (sdir / "job.json").write_text(json.dumps(job), encoding="utf-8")
+    (sdir / "job.json").write_text(json.dumps(job_to_dict(job)), encoding="utf-8")
     launcher = launcher_for(sspec.launch)
-    placement = {**slayout.job_dict(), "nodes": slayout.nodes, "device": job["device"]}
-    handle = launcher.start(sdir, placement, sspec.launch, worker_env(sspec))
+    handle = launcher.start(sdir, placement(slayout, job.device), sspec.launch, worker_env(sspec))
     try:
         while handle.poll() in ("pending", "running") and len(_records(sdir / "metrics.jsonl")) < steps + 1:
             time.sleep(0.5)
