@@ -676,6 +676,7 @@ def test_smoke_measurement_predicts_the_full_stage_peak_measured_on_h200(name):
     smoke model. On the two H200 specs it predicted the measured full-stage peaks within 0.1%."""
     from types import SimpleNamespace
 
+    from mcx.launch.result import StageResult
     from mcx.ops.run import _memory_prediction
     from mcx.plan.planner import make_plan, plan_to_dict
 
@@ -684,11 +685,11 @@ def test_smoke_measurement_predicts_the_full_stage_peak_measured_on_h200(name):
     plan = plan_to_dict(make_plan(load_spec(REPO / "experiments" / name, ["train.cross_entropy_fusion=false"]),
                                   te_available=True))
     check = _memory_prediction(SimpleNamespace(plan_dict=plan),
-                               {"final": {"mem_peak_bytes": smoke_peak}, "details": {"device": "cuda"}})
+                               StageResult.from_json({"final": {"mem_peak_bytes": smoke_peak}, "details": {"device": "cuda"}}))
     assert check["passed"] and abs(check["predicted_full_bytes"] / full_peak - 1) < 0.001, check
     assert abs(plan["memory_per_gpu_bytes"] / full_peak - 1) < 0.10  # the planner alone: within 10%
-    cpu = _memory_prediction(SimpleNamespace(plan_dict=plan), {"final": {"mem_peak_bytes": smoke_peak},
-                                                                "details": {"device": "cpu"}})
+    cpu = _memory_prediction(SimpleNamespace(plan_dict=plan), StageResult.from_json({"final": {"mem_peak_bytes": smoke_peak},
+                                                                "details": {"device": "cpu"}}))
     assert "not comparable" in cpu["detail"]
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from mcx import testhooks
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
@@ -23,6 +23,7 @@ from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.spec import ExperimentSpec, dump_spec, load_spec, spec_to_dict
 
 if TYPE_CHECKING:
+    from mcx.launch.result import StageResult
     from mcx.plan.degrees import Layout
     from mcx.train.job import Job
 
@@ -94,8 +95,10 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
             return cached
     _preflight(pr, project, stages)
     if stages == ["full"] and options.stage == "full" and not options.skip_smoke and pr.spec.smoke.enabled:
-        prior = _read_json(rdir / "smoke" / "result.json")
-        if not (prior and prior.get("passed")):  # refused before anything is written
+        from mcx.launch.result import read_stage_result
+
+        prior = read_stage_result(rdir / "smoke")
+        if not (prior and prior.passed):  # refused before anything is written
             raise TrainingFailed("the smoke stage of this run has not passed;",
                                  "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
     from mcx.ops.data import ensure_dataset, keep_dataset
@@ -200,7 +203,9 @@ def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *,
     console.print(f"[bold]run {pr.run_id}[/] already finished ({summary['status']}); not training again. "
                   f"Use --force to retrain, `mcx show {pr.run_id}` for its record.")
     if pr.spec.baseline.run:  # [baseline] is not part of the run ID: judge the cached result against it now
-        full = _read_json(state.run_dir / "full" / "result.json") or {"final": summary.get("final") or {}}
+        from mcx.launch.result import StageResult, read_stage_result
+
+        full = read_stage_result(state.run_dir / "full") or StageResult(final=summary.get("final") or {})
         _judge(summary, project, pr, full)
         if summary["error"]:
             console.print(f"[red]mcx: {_esc(summary['error'])}[/]")
@@ -282,7 +287,7 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
     rec = RunRecorder.for_run(project, rdir, reproduces=reproduces, reproduction=reproduction)
     tags = {"mcx.skip_smoke": "true"} if "smoke" not in stages else {}
     rec.start(launcher=pr.spec.launch.kind, tags=tags)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, StageResult] = {}
     status, error, exit_code = "finished", None, 0
     started = time.time()
     try:
@@ -290,18 +295,17 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
             result = _run_stage(stage, pr, project=project, rdir=rdir, data_dir=data_dir, rec=rec,
                                 options=options, console=console, code_path=code_path)
             results[stage] = result
-            if result.get("status") != "finished" or not result.get("passed", True):
-                status = result.get("status", "failed")
-                status = status if status in ("diverged", "preempted") else "failed"
+            if not result.ok:
+                status = result.status if result.status in ("diverged", "preempted") else "failed"
                 error = _explain_failure(stage, result, pr)
                 # 2: the worker found bad input where it runs (a node without Transformer Engine, say)
-                exit_code = 0 if status == "preempted" else (2 if result.get("exit_code") == 2 else 1)
+                exit_code = 0 if status == "preempted" else (2 if result.exit_code == 2 else 1)
                 break
     except KeyboardInterrupt:
         status, error, exit_code = "interrupted", "interrupted by the user; run again to resume", 130
     except McxError as exc:  # a stage could not be started or followed: the run failed, it is not still running
         status, error, exit_code = "failed", str(exc), exc.exit_code
-        if stage == "full" and (results.get("smoke") or {}).get("passed"):
+        if stage == "full" and "smoke" in results and results["smoke"].passed:
             error += (" The smoke stage passed and is kept: `mcx run` of this spec again (where the job can run) "
                       "submits the full stage without repeating it.")
     summary = _summary(pr, results, status, error, exit_code, time.time() - started)
@@ -309,7 +313,7 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
     if status == "finished" and "full" in results:
         _judge(summary, project, pr, results["full"])
     run_json = _read_json(rdir / "run.json") or {}
-    done = status == "finished" and results.get("full", {}).get("status") == "finished"
+    done = status == "finished" and "full" in results and results["full"].status == "finished"
     run_json.update({"status": status if (done or status != "finished") else "smoke-passed",
                      "ended": time.time(), "summary": summary})
     write_json_atomic(rdir / "run.json", run_json)
@@ -353,16 +357,17 @@ def _smoke_limit(pr: PlanResult, data_dir: Path, sspec: ExperimentSpec | None = 
 
 
 def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, rec: Any,
-               options: RunOptions, console: Any, code_path: Path | None = None) -> dict[str, Any]:
-    from mcx.launch import launcher_for, placement, read_result, worker_env
+               options: RunOptions, console: Any, code_path: Path | None = None) -> StageResult:
+    from mcx.launch import launcher_for, placement, worker_env
     from mcx.launch.base import clear_result, latest_checkpoint
+    from mcx.launch.result import StageResult, read_stage_result
     from mcx.plan.stages import stage_spec
     from mcx.track.paths import write_json_atomic
     from mcx.train.job import job_to_dict
 
     sdir = rdir / stage
-    prior = read_result(sdir)
-    if prior and prior.get("status") == "finished" and prior.get("passed", True):
+    prior = read_stage_result(sdir)
+    if prior and prior.ok:
         console.print(f"[bold]{stage} stage[/] already finished in {_esc(sdir)}; reusing it")
         return prior
     sspec, slayout = stage_spec(pr.spec, pr.plan.layout, stage, te_available=pr.te_available,
@@ -393,19 +398,20 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
     except BaseException:  # not started (sbatch refused it...) or interrupted: the stage's record ends too
         rec.finish_stage(stage)
         raise
-    result = read_result(sdir) or {"status": "failed", "passed": False, "checks": {},
-                                   "error": f"the worker wrote no result ({outcome.state}: {outcome.detail})"}
-    if outcome.state not in ("finished", "failed") and result.get("status") == "finished":
-        result = {**result, "status": "failed", "error": f"launch ended {outcome.state}: {outcome.detail}"}
-    if outcome.state == "preempted" and result.get("status") != "preempted":
-        result = {**result, "status": "preempted", "error": outcome.detail}
-    for warning in result.get("warnings") or []:  # e.g. a damaged checkpoint set aside (D36)
+    result = read_stage_result(sdir) or StageResult(
+        status="failed", passed=False, error=f"the worker wrote no result ({outcome.state}: {outcome.detail})")
+    if outcome.state not in ("finished", "failed") and result.status == "finished":
+        result = evolve(result, status="failed", error=f"launch ended {outcome.state}: {outcome.detail}")
+    if outcome.state == "preempted" and result.status != "preempted":
+        result = evolve(result, status="preempted", error=outcome.detail)
+    for warning in result.warnings:  # e.g. a damaged checkpoint set aside (D36)
         console.print(f"[yellow]{stage} stage: {_esc(warning)}[/]")
     checkpoint = None
-    if result.get("status") == "finished" and pr.spec.tracking.log_checkpoints:
+    if result.status == "finished" and pr.spec.tracking.log_checkpoints:
         checkpoint = _track_checkpoint(project, sdir, pr, console)
-    if stage == "smoke" and result.get("status") == "finished":
-        result.setdefault("control_checks", {})["memory_prediction"] = _memory_prediction(pr, result)
+    if stage == "smoke" and result.status == "finished":
+        result = evolve(result, control_checks={**result.control_checks,
+                                                "memory_prediction": _memory_prediction(pr, result)})
     rec.finish_stage(stage, checkpoint=checkpoint)
     return result
 
@@ -438,17 +444,17 @@ def _track_checkpoint(project: Path, sdir: Path, pr: PlanResult, console: Any) -
         return None
 
 
-def _memory_prediction(pr: PlanResult, smoke_result: dict[str, Any]) -> dict[str, Any]:
+def _memory_prediction(pr: PlanResult, smoke_result: StageResult) -> dict[str, Any]:
     """Full-model peak memory predicted from the smoke stage's measurement and the planner's model.
 
     The planner's error on the smoke model (measured - planned) is mostly what no model of
     parameters and activations holds (allocator rounding, library workspaces): it is carried over
     to the full model as a constant, rather than scaled with it.
     """
-    measured = (smoke_result.get("final") or {}).get("mem_peak_bytes")
+    measured = smoke_result.final.get("mem_peak_bytes")
     smoke_plan = (pr.plan_dict.get("smoke") or {}).get("memory_per_gpu_bytes")
     full_plan = pr.plan_dict.get("memory_per_gpu_bytes")
-    on_cpu = (smoke_result.get("details") or {}).get("device", smoke_result.get("device")) == "cpu"
+    on_cpu = smoke_result.details.get("device", smoke_result.extra.get("device")) == "cpu"
     if on_cpu or not measured or not smoke_plan or not full_plan:
         return {"passed": True, "detail": "not comparable on this device (CPU memory is not GPU memory)"}
     predicted = full_plan + (measured - smoke_plan)
@@ -461,16 +467,16 @@ def _memory_prediction(pr: PlanResult, smoke_result: dict[str, Any]) -> dict[str
                       + ("" if fits else f", over the {capacity / 2**30:.0f} GiB of the GPU")}
 
 
-def _explain_failure(stage: str, result: dict[str, Any], pr: PlanResult) -> str:
-    failed = [f"{name}: {c.get('detail', '')}" for name, c in (result.get("checks") or {}).items()
+def _explain_failure(stage: str, result: StageResult, pr: PlanResult) -> str:
+    failed = [f"{name}: {c.get('detail', '')}" for name, c in result.checks.items()
               if isinstance(c, dict) and c.get("passed") is False]
-    base = f"the {stage} stage {result.get('status', 'failed')}"
-    if result.get("error"):
-        base += f": {result['error']}"
+    base = f"the {stage} stage {result.status or 'failed'}"
+    if result.error:
+        base += f": {result.error}"
     if failed:
         base += "; failing checks: " + "; ".join(failed)
-    if result.get("out_of_memory"):
-        base += "\n" + "\n".join(f"  - {a}" for a in _oom_advice(stage, result["out_of_memory"], pr))
+    if result.out_of_memory:
+        base += "\n" + "\n".join(f"  - {a}" for a in _oom_advice(stage, result.out_of_memory, pr))
     return base
 
 
@@ -484,7 +490,7 @@ def _oom_advice(stage: str, facts: dict[str, Any], pr: PlanResult) -> list[str]:
     return oom_advice(est, facts, memory_fixes(spec, layout, est, plan.vocab_size, plan.transformer_impl))
 
 
-def _judge(summary: dict[str, Any], project: Path, pr: PlanResult, full: dict[str, Any]) -> None:
+def _judge(summary: dict[str, Any], project: Path, pr: PlanResult, full: StageResult) -> None:
     """The baseline verdict into ``summary``; a regression makes the exit code 1."""
     summary["baseline"] = _baseline(project, pr, full)
     if summary["baseline"] and summary["baseline"].get("verdict") == "regress":
@@ -492,7 +498,7 @@ def _judge(summary: dict[str, Any], project: Path, pr: PlanResult, full: dict[st
         summary["error"] = "held-out metrics regressed against the baseline: " + summary["baseline"]["detail"]
 
 
-def _baseline(project: Path, pr: PlanResult, full: dict[str, Any]) -> dict[str, Any] | None:
+def _baseline(project: Path, pr: PlanResult, full: StageResult) -> dict[str, Any] | None:
     ref = pr.spec.baseline.run
     if not ref:
         return None
@@ -503,22 +509,23 @@ def _baseline(project: Path, pr: PlanResult, full: dict[str, Any]) -> dict[str, 
         base = baseline_metrics(project, base_id, tracking_uri=pr.spec.tracking.uri)
     except McxError as exc:
         return {"verdict": "unknown", "detail": str(exc), "baseline": ref}
-    finals = {k: v for k, v in (full.get("final") or {}).items() if isinstance(v, (int, float))}
+    finals = {k: v for k, v in full.final.items() if isinstance(v, (int, float))}
     out = compare_to_baseline(finals, base, pr.spec.baseline.tolerances)
     detail = ", ".join(str(r) for r in out.get("regressed", [])) or "within tolerance"
     return {"baseline": ref, "baseline_run_id": base_id, "detail": detail, **out}
 
 
-def _stage_summary(result: dict[str, Any]) -> dict[str, Any]:
-    return {"status": result.get("status"), "passed": bool(result.get("passed")), "checks": result.get("checks", {}),
-            "control_checks": result.get("control_checks", {}), "metrics": result.get("final", {}),
-            "steps": result.get("steps"), "layer_spec": result.get("layer_spec"), "error": result.get("error"),
-            "warnings": result.get("warnings", [])}
+def _stage_summary(result: StageResult) -> dict[str, Any]:
+    """A stage's entry in run.json's summary."""
+    return {"status": result.status, "passed": bool(result.passed), "checks": result.checks,
+            "control_checks": result.control_checks, "metrics": result.final, "steps": result.steps,
+            "layer_spec": result.layer_spec, "error": result.error, "warnings": list(result.warnings)}
 
 
-def _summary(pr: PlanResult, results: dict[str, dict[str, Any]], status: str, error: str | None, exit_code: int,
+def _summary(pr: PlanResult, results: dict[str, StageResult], status: str, error: str | None, exit_code: int,
              seconds: float) -> dict[str, Any]:
-    final = (results.get("full") or results.get("smoke") or {}).get("final", {})
+    last = results.get("full") or results.get("smoke")
+    final = last.final if last else {}
     return {"run_id": pr.run_id, "name": pr.spec.name, "status": status, "cached": False,
             "stages": {k: _stage_summary(v) for k, v in results.items()}, "final": final,
             "error": error, "exit_code": exit_code, "wall_time_s": seconds}
