@@ -114,7 +114,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                       wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data)
     project = _project(args)
     with children_to_stderr():  # the worker's lines (--json: its metrics as JSON lines) are progress
-        summary = run(args.spec, args.overrides, project=project, options=opts, console=_console(stderr=True))
+        result = run(args.spec, args.overrides, project=project, options=opts, console=_console(stderr=True))
+    _print_notes(result.notes)
+    summary = result.summary
     if args.json:
         _emit_json(summary)
     else:
@@ -122,6 +124,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         _console().print(render_dry_run(summary) if args.dry_run else render_run_result(summary))
     return int(summary.get("exit_code", 0))
+
+
+def _print_notes(notes: Any) -> None:
+    """A run's notes (cached, its error, records left to sync) on stderr, before its result on stdout."""
+    from mcx.report.notes import render_note
+
+    err = _console(stderr=True)
+    for note in notes:
+        err.print(render_note(note))
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:

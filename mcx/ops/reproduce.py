@@ -167,6 +167,7 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
     from mcx.fingerprint.record import load_record
     from mcx.ops.run import RunOptions, run_spec
     from mcx.ops.worktrees import CODE, PREFIX
+    from mcx.report.notes import render_note
     from mcx.report.rundata import load_run_dir
     from mcx.report.seeds import seed_runs
     from mcx.report.verdict import seed_spread_band, verdict, verdict_to_dict
@@ -228,9 +229,12 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
             rep_dir = reps / label
             console.print(f"[bold]reproducing {run_id}[/] at commit {code['commit'][:12]}"
                           f"{' + recorded diff' if code['patched'] else ''} -> {rep_dir}")
-            summary = run_spec(spec, project=project, options=options, console=console, run_dir=rep_dir,
-                               reproduces=run_id, reproduction=label, code_path=worktree,
-                               data_root=worktree if changes else None)
+            rerun_result = run_spec(spec, project=project, options=options, console=console, run_dir=rep_dir,
+                                    reproduces=run_id, reproduction=label, code_path=worktree,
+                                    data_root=worktree if changes else None)
+            for note in rerun_result.notes:  # the rerun's notes are the reproduction's progress
+                console.print(render_note(note))
+            summary = rerun_result.summary
         finally:
             _git(project, "worktree", "remove", "--force", code["worktree"], ok=True)
     rerun = load_run_dir(rep_dir)

@@ -13,7 +13,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from attrs import evolve, frozen
 
@@ -45,13 +45,31 @@ class RunOptions:
     confirm: Callable[[str], bool] | None = None
 
 
+@frozen(kw_only=True)
+class RunNote:
+    """A message that belongs to a run's result (it is cached; its error; records left to sync): the
+    CLI prints it on stderr after the run (mcx.report.notes), progress having streamed meanwhile."""
+
+    level: Literal["info", "warning", "error"]
+    text: str
+    lead: str = ""  # the words shown first, in bold ("run 3f9c0a12b4de")
+
+
+@frozen(kw_only=True)
+class RunResult:
+    """What `mcx run` returns: ``summary`` is the result (run.json's summary; the object `--json` prints)."""
+
+    summary: dict[str, Any]
+    notes: tuple[RunNote, ...] = ()
+
+
 class RunBusy(McxError):
     """The run ID is training in another process."""
 
     exit_code = 1
 
 
-def run(spec_path: str, overrides: list[str], *, project: Path, options: RunOptions, console: Any) -> dict[str, Any]:
+def run(spec_path: str, overrides: list[str], *, project: Path, options: RunOptions, console: Any) -> RunResult:
     spec = load_spec(spec_path, overrides)
     return run_spec(spec, project=project, options=options, console=console)
 
@@ -66,8 +84,8 @@ def stages_for(options: RunOptions, spec: ExperimentSpec) -> list[str]:
 
 def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, console: Any,
              run_dir: Path | None = None, reproduces: str | None = None, reproduction: str | None = None,
-             code_path: Path | None = None, data_root: Path | None = None) -> dict[str, Any]:
-    """Train ``spec`` (or find it already trained).
+             code_path: Path | None = None, data_root: Path | None = None) -> RunResult:
+    """Train ``spec`` (or find it already trained). ``console`` gets the progress as it happens.
 
     ``run_dir``, ``reproduces``, ``reproduction``, ``code_path`` and ``data_root`` are for
     reproductions: the fingerprint is taken over ``code_path`` (the recorded code state) and the
@@ -183,7 +201,7 @@ def _launcher_problems(spec: ExperimentSpec) -> list[tuple[str, str]]:
 
 
 def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *, locked: bool = False
-            ) -> dict[str, Any] | None:
+            ) -> RunResult | None:
     from mcx.track.runcache import lookup
 
     state = lookup(project, pr.run_id, tracking_uri=pr.spec.tracking.uri)
@@ -200,16 +218,16 @@ def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *,
     summary = {**run_json.get("summary", {}), "run_id": pr.run_id, "cached": True, "exit_code": 0, "error": None,
                "baseline": None, "run_dir": str(state.run_dir)}
     summary.setdefault("status", state.status or "finished")
-    console.print(f"[bold]run {pr.run_id}[/] already finished ({summary['status']}); not training again. "
-                  f"Use --force to retrain, `mcx show {pr.run_id}` for its record.")
+    notes = [RunNote(level="info", lead=f"run {pr.run_id}", text=f" already finished ({summary['status']}); not "
+                     f"training again. Use --force to retrain, `mcx show {pr.run_id}` for its record.")]
     if pr.spec.baseline.run:  # [baseline] is not part of the run ID: judge the cached result against it now
         from mcx.launch.result import StageResult, read_stage_result
 
         full = read_stage_result(state.run_dir / "full") or StageResult(final=summary.get("final") or {})
         _judge(summary, project, pr, full)
         if summary["error"]:
-            console.print(f"[red]mcx: {_esc(summary['error'])}[/]")
-    return summary
+            notes.append(RunNote(level="error", text=f"mcx: {summary['error']}"))
+    return RunResult(summary=summary, notes=tuple(notes))
 
 
 def _archive(project: Path, rdir: Path) -> None:
@@ -232,7 +250,7 @@ def _archive(project: Path, rdir: Path) -> None:
         write_json_atomic(rdir / "run.json", {"attempt": attempt + 1})
 
 
-def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dict[str, Any]:
+def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> RunResult:
     """The plan and what each stage would launch (its sbatch script on Slurm); the CLI prints them."""
     from mcx.launch import placement, render_sbatch, worker_env
     from mcx.plan.stages import stage_spec
@@ -246,8 +264,8 @@ def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> dic
         if sspec.launch.kind == "slurm":
             scripts[stage] = render_sbatch(rdir / stage, placement(slayout, _device(sspec, pr)), sspec.launch,
                                            worker_env(sspec))
-    return {"run_id": pr.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},
-            "scripts": scripts, "launch": launch, "plan": pr.plan_dict, "exit_code": 0}
+    return RunResult(summary={"run_id": pr.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},
+                              "scripts": scripts, "launch": launch, "plan": pr.plan_dict, "exit_code": 0})
 
 
 def _write_run_files(pr: PlanResult, rdir: Path, stages: list[str], options: RunOptions) -> None:
@@ -279,7 +297,7 @@ def _device(spec: ExperimentSpec, pr: PlanResult) -> str:
 
 def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages: list[str], options: RunOptions,
            console: Any, reproduces: str | None, reproduction: str | None, code_path: Path | None = None
-           ) -> dict[str, Any]:
+           ) -> RunResult:
     from mcx.track.paths import write_json_atomic
     from mcx.track.recorder import RunRecorder
 
@@ -322,11 +340,13 @@ def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages:
     entry = rec.close()
     summary["tracking"] = {"target": entry.target, "state": entry.state, "error": entry.error,
                            "mlflow_run": rec.record_uuid("run")}
+    notes = []
     if entry.state == "pending":
-        console.print(f"[yellow]tracking store unreachable ({_esc(entry.error)}); records are spooled: run `mcx sync`[/]")
+        notes.append(RunNote(level="warning", text=f"tracking store unreachable ({entry.error}); records are spooled: "
+                             "run `mcx sync`"))
     if summary["exit_code"] and summary.get("error"):
-        console.print(f"[red]mcx: {_esc(summary['error'])}[/]")
-    return summary
+        notes.append(RunNote(level="error", text=f"mcx: {summary['error']}"))
+    return RunResult(summary=summary, notes=tuple(notes))
 
 
 def _job(stage: str, sspec: ExperimentSpec, slayout: Layout, pr: PlanResult, sdir: Path, data_dir: Path,
