@@ -56,10 +56,17 @@ def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
     The layout section holds the degrees only (``JOB_FIELDS``); the planner's other Layout fields are
     the stage spec's, so each value is carried once and the worker's Layout equals the planner's.
     """
-    extra = sorted(set(data.get("layout") or {}) - set(JOB_FIELDS)) if isinstance(data.get("layout"), dict) else []
-    if extra:
-        raise SpecError([(f"layout.{key}", "unknown key in the job contract's layout") for key in extra], source)
-    job = convert.structure(data, Job, source)
+    layout = data.get("layout")
+    extra = sorted(set(layout) - set(JOB_FIELDS)) if isinstance(layout, dict) else []
+    problems = [(f"layout.{key}", f"unknown key; known keys: {', '.join(JOB_FIELDS)}") for key in extra]
+    if extra:  # the converter would take the planner's other fields: they are the spec's here
+        data = {**data, "layout": {k: v for k, v in layout.items() if k not in extra}}
+    try:
+        job = convert.structure(data, Job, source)
+    except SpecError as exc:
+        raise SpecError([*exc.problems, *problems], source) from None
+    if problems:
+        raise SpecError(problems, source)
     hw = job.spec.hardware
     return evolve(job, layout=evolve(job.layout, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node,
                                      distributed_optimizer=job.spec.parallel.distributed_optimizer))
