@@ -1029,3 +1029,24 @@ def test_the_checkpoint_results_queue_warms_up_and_is_left_empty(tmp_path, caplo
     first = writer._results_warm_up
     writer.start(0, persistent=False)  # once per process
     assert writer._results_warm_up is first
+
+
+def test_stage_result_reads_what_the_worker_writes_and_gives_it_back(tmp_path: Path):
+    """The launch seam's StageResult: the worker's result.json (mcx.train.result) read into one typed
+    record and written back key for key; a missing ``passed`` is no failure, a false one is."""
+    from mcx.launch.result import StageResult, read_stage_result
+    from mcx.train.result import make_result, write_result
+
+    made = make_result(status="failed", passed=False, checks={"loss_finite": {"passed": False, "detail": "nan"}},
+                       final={"train_loss": 4.5}, error="diverged at step 3", steps=3, layer_spec="local",
+                       details={"device": "cpu"}, out_of_memory=None, warnings=["a damaged checkpoint set aside"])
+    write_result(tmp_path, made)
+    on_disk = json.loads((tmp_path / "result.json").read_text())
+    result = read_stage_result(tmp_path)
+    assert result is not None and result.to_json() == on_disk
+    assert (result.status, result.passed, result.exit_code, result.steps, result.warnings) == (
+        "failed", False, 1, 3, ("a damaged checkpoint set aside",))
+    assert result.extra == {"versions": on_disk["versions"]} and not result.ok
+    assert StageResult.from_json({"status": "finished"}).ok and not StageResult.from_json({"status": "finished",
+                                                                                         "passed": False}).ok
+    assert read_stage_result(tmp_path / "none") is None
