@@ -53,7 +53,7 @@ from attrs import evolve
 from mcx.data.dataset import read_manifest
 from mcx.errors import McxError
 from mcx.hashing import digest, short_id
-from mcx.launch import launcher_for, worker_env
+from mcx.launch import Placement, launcher_for, worker_env
 from mcx.launch.env import omp_threads
 from mcx.plan.flops import flops_per_iteration
 from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
@@ -174,7 +174,7 @@ def run_mcx(spec: ExperimentSpec, layout: Layout, project: Path, stage_dir: Path
     (stage_dir / "job.json").write_text(json.dumps(job, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     log = stage_dir / "launch.log"
     launcher = evolve(launcher_for(spec.launch), log=log)
-    handle = launcher.start(stage_dir, job["layout"], spec.launch, worker_env(spec))
+    handle = launcher.start(stage_dir, Placement(world_size=job["layout"]["world_size"]), spec.launch, worker_env(spec))
     metrics, wanted, start = stage_dir / "metrics.jsonl", warmup + steps, time.monotonic()
     seen = 0
     try:
