@@ -26,7 +26,6 @@ import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from mcx.errors import InputError
 from mcx.launch.base import Placement

@@ -20,7 +20,7 @@ from attrs import evolve, frozen
 from mcx import testhooks
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
-from mcx.spec import ExperimentSpec, dump_spec, load_spec, spec_to_dict
+from mcx.spec import ExperimentSpec, dump_spec, load_spec
 
 if TYPE_CHECKING:
     from mcx.launch.result import StageResult
