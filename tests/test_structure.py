@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import E2E_ENV_DROP
 from mcx.spec.load import dump_spec, load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +39,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("mcx.__main__",),
 )
 HEAVY = ("torch", "megatron", "mlflow", "dvc")
+# Variables that would send records elsewhere or change what a command does (conftest.E2E_ENV_DROP).
+ENV_DROP = ("MLFLOW_TRACKING_URI", "MCX_PROJECT", "MCX_LOCKFILE")
 WORKER = "mcx.train"  # the one package that may import torch and megatron at module level
 
 
@@ -301,7 +302,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["ls"], []),
 ], ids=["plan", "run-dry-run", "compare", "ls"])
 def test_the_cli_imports_heavy_packages_only_where_a_command_needs_them(project, argv, heavy):
-    env = {k: v for k, v in os.environ.items() if k not in E2E_ENV_DROP and not k.startswith("MCX_TEST")}
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DROP and not k.startswith("MCX_TEST")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", PROBE, "--project", str(project), *argv], cwd=project, env=env,
                           capture_output=True, text=True, timeout=120)
