@@ -66,9 +66,3 @@ class TrainingFailed(McxError):
     """The worker ran and failed: a smoke check, divergence, or a crash."""
 
     exit_code = 1
-
-
-class RegressionError(McxError):
-    """A finished run regressed against its baseline."""
-
-    exit_code = 1

@@ -1,9 +1,10 @@
-"""The one hash function: sha256 over canonical JSON (sorted keys, no whitespace)."""
+"""The one hash function: sha256 over canonical JSON (sorted keys, no whitespace), and over a file's bytes."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 
@@ -19,6 +20,15 @@ def digest(obj: Any) -> str:
 
 def digest_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, streamed."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def short_id(full_hex: str, n: int = 12) -> str:

@@ -13,10 +13,6 @@ Specs are built by mutating the recipes in experiments/ (deleting keys, insertin
 keys, wrong-typed values: strings, floats, ints, bools, arrays, tables, zero, negatives, NaN/inf,
 unicode); TOML text is generated line by line, by editing a recipe's text, or as raw bytes.
 
-Known bugs: ``known_bug`` skips inputs that trip a reported bug in code this file does not own; each
-has a strict xfail test (here or in test_spec.py) that starts failing once the bug is fixed. Then
-remove its xfail marker and its clause in ``known_bug``.
-
 ``MCX_FUZZ_SCALE`` multiplies every example count (default 1: about 4,000 examples in about a minute
 on two cores); run e.g. ``MCX_FUZZ_SCALE=10`` for a longer local hunt.
 """
@@ -368,16 +364,6 @@ def check_error(err: McxError, paths: set[tuple[str, ...]]) -> None:
         assert any(re.search(rf"(^|\W){re.escape(p)}(\W|$)", text) for p in dotted), text
 
 
-def known_bug(path: Path, overrides: list[str] = ()) -> bool:
-    """Inputs that trip a reported bug (see the module docstring)."""
-    try:
-        data = resolve_dict(path, overrides)
-    except McxError:
-        return False
-    del data  # no open bugs
-    return False
-
-
 def load_and_plan(path: Path, overrides: list[str] = (), limit: float = LIMIT_S) -> Any:
     """The plan, or the McxError; any other exception (or a hang) fails the example."""
     with time_limit(limit):
@@ -400,7 +386,6 @@ def _raw(path: Path) -> Any:
 
 
 def check_load_and_plan(path: Path, overrides: list[str] = ()) -> None:
-    assume(not known_bug(path, overrides))
     result = load_and_plan(path, overrides)
     if isinstance(result, McxError):
         try:
@@ -502,7 +487,7 @@ def check_cli(ws: Workspace, argv: list[str], quiet_verbs: tuple[str, ...] = ("p
 @given(data=mutated_specs(), overrides=st.lists(override_items, max_size=2), as_json=st.booleans())
 def test_cli_plan_exits_0_or_2(ws, data, overrides, as_json):
     path = ws.write(data)
-    assume(not known_bug(path, overrides) and data_stays_home(ws, path, overrides))
+    assume(data_stays_home(ws, path, overrides))
     argv = ["--project", str(ws.project), "plan", str(path), *[a for o in overrides for a in ("--set", o)]]
     code, out = check_cli(ws, argv + (["--json"] if as_json else []))
     if code == 0 and as_json:
@@ -643,7 +628,7 @@ def test_argv_per_verb(ws, verb):
 def test_subprocess_exit_codes(ws, data):
     """A few generated specs through `python -m mcx plan`: the real exit code, no traceback."""
     path = ws.write(data)
-    assume(not known_bug(path) and data_stays_home(ws, path, []))
+    assume(data_stays_home(ws, path, []))
     before = ws.snapshot()
     proc = subprocess.run([sys.executable, "-m", "mcx", "plan", str(path)], cwd=ws.project, capture_output=True,
                           text=True, env={**os.environ, "MCX_PROJECT": str(ws.project)}, timeout=60)

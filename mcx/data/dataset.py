@@ -14,7 +14,6 @@ the file and the fix, never a traceback from deep inside Megatron-Core.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import frozen
 
 from mcx.errors import DataError
+from mcx.hashing import file_sha256
 
 if TYPE_CHECKING:
     import numpy as np
@@ -56,14 +56,6 @@ class Index:
     @property
     def tokens(self) -> int:
         return int(self.sequence_lengths.sum(dtype="int64"))
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def read_index(idx_path: Path, bin_path: Path) -> Index:

@@ -19,9 +19,11 @@ from pathlib import Path
 
 from attrs import frozen
 
-from mcx.data.prepare import TMP_PREFIX
 from mcx.errors import DataError
 
+# The temporary directories mcx.data.prepare writes beside a dataset (and removes); keep in sync
+# with the project's .dvcignore, which hides them from DVC.
+TMP_PREFIX = ".mcx-tmp-"
 _SKIPPED_DIRS = frozenset({".git", ".hg", ".dvc"})
 
 

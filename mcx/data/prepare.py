@@ -21,13 +21,13 @@ from typing import Any
 from attrs import field, frozen
 
 from mcx.data.corpus import QUICKSTART_PACKAGE, QUICKSTART_VERSION, Corpus, documents_sha256, megatron_core_corpus
-from mcx.data.dataset import FORMAT, MANIFEST, check_dataset, file_sha256, read_manifest
+from mcx.data.dataset import FORMAT, MANIFEST, check_dataset, read_manifest
+from mcx.data.dvc_hash import TMP_PREFIX
 from mcx.data.tokenizer import BPE_MIN_FREQUENCY, BPE_SPECIAL_TOKENS, Tokenizer, load_tokenizer, train_bpe
 from mcx.errors import DataError
-from mcx.hashing import digest
+from mcx.hashing import digest, file_sha256
 from mcx.spec.schema import TokenizerSpec
 
-TMP_PREFIX = ".mcx-tmp-"  # keep in sync with the project's .dvcignore
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _ENCODE_BATCH = 256  # documents per tokenizer call
 

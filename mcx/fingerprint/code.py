@@ -32,11 +32,10 @@ from typing import Any
 import mcx
 from mcx.errors import EnvironmentProblem
 from mcx.fingerprint.tools import GIT_ENV, run_tool
-from mcx.hashing import digest
+from mcx.hashing import digest, file_sha256
 
 GIT_TIMEOUT_S = 120.0
 PATCH_FILE_LIMIT = 1 << 20  # bytes; bigger untracked files are hashed but not embedded in the patch
-_CHUNK = 1 << 20
 
 # Patch text flags: stable prefixes, binary hunks, no user-configured helpers.
 _DIFF_FLAGS = ("--binary", "--no-color", "--no-ext-diff", "--no-textconv", "--no-renames",
@@ -66,15 +65,6 @@ def _git(top: Path, *args: str, ok: tuple[int, ...] = (0,)) -> bytes:
             )
         raise _NotGit(err.splitlines()[0] if err else f"git {args[0]} exited with {proc.returncode}")
     return proc.stdout
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes, streamed."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _entry(path: Path) -> list[str]:

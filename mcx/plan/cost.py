@@ -9,16 +9,13 @@ no budget check: "unknown" rather than a guess.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from attrs import frozen
 
 from mcx.errors import BudgetError
 from mcx.plan.hardware import mfu_peak_flops
 from mcx.spec.schema import ExperimentSpec
-
-if TYPE_CHECKING:
-    from mcx.plan.planner import Plan
 
 
 @frozen(kw_only=True)
@@ -63,7 +60,14 @@ def estimate_cost(spec: ExperimentSpec, *, flops_per_step: int, world_size: int,
                         max_gpu_hours=b.max_gpu_hours)
 
 
-def check_budget(plan: Plan, confirmed: bool) -> None:
+class Costed(Protocol):
+    """What the budget gate reads of a plan (mcx.plan.planner.Plan): the full stage's cost."""
+
+    @property
+    def cost(self) -> CostEstimate: ...
+
+
+def check_budget(plan: Costed, confirmed: bool) -> None:
     """Raise BudgetError (exit 2) when the full stage needs more GPU-hours than budget.max_gpu_hours
     allows and the user has not confirmed."""
     c = plan.cost

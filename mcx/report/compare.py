@@ -17,7 +17,9 @@ from attrs import frozen
 from mcx.errors import InputError
 from mcx.metrics.curves import Curve
 from mcx.metrics.summary import BY_KEY, METRIC_KEYS, METRICS, Metric
-from mcx.report.outcome import Summary, summarize_comparison
+from mcx.report.cells import ABSENT, MetricCell
+from mcx.report.fmt import value
+from mcx.report.heldout import Summary, summarize_comparison
 from mcx.report.rundata import RunData, flatten, run_spreads, summarize_run
 
 PlotView = Literal["plain", "smoothed", "spread"]
@@ -30,23 +32,6 @@ STEP_NOISE = ("half the width of the central 80% (p10..p90) of a run's steady pe
               "nor regressed")
 # Fingerprint components in the order a reader checks them; "config" is the config diff itself.
 COMPONENT_ORDER = ("code", "environment", "data", "hardware")
-
-
-class _Absent:
-    """A key a run does not have (distinct from a value that is null)."""
-
-    _instance: _Absent | None = None
-
-    def __new__(cls) -> _Absent:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
 
 
 @frozen
@@ -70,18 +55,6 @@ class DiffRow:
 
 
 @frozen
-class MetricCell:
-    value: float | None
-    delta: float | None = None  # value - baseline
-    delta_rel: float | None = None  # delta / |baseline|; None when the baseline is 0 or not finite
-    regressed: bool = False
-    improved: bool = False
-    spread: float | None = None  # this run's step-to-step spread (relative), for steady metrics
-    within_noise: bool = False  # the change is smaller than the larger step-to-step spread of the two runs
-    noise: float | None = None  # that larger spread (relative), which the change was held to
-
-
-@frozen
 class MetricRow:
     metric: Metric
     tolerance: float  # allowed relative change in the worse direction before it is a regression
@@ -99,8 +72,6 @@ class Regression:
 
     def describe(self) -> str:
         """One line for people: what moved, by how much, against which tolerance."""
-        from mcx.report.fmt import value  # fmt imports this module
-
         m = BY_KEY[self.metric]
         rel = f"{self.delta_rel:+.2%}, " if self.delta_rel is not None else ""
         tol = f", tolerance {self.tolerance:.1%}" if self.tolerance else ""

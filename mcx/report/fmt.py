@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from mcx.metrics.summary import BY_KEY, Unit
-from mcx.report.compare import ABSENT, MetricCell
+from mcx.report.cells import ABSENT, MetricCell
 
 DASH = "—"
 

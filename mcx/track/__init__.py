@@ -9,12 +9,14 @@ Modules, by what they hold:
 - ``forward``: MetricsForwarder, a stage's metrics.jsonl and system*.jsonl tailed into MLflow from a thread
 - ``lines``: how a line of those files becomes MLflow metrics (``train/loss``, ``system/gpu_0_...``)
 - ``journal``: the spool (append-only operations + acknowledged sequence number)
+- ``send``: ``sync_recorder``, one run directory's journal then its metrics (``RunRecorder.close``, ``sync``)
 - ``sync``: ``sync(project_root) -> SyncReport`` replays every spool and unsent metrics
 - ``mlflow_store``: idempotent MLflow writes and lookups by mcx identity tags
 - ``target``: which store (spec, ``$MLFLOW_TRACKING_URI``, embedded SQLite) and its client
 - ``records``: spec -> params, fingerprint -> tags, the environment report
 - ``redact``: the one redaction function applied to everything that leaves the machine
 - ``runcache``: run lock and ``lookup(project_root, run_id) -> RunState``
+- ``holder``: ``LockHolder``, who holds a run's lock (``errors.RunLocked`` names it)
 - ``dvc_store``: checkpoints added/pushed by hash, datasets and checkpoints restored by hash
 - ``share``: a run's committed checkpoint pointers (``.mcx/checkpoints/<id>/``), fetching them in any clone
 - ``baseline``: named baselines in the store, ``compare_to_baseline`` verdicts

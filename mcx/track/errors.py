@@ -6,16 +6,14 @@ happened and what to do next.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mcx.errors import EnvironmentProblem, McxError
-
-if TYPE_CHECKING:
-    from mcx.track.runcache import LockHolder
+from mcx.track.holder import LockHolder
 
 
 class RunLocked(McxError):
-    """Another ``mcx run`` holds this run ID's lock and is training it now."""
+    """Another ``mcx run`` holds this run ID's lock and is training it now: the one error for a busy
+    run ID, whether the lock refused it (``runcache.acquire``) or the run cache found it held
+    (``runcache.lookup``'s "running"), so ``mcx run`` raises it as it is."""
 
     exit_code = 1
 
@@ -24,8 +22,8 @@ class RunLocked(McxError):
         self.holder = holder
         who = holder.describe() if holder is not None else "another process"
         super().__init__(
-            f"run {run_id} is running elsewhere ({who})",
-            "wait for it (mcx run --wait), or watch it with `mcx show " + run_id + "`.",
+            f"run {run_id} is training in {who}: it is running elsewhere, not in this process;",
+            "wait for it (mcx run --wait), or look at it with `mcx show " + run_id + "`.",
         )
 
 

@@ -33,13 +33,15 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from attrs import frozen
 
 from mcx.hashing import digest_bytes
 from mcx.track import paths
+from mcx.track.journal import FlushResult, Journal
 from mcx.track.lines import (
     SYSTEM,
     SYSTEM_FILE,
@@ -49,10 +51,10 @@ from mcx.track.lines import (
     system_metrics,
 )
 from mcx.track.mlflow_store import METRICS_PER_BATCH
-from mcx.track.target import describe_error, is_transient
+from mcx.track.target import Target, describe_error, is_transient
 
 if TYPE_CHECKING:
-    from mcx.track.recorder import RunRecorder
+    from mcx.track.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,25 @@ class Stream:
     rule: LineRule
 
 
+class Recorder(Protocol):
+    """What the forwarder (and mcx.track.send) uses of a run's recorder, mcx.track.recorder.RunRecorder."""
+
+    run_id: str
+    run_dir: Path
+    journal: Journal
+    target: Target
+
+    def record_uuid(self, record: str) -> str | None: ...
+
+    def store(self) -> MlflowStore: ...
+
+    def sending(self) -> AbstractContextManager[bool]: ...
+
+    def flush(self) -> FlushResult: ...
+
+    def stages(self) -> list[str]: ...
+
+
 class MetricsForwarder:
     """Tails one stage's metrics.jsonl and system*.jsonl into its MLflow child run; use as a context manager.
 
@@ -138,7 +159,7 @@ class MetricsForwarder:
     :meth:`drain` may also be called directly (``mcx sync`` does).
     """
 
-    def __init__(self, recorder: RunRecorder, stage: str, *, poll_s: float = POLL_S) -> None:
+    def __init__(self, recorder: Recorder, stage: str, *, poll_s: float = POLL_S) -> None:
         self.recorder = recorder
         self.stage = stage
         self.poll_s = poll_s

@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from attrs import frozen
+
 from mcx.track.paths import read_json, write_json_atomic
 
 JOURNAL = "journal.jsonl"
@@ -87,3 +89,14 @@ class Journal:
 def _ends_with_newline(fd: int) -> bool:
     size = os.fstat(fd).st_size
     return os.pread(fd, 1, size - 1) == b"\n"
+
+
+@frozen
+class FlushResult:
+    """What one send attempt did: ``sent`` operations, ``pending`` left, and why it stopped early."""
+
+    sent: int
+    pending: int
+    error: str | None = None
+    transient: bool = False  # the error means "unreachable now", not "refused"
+    busy: bool = False  # another process was sending this run's records

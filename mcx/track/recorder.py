@@ -31,18 +31,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from attrs import frozen
-
 from mcx.errors import InputError
 from mcx.track import paths
 from mcx.track.artifacts import Stager, end_artifacts, run_artifacts
-from mcx.track.journal import Journal
+from mcx.track.forward import POLL_S, MetricsForwarder
+from mcx.track.journal import FlushResult, Journal
 from mcx.track.records import TAG_VALUE_LIMIT, clip, fingerprint_tags, scalar_text, spec_params
 from mcx.track.redact import redact_text
+from mcx.track.send import SyncEntry, sync_recorder
 from mcx.track.target import Target, describe_error, is_transient, resolve_target, target_from_name
 
 if TYPE_CHECKING:
-    from mcx.track.forward import MetricsForwarder
     from mcx.track.mlflow_store import MlflowStore
 
 log = logging.getLogger(__name__)
@@ -63,17 +62,6 @@ def now_ms() -> int:
 
 def stage_record(stage: str) -> str:
     return f"stage:{stage}"
-
-
-@frozen
-class FlushResult:
-    """What one send attempt did: ``sent`` operations, ``pending`` left, and why it stopped early."""
-
-    sent: int
-    pending: int
-    error: str | None = None
-    transient: bool = False  # the error means "unreachable now", not "refused"
-    busy: bool = False  # another process was sending this run's records
 
 
 class RunRecorder:
@@ -230,8 +218,6 @@ class RunRecorder:
 
     def forwarder(self, stage: str, *, poll_s: float | None = None) -> MetricsForwarder:
         """A MetricsForwarder for the stage (use as a context manager around the worker)."""
-        from mcx.track.forward import POLL_S, MetricsForwarder
-
         return MetricsForwarder(self, stage, poll_s=POLL_S if poll_s is None else poll_s)
 
     def finish_stage(self, stage: str, *, checkpoint: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -347,8 +333,6 @@ class RunRecorder:
 
     def close(self) -> SyncEntry:
         """Send everything still pending (journal and every stage's metrics); say what is left."""
-        from mcx.track.sync import sync_recorder
-
         return sync_recorder(self)
 
 
@@ -374,7 +358,3 @@ def _resolved_spec(run_dir: Path) -> dict[str, Any]:
         return spec_to_dict(loads_spec(path.read_text(encoding="utf-8"), str(path)))
     except (SpecError, FileNotFoundError):
         return _read_spec_table(run_dir)
-
-
-if TYPE_CHECKING:
-    from mcx.track.sync import SyncEntry

@@ -29,6 +29,7 @@ from attrs import frozen
 from mcx.errors import EnvironmentProblem
 from mcx.track import paths
 from mcx.track.errors import RunLocked
+from mcx.track.holder import LockHolder
 
 LOCK_FILE = "lock"
 RUN_FILE = "run.json"
@@ -36,24 +37,6 @@ WAIT_POLL_S = 0.5
 HOLDER_WRITE_S = 1.0  # how long a just-taken lock may show an empty holder record (taken, not yet written)
 State = Literal["finished", "running", "interrupted", "absent"]
 FINISHED_STATUSES = frozenset({"finished"})
-
-
-@frozen
-class LockHolder:
-    pid: int
-    host: str
-    started: float  # unix time the lock was taken
-
-    def describe(self) -> str:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
-        return f"pid {self.pid} on {self.host}, since {when}"
-
-    @property
-    def alive(self) -> bool | None:
-        """Whether the holder process exists (None: it is on another host, so we cannot tell)."""
-        if self.host != socket.gethostname():
-            return None
-        return _pid_alive(self.pid)
 
 
 @frozen
@@ -74,16 +57,6 @@ class RunState:
     holder: LockHolder | None = None
     source: Literal["local", "tracking"] = "local"
     mlflow_run: str | None = None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_holder(path: Path) -> LockHolder | None:

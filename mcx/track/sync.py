@@ -19,31 +19,9 @@ from mcx.errors import InputError
 from mcx.track import paths
 from mcx.track.forward import MetricsForwarder
 from mcx.track.recorder import RUN, TARGET_FILE, RunRecorder
+from mcx.track.send import SyncEntry, sync_recorder
 
 _NOT_RUN_DIRS = frozenset({"checkpoints", paths.TRACK_DIR, "plots"})
-
-
-@frozen
-class SyncEntry:
-    """One run directory after a sync attempt."""
-
-    run_id: str
-    run_dir: Path
-    target: str  # "embedded" or the server URI
-    ops_sent: int
-    ops_pending: int
-    metrics_sent: int
-    pending_bytes: int  # metrics.jsonl bytes not yet in the store, over all stages
-    error: str | None = None
-    busy: bool = False
-
-    @property
-    def state(self) -> str:
-        if self.busy:
-            return "busy"
-        if self.ops_pending or self.pending_bytes:
-            return "pending"
-        return "synced"
 
 
 @frozen
@@ -82,30 +60,6 @@ def tracked_run_dirs(project_root: Path, max_depth: int = 4) -> list[Path]:
         depth = len(here.relative_to(root).parts)
         dirnames[:] = [] if depth >= max_depth else [d for d in dirnames if d not in _NOT_RUN_DIRS]
     return sorted(found, key=lambda p: (len(p.parts), str(p)))
-
-
-def sync_recorder(rec: RunRecorder) -> SyncEntry:
-    """Send what one recorder has pending: its journal, then every stage's metrics."""
-    flushed = rec.flush()
-    error = flushed.error
-    busy = flushed.busy
-    metrics_sent = pending_bytes = 0
-    unreachable = flushed.error is not None and flushed.transient
-    for stage in rec.stages():
-        fwd = MetricsForwarder(rec, stage)
-        if busy or unreachable:  # another process sends them, or the store is down: do not wait on it again
-            pending_bytes += fwd.pending_bytes()
-            continue
-        result = fwd.drain()
-        metrics_sent += result.metrics
-        pending_bytes += result.pending_bytes
-        busy = busy or result.busy
-        error = error or result.error
-    return SyncEntry(
-        run_id=rec.run_id, run_dir=rec.run_dir, target=rec.target.name, ops_sent=flushed.sent,
-        ops_pending=len(rec.journal.pending()), metrics_sent=metrics_sent, pending_bytes=pending_bytes,
-        error=error, busy=busy,
-    )
 
 
 def unsent(project_root: Path, run_dir: Path) -> tuple[int, int]:

@@ -14,7 +14,6 @@ can be read top to bottom against Megatron-LM's flags (docs/spec.md lists them):
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Literal
 
@@ -31,6 +30,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from mcx.errors import EnvironmentProblem, SpecError
 from mcx.plan import fusions
+from mcx.plan.params import padded_vocab_size
 from mcx.spec.schema import ExperimentSpec
 from mcx.train import wgrad
 from mcx.train.attention import SDPAttention
@@ -77,12 +77,6 @@ def choose_layer_spec(spec: ExperimentSpec, layout: Layout, device: str) -> Laye
         if problems:
             raise SpecError(problems)
     return chosen
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
-    """Megatron's padding: round up to a multiple of make_vocab_size_divisible_by x tensor-parallel size."""
-    multiple = divisible_by * tp
-    return int(math.ceil(vocab_size / multiple) * multiple)
 
 
 def transformer_config(spec: ExperimentSpec, layout: Layout, device: str, layer_spec: LayerSpecName) -> TransformerConfig:

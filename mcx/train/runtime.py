@@ -87,13 +87,6 @@ class World:
         dist.all_gather_object(out, obj)
         return out
 
-    def broadcast_object(self, obj):
-        if self.size == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, device=self.device if self.device.type == "cuda" else None)
-        return box[0]
-
 
 def _env_int(*names: str, default: int) -> int:
     for name in names:

@@ -22,9 +22,9 @@ from mcx.errors import DataError, InputError, McxError, SpecError
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
 from mcx.train.job import Job, read_job
 from mcx.train.result import make_result, write_result
+from mcx.train.worklog import start_logging, stop_logging
 
 log = logging.getLogger("mcx.train")
-LOG_FILE = "worker.log"
 
 
 def _rank() -> int:
@@ -32,25 +32,6 @@ def _rank() -> int:
         if name in os.environ:
             return int(os.environ[name])
     return 0
-
-
-def start_logging(stage_dir: Path, rank: int) -> logging.Handler:
-    handler = logging.FileHandler(stage_dir / LOG_FILE, encoding="utf-8")
-    handler.setFormatter(logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(name)s: %(message)s"))
-    handler.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    for name, level in (("mcx", logging.INFO), ("megatron", logging.WARNING), ("py.warnings", logging.WARNING)):
-        logger = logging.getLogger(name)
-        logger.addHandler(handler)
-        logger.setLevel(min(logger.level or level, level))
-    logging.captureWarnings(True)
-    return handler
-
-
-def stop_logging(handler: logging.Handler) -> None:
-    for name in ("mcx", "megatron", "py.warnings"):
-        logging.getLogger(name).removeHandler(handler)
-    logging.captureWarnings(False)
-    handler.close()
 
 
 def _import_worker(device: str) -> None:

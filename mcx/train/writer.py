@@ -49,6 +49,7 @@ from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQu
 from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
 
 from mcx.train import checksums
+from mcx.train.worklog import start_logging
 
 MIB = 1024 ** 2
 log = logging.getLogger("mcx.train.writer")
@@ -148,9 +149,7 @@ class TimedWrite:
     def _log(self, write_seconds: float) -> None:
         global _logging_to
         if _logging_to != self.stage_dir:
-            from mcx.train.stage import start_logging  # the worker's own log format and levels
-
-            start_logging(self.stage_dir, self.rank)
+            start_logging(self.stage_dir, self.rank)  # the worker's own log format and levels
             _logging_to = self.stage_dir
         began = self.received if isinstance(self.received, float) else self.sent  # a _Stamp if never pickled
         c = self.copy.figures if self.copy is not None else None

@@ -1,0 +1,60 @@
+"""Send what one run's recorder has pending: its journal, then every stage's metrics.
+
+``RunRecorder.close`` (the end of ``mcx run``) and ``mcx sync`` (mcx.track.sync, for every run
+directory) both end here, so the two send alike.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attrs import frozen
+
+from mcx.track.forward import MetricsForwarder, Recorder
+
+
+@frozen
+class SyncEntry:
+    """One run directory after a sync attempt."""
+
+    run_id: str
+    run_dir: Path
+    target: str  # "embedded" or the server URI
+    ops_sent: int
+    ops_pending: int
+    metrics_sent: int
+    pending_bytes: int  # metrics.jsonl bytes not yet in the store, over all stages
+    error: str | None = None
+    busy: bool = False
+
+    @property
+    def state(self) -> str:
+        if self.busy:
+            return "busy"
+        if self.ops_pending or self.pending_bytes:
+            return "pending"
+        return "synced"
+
+
+def sync_recorder(rec: Recorder) -> SyncEntry:
+    """Send what one recorder has pending: its journal, then every stage's metrics."""
+    flushed = rec.flush()
+    error = flushed.error
+    busy = flushed.busy
+    metrics_sent = pending_bytes = 0
+    unreachable = flushed.error is not None and flushed.transient
+    for stage in rec.stages():
+        fwd = MetricsForwarder(rec, stage)
+        if busy or unreachable:  # another process sends them, or the store is down: do not wait on it again
+            pending_bytes += fwd.pending_bytes()
+            continue
+        result = fwd.drain()
+        metrics_sent += result.metrics
+        pending_bytes += result.pending_bytes
+        busy = busy or result.busy
+        error = error or result.error
+    return SyncEntry(
+        run_id=rec.run_id, run_dir=rec.run_dir, target=rec.target.name, ops_sent=flushed.sent,
+        ops_pending=len(rec.journal.pending()), metrics_sent=metrics_sent, pending_bytes=pending_bytes,
+        error=error, busy=busy,
+    )
