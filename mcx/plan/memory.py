@@ -48,9 +48,8 @@ if TYPE_CHECKING:
     from mcx.plan.degrees import Layout
     from mcx.spec.schema import ExperimentSpec
 
-# Local spec vs the structural (TE) count, fitted to mcx's own H200 peaks (sessions 1-3: 2.8B at
-# micro-batch 2 and 4, with and without the fusions). 1.38 fitted ../shared/device.md's loop, whose
-# peaks for the same shapes are 3-7% above mcx's and its own bare loop's.
+# Local spec vs the structural (TE) count, fitted to mcx's own H200 peaks, not ../shared/device.md's
+# loop (D18).
 LOCAL_ACTIVATION_FACTOR = 1.07
 RUNTIME_OVERHEAD_BYTES = 1 * GiB  # CUDA context (0.53 GiB measured on H200), cuBLAS/NCCL workspaces
 TIGHT_FRACTION = 0.90  # above this share of the GPU's memory the verdict is "tight"

@@ -5,8 +5,8 @@ The smoke stage trains a model of seconds; what makes a job long is starting it.
     STARTUP_S + SAFETY x steps x step time, rounded up to whole minutes, at least FLOOR_S
 
 * ``STARTUP_S``: imports from a shared filesystem, rendezvous and NCCL set-up across the node, the
-  dataset index build, the checkpoint writer's start (measured 24-31 s after the stage started on
-  one H200 machine, docs/benchmarks.md) and the smoke checks' two model rebuilds and loads;
+  dataset index build, the checkpoint writer's start (24-31 s after the stage started on
+  one H200 machine, D31) and the smoke checks' two model rebuilds and loads;
 * steps: ``smoke.train_iters``, the ``smoke.resume_check_iters`` steps the resume check replays,
   and the final evaluation's forward-only steps at a third of a training step each;
 * step time: the planner's (:mod:`mcx.plan.cost`) for the smoke model on the smoke stage's GPUs at

@@ -213,8 +213,8 @@ class CheckpointStore:
 
         Each is renamed out of the store at once (``iter_N.retired``, which ``steps`` never lists and
         ``clean_partial`` removes after a crash), then deleted by a background thread: deleting a
-        checkpoint's files paused training 0.3-0.45 s per save for a 1.3 GiB checkpoint on H200's local
-        disk (GPU session 8), and takes far longer on a parallel filesystem. ``settle`` waits for it.
+        checkpoint's files in the save's commit paused training (D32), and takes far longer on a parallel
+        filesystem. ``settle`` waits for it.
         """
         steps = self.steps()
         keep = set(steps[-self.keep:]) | set(pinned)

@@ -313,7 +313,7 @@ class GpuBackend:
             sums = getattr(request.async_fn, "figures", None) or {"seconds": 0.0}
             phases = (f"plan and write {committing[0] - t1 - sums['seconds']:.2f} s, checksums {sums['seconds']:.2f} s, "
                       f"commit {time.perf_counter() - committing[0]:.2f} s")
-        # Where a save's stall goes (docs/benchmarks.md, checkpoint stall): the state dict; the save plan
+        # Where a save's stall goes (D28): the state dict; the save plan
         # (built at the first saves, then cached), with the whole write, the checksums of this rank's files
         # and the commit when synchronous; the copy to host memory when asynchronous.
         log.info("checkpoint save %d paused training %.2f s: state dict %.2f s, %s", self._saves,
@@ -322,12 +322,11 @@ class GpuBackend:
     def prepare_saves(self, scratch: Path) -> None:
         """Rehearse the first asynchronous save's copy to host memory, in the background (D30).
 
-        The writer's first copy creates its pinned host buffers: 0.3-0.55 s for 1.3 GiB on H200 (GPU
-        session 8), growing with the state (tens of GiB per GPU for an 8B model), against 0.03 s for
-        later copies. Once the first step has created the optimizer state, this plans a save of the
-        real state dict into ``scratch`` (MCore writes only its small common part there, and the trainer
-        deletes it) and hands the writer only its copy,
-        as a request training does not wait for. The save plan is then cached too. (With
+        The writer's first copy creates its pinned host buffers, which grow with the state (tens of GiB
+        per GPU for an 8B model); later copies find them made (D30). Once the first step has created the
+        optimizer state, this plans a save of the real state dict into ``scratch`` (MCore writes only its
+        small common part there, and the trainer deletes it) and hands the writer only its copy, as a
+        request training does not wait for. The save plan is then cached too. (With
         nvidia-resiliency-ext, saves go through its own writer, which this does not prepare.)
         """
         if self.async_queue is None or HAVE_NVRX:

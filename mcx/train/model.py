@@ -220,7 +220,7 @@ def build_model_chunk(spec: ExperimentSpec, config: TransformerConfig, layer_spe
 def compiled_rope(spec: ExperimentSpec, layer_spec: LayerSpecName) -> bool:
     """``train.rope_fusion`` on the local spec (GPU workers only): MCore fuses RoPE with Transformer
     Engine's kernel alone, so its unfused RoPE (about ten elementwise kernels a call) is torch.compile'd
-    into one, process-wide. Measured +2.4% tokens/s on the one-H200 spec (docs/benchmarks.md, GPU session 5)."""
+    into one, process-wide: +2.3% tokens/s on the one-H200 spec (D21)."""
     global _ROPE_COMPILED
     if layer_spec != "local" or not spec.train.rope_fusion or spec.model.position_embedding_type != "rope":
         return False

@@ -1,17 +1,15 @@
 """MCore's checkpoint writer: started early, its results queue warmed, its requests timed (D30, D31) and
 checksummed (D36).
 
-Starting (trainer side). ``start`` runs as soon as the worker has imported Megatron-Core:
-* MCore's persistent writer process (asynchronous saves) is a spawned interpreter that imports
-  Megatron-Core and opens a CUDA context before it takes a request: on H200 it took its first request
-  24-29 s after the stage started (GPU session 8), and a save handed over before then waits for it.
-  Started with the backend, as before, it began later still.
-* Every save, synchronous or not, hands its write results to the trainer through a multiprocessing
-  Manager queue. The Manager is a bare spawned interpreter that imports torch when the first results
-  are unpickled in it: 9.5 s of the first save on H200 (``benchmarks/first_save.py``). A thread puts one
-  write result through the queue at start-up and takes it back, so that import happens off the
-  training path. ``results_queue_ready`` (before each save) waits for that round trip to end, so no
-  save's results can ever be taken for it.
+Starting (trainer side). ``start`` runs as soon as the worker has imported Megatron-Core, because the two
+helpers saves use take seconds to start and a save that needs one before then waits for it (D31):
+* MCore's persistent writer process (asynchronous saves), a spawned interpreter that imports
+  Megatron-Core and opens a CUDA context before it takes a request.
+* The multiprocessing Manager queue through which every save hands its write results to the trainer: a
+  bare spawned interpreter that imports torch when the first results are unpickled in it. A thread puts
+  one write result through the queue at start-up and takes it back, so that import happens off the
+  training path; ``results_queue_ready`` (before each save) waits for that round trip, so no save's
+  results can ever be taken for it.
 
 Timing (writer side). MCore's persistent writer (``PersistentAsyncCaller``, one spawned process per rank) takes one
 ``AsyncRequest`` at a time: it receives the request (the trainer's CUDA tensors arrive as IPC
@@ -25,10 +23,10 @@ writer says in the stage's worker.log where one save's time went:
 and a checksummed save (below) adds ", checksums of N files (M MiB) in C s".
 
 "waited" is the time between the trainer handing the request over and the writer starting on it: the
-writer still starting up (GPU session 8: the first save's pause was mostly this), an earlier request
-still running, or the trainer's pickling. ``rehearsal`` is the request that runs a save's copy after the
-first step, so that the first real save finds the writer's pinned buffers made (D30). The timing
-classes run in the writer process and log through the stage's own logging set-up.
+writer still starting up (D31), an earlier request still running, or the trainer's pickling.
+``rehearsal`` is the request that runs a save's copy after the first step, so that the first real save
+finds the writer's pinned buffers made (D30). The timing classes run in the writer process and log
+through the stage's own logging set-up.
 
 Checksums. ``checksummed`` wraps a request's write so that, right after writing, it records the size and
 CRC-32 of the files it wrote (``checksums.record``): in the writer process for an asynchronous save, where
