@@ -63,12 +63,6 @@ class RunResult:
     notes: tuple[RunNote, ...] = ()
 
 
-class RunBusy(McxError):
-    """The run ID is training in another process."""
-
-    exit_code = 1
-
-
 def run(spec_path: str, overrides: list[str], *, project: Path, options: RunOptions, console: Any) -> RunResult:
     spec = load_spec(spec_path, overrides)
     return run_spec(spec, project=project, options=options, console=console)
@@ -120,7 +114,6 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
             raise TrainingFailed("the smoke stage of this run has not passed;",
                                  "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
     from mcx.ops.data import ensure_dataset, keep_dataset
-    from mcx.track.errors import RunLocked
     from mcx.track.runcache import acquire
 
     data_dir = ensure_dataset(data_root or project, spec.data, remote=spec.tracking.dvc_remote)
@@ -129,12 +122,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, consol
     if reproduces is None:  # kept by hash for `mcx reproduce` (a reproduction's data came from there)
         keep_dataset(project, spec.data, pr.record.data.get("id") or {}, remote=spec.tracking.dvc_remote,
                      console=console)
-    try:
-        lock = acquire(rdir, wait=options.wait)
-    except RunLocked as exc:
-        raise RunBusy(f"run {pr.run_id} is training in another process ({exc});",
-                      "wait for it (mcx run --wait), or look at it with `mcx show " + pr.run_id + "`.") from None
-    with lock:
+    with acquire(rdir, wait=options.wait):  # RunLocked (exit 1) when another process trains it
         if reproduces is None:
             cached = _cached(project, pr, options, console, locked=True)  # it may have finished while we waited
             if cached is not None:
@@ -202,6 +190,7 @@ def _launcher_problems(spec: ExperimentSpec) -> list[tuple[str, str]]:
 
 def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *, locked: bool = False
             ) -> RunResult | None:
+    from mcx.track.errors import RunLocked
     from mcx.track.runcache import lookup
 
     state = lookup(project, pr.run_id, tracking_uri=pr.spec.tracking.uri)
@@ -209,9 +198,7 @@ def _cached(project: Path, pr: PlanResult, options: RunOptions, console: Any, *,
         status = (_read_json(state.run_dir / "run.json") or {}).get("status")
         state = type(state)(pr.run_id, "finished" if status == "finished" else "interrupted", state.run_dir, status)
     if state.state == "running" and not options.wait:
-        holder = state.holder.describe() if state.holder else "another process"
-        raise RunBusy(f"run {pr.run_id} is training in {holder};",
-                      f"wait for it (mcx run --wait) or look at it with `mcx show {pr.run_id}`.")
+        raise RunLocked(pr.run_id, state.holder)
     if state.state != "finished" or options.force:
         return None
     run_json = _read_json(state.run_dir / "run.json") or {}

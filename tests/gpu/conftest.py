@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the suite's modules import gpuwork by name
 
 SUITE = "bash benchmarks/gpu/suite.sh OUT --only gpu,gpu2"
 NEEDS = {"gpu": 1, "gpu2": 2}
