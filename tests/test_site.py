@@ -111,15 +111,20 @@ def test_the_vocabulary_and_the_rules_come_in_one_report(project: Path) -> None:
     assert "parallel.tensor" in proc.stderr  # 3 divides no head count: found with a stand-in vocabulary
 
 
-def test_an_unwritable_checkpoint_directory_is_a_warning_in_the_plan_and_refused_at_launch(tmp_path: Path) -> None:
+def _quickstart_project(tmp_path: Path) -> Path:
+    """A git repository with the quickstart spec and data.dvc, but not its dataset."""
     root = tmp_path / "project"
     root.mkdir()
     subprocess.run(["git", "init", "-q", str(root)], check=True)
     shutil.copyfile(ROOT / "data.dvc", root / "data.dvc")
     (root / ".dvc").mkdir()
+    (root / "tiny.toml").write_text((ROOT / "experiments" / "tiny.toml").read_text())
+    return root
+
+
+def test_an_unwritable_checkpoint_directory_is_a_warning_in_the_plan_and_refused_at_launch(tmp_path: Path) -> None:
+    root = _quickstart_project(tmp_path)
     (root / "blocker").write_text("a file where a directory would go\n")
-    spec = (ROOT / "experiments" / "tiny.toml").read_text()
-    (root / "tiny.toml").write_text(spec)
     setting = "checkpoint.dir=\"blocker/ckpt\""
     plan = mcx(root, "plan", "tiny.toml", "--set", setting, "--json")
     assert plan.returncode == 0, plan.stderr
@@ -250,12 +255,7 @@ def test_a_slurm_smoke_stage_fails_fast_naming_the_key(tmp_path: Path) -> None:
 def test_a_checkpoint_directory_without_room_for_a_checkpoint_is_refused_at_launch(tmp_path: Path) -> None:
     # 80 layers of width 8192 (a 70B model): one checkpoint is about 14 bytes a parameter, ~900 GiB, far
     # more than this machine's disk holds; the tiny quickstart's checkpoints fit anywhere.
-    root = tmp_path / "project"
-    root.mkdir()
-    subprocess.run(["git", "init", "-q", str(root)], check=True)
-    shutil.copyfile(ROOT / "data.dvc", root / "data.dvc")
-    (root / ".dvc").mkdir()
-    (root / "tiny.toml").write_text((ROOT / "experiments" / "tiny.toml").read_text())
+    root = _quickstart_project(tmp_path)
     big = ["--set", "model.num_layers=80", "--set", "model.hidden_size=8192", "--set", "model.num_attention_heads=64",
            "--set", "model.num_query_groups=8", "--set", "model.ffn_hidden_size=28672"]
     free = shutil.disk_usage(tmp_path).free

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from mcx import testhooks
 from mcx.errors import DataError, InputError, McxError, SpecError
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
 from mcx.train.job import Job, read_job
@@ -54,8 +55,6 @@ def check_node(job: Job) -> None:
     from mcx.launch import site
 
     where = f"on {socket.gethostname()}"
-    from mcx import testhooks
-
     if testhooks.active() and not job.test_hooks:  # a stray switch must not change training
         raise InputError(f"{testhooks.ENV} is set {where}, but the {job.stage} stage's job file is not a test job;",
                          f"unset {testhooks.ENV}: it is for mcx's tests only.")
