@@ -222,6 +222,11 @@ def test_the_worker_refuses_a_node_that_lacks_what_the_job_needs(tmp_path: Path)
     # and the entry point exits 2, as the Slurm job records it
     cli = subprocess.run([sys.executable, "-m", "mcx.train", str(stage)], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and "model.transformer_impl" in cli.stderr
+    # a rank other than 0 that refuses its node writes the result too: torchrun stops rank 0 when it exits
+    (stage / "result.json").unlink()
+    other = subprocess.run([sys.executable, "-m", "mcx.train", str(stage)], capture_output=True, text=True,
+                           timeout=120, env={**os.environ, "RANK": "1"})
+    assert other.returncode == 2 and json.loads((stage / "result.json").read_text())["error"] == err
 
 
 # ---- on Slurm: the smoke stage's job refuses its node in its first seconds, and mcx run says why

@@ -30,7 +30,7 @@ ALLOWED_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 # Layers, lowest first (docs/architecture.md): a module imports only from its own layer or below.
 # The package ``mcx`` itself holds ``__version__``; ``mcx.__main__`` is ``python -m mcx``.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("mcx", "mcx.errors", "mcx.hashing", "mcx.testhooks"),
+    ("mcx", "mcx.errors", "mcx.hashing", "mcx.jsonfile", "mcx.testhooks"),
     ("mcx.spec",),
     ("mcx.plan", "mcx.launch", "mcx.track", "mcx.data", "mcx.fingerprint", "mcx.metrics"),
     ("mcx.train", "mcx.report", "mcx.interop"),

@@ -223,7 +223,7 @@ def _archive(project: Path, rdir: Path) -> None:
     The next attempt's number stays in the run directory: counted from the archive, it would start
     over once `mcx gc` empties it, and the new attempt would reuse an old attempt's MLflow run.
     """
-    from mcx.track.paths import write_json_atomic
+    from mcx.jsonfile import write_json_atomic
 
     if not rdir.exists():
         return
@@ -257,7 +257,7 @@ def _dry_run(pr: PlanResult, rdir: Path, stages: list[str], console: Any) -> Run
 
 def _write_run_files(pr: PlanResult, rdir: Path, stages: list[str], options: RunOptions) -> None:
     from mcx.fingerprint.record import record_to_dict
-    from mcx.track.paths import write_json_atomic
+    from mcx.jsonfile import write_json_atomic
 
     rdir.mkdir(parents=True, exist_ok=True)
     (rdir / "spec.toml").write_text(dump_spec(pr.spec), encoding="utf-8")
@@ -285,7 +285,7 @@ def _device(spec: ExperimentSpec, pr: PlanResult) -> str:
 def _train(pr: PlanResult, *, project: Path, rdir: Path, data_dir: Path, stages: list[str], options: RunOptions,
            console: Any, reproduces: str | None, reproduction: str | None, code_path: Path | None = None
            ) -> RunResult:
-    from mcx.track.paths import write_json_atomic
+    from mcx.jsonfile import write_json_atomic
     from mcx.track.recorder import RunRecorder
 
     _write_run_files(pr, rdir, stages, options)
@@ -369,7 +369,7 @@ def _run_stage(stage: str, pr: PlanResult, *, project: Path, rdir: Path, data_di
     from mcx.launch.base import clear_result, latest_checkpoint
     from mcx.launch.result import StageResult, read_stage_result
     from mcx.plan.stages import stage_spec
-    from mcx.track.paths import write_json_atomic
+    from mcx.jsonfile import write_json_atomic
     from mcx.train.job import job_to_dict
 
     sdir = rdir / stage

@@ -44,7 +44,8 @@ def seed_runs(project: Path, run_id: str) -> list[SeedRun]:
     """``run_id`` itself, then (by run ID) every finished run of the project that differs from it only
     in ``train.seed``, one per seed; each with its main stage's curves."""
     from mcx.fingerprint.record import load_record, record_from_dict
-    from mcx.track.paths import read_json, run_dir, runs_dir
+    from mcx.jsonfile import read_json
+    from mcx.track.paths import run_dir, runs_dir
 
     base = load_record(project, run_id)
     want = {name: base.component(name)["id"] for name in SAME}

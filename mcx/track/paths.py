@@ -15,15 +15,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from mcx.errors import RunIdError
+from mcx.jsonfile import read_json, write_json_atomic  # noqa: F401  (track modules use them as paths.*)
 
 STATE_DIR = ".mcx"
 RUNS = "runs"
@@ -77,30 +76,3 @@ def git_ignores(project_root: Path, path: Path) -> bool:
     return proc.returncode == 0
 
 
-def read_json(path: Path, default: Any = None) -> Any:
-    """The JSON in ``path``; ``default`` when the file is absent, empty or torn."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError):
-        return default
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return default
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write ``obj`` as JSON so readers see the old or the new file, never a torn one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, sort_keys=True, indent=1, allow_nan=False)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

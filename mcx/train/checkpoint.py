@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import InputError
+from mcx.jsonfile import write_json_atomic
 from mcx.train import checksums
 
 log = logging.getLogger("mcx.train")
@@ -59,16 +60,6 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _delete(paths: list[Path]) -> None:
@@ -161,7 +152,7 @@ class CheckpointStore:
 
     def commit(self, tmp: Path, meta: dict[str, Any], pinned: set[int] = frozenset()) -> Path:
         step = int(meta["step"])
-        write_json_atomic(tmp / META, {**meta, "format": FORMAT, "saved_at": time.time()})
+        write_json_atomic(tmp / META, {**meta, "format": FORMAT, "saved_at": time.time()}, allow_nan=True)
         sums = checksums.seal(tmp)
         _fsync_dir(tmp)
         final = self.path(step)

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mcx.train.checkpoint import write_json_atomic
+from mcx.jsonfile import write_json_atomic
 
 RESULT_FILE = "result.json"
 EXIT_CODES = {"finished": 0, "preempted": 0, "failed": 1, "diverged": 1}

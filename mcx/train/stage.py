@@ -180,6 +180,7 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
     rank = _rank()
     handler = start_logging(stage_dir, rank)
     job: Job | None = None
+    in_group = False  # a rank that fails before the process group forms writes its own result (below)
     try:
         job = read_job(stage_dir)
         log.info("stage %s of run %s on %s", job.stage, job.run_id, job.device)
@@ -197,6 +198,7 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
 
         with StopFlag() as stop, distributed(job) as world, \
                 system_metrics(stage_dir, job.spec.tracking.system_metrics_interval_s, job.device) as sampler:
+            in_group = True
             result = _train(job, world, stage_dir, stop, sampler)
     except McxError as exc:
         log.error("%s", exc)
@@ -207,6 +209,8 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
                              out_of_memory=out_of_memory(exc, job.device if job else "cpu"))
     finally:
         stop_logging(handler)
-    if rank == 0:
+    # Rank 0 writes the result. A rank that refused its node (or crashed) before the group formed writes
+    # it too: the launcher stops rank 0 as soon as that rank exits, perhaps before rank 0 could write.
+    if rank == 0 or (not in_group and result["status"] == "failed"):
         write_result(stage_dir, result)
     return result
