@@ -707,8 +707,10 @@ def test_the_job_file_carries_the_planners_layout_and_reads_it_back():
     """One Layout: the job file's layout section is the planner's Layout's degrees (the contract's
     eight keys, as before), and the worker reads back the very Layout the planner chose, its nodes,
     GPUs per node and distributed optimizer taken from the stage's spec."""
+    from attrs import evolve
+
     from mcx.plan.degrees import JOB_FIELDS
-    from mcx.train.job import Job, job_from_dict, job_to_dict
+    from mcx.train.job import DEGREE_KEYS, Job, job_from_dict, job_to_dict
 
     for name, vocab in (("llama3_70b.toml", 128256), ("mixtral_8x7b.toml", 32000), ("tiny.toml", 512)):
         spec = load_spec(REPO / "experiments" / name)
@@ -719,6 +721,14 @@ def test_the_job_file_carries_the_planners_layout_and_reads_it_back():
                       checkpoint_dir="/c", device="cuda", test_hooks={"x": "1"} if stage == "smoke" else {})
             data = json.loads(json.dumps(job_to_dict(job)))
             assert sorted(data["layout"]) == sorted(JOB_FIELDS)
-            assert job_from_dict(data) == job, (name, stage)
+            assert not set(DEGREE_KEYS) & set(data["spec"]["parallel"])  # each degree once: in the layout
+            degrees = {key: getattr(slayout, field) for key, field in DEGREE_KEYS.items()}
+            assert job_from_dict(data) == evolve(job, spec=evolve(sspec, parallel=evolve(sspec.parallel, **degrees))), \
+                (name, stage)
     with pytest.raises(SpecError, match="layout.nodes"):
         job_from_dict({**data, "layout": {**data["layout"], "nodes": 2}})
+    # a job file of an older control plane wrote the degrees in the spec too: they must agree
+    parallel = data["spec"]["parallel"]
+    assert job_from_dict({**data, "spec": {**data["spec"], "parallel": {**parallel, "tensor": data["layout"]["tp"]}}})
+    with pytest.raises(SpecError, match=r"spec.parallel.tensor: 3 disagrees with layout.tp"):
+        job_from_dict({**data, "spec": {**data["spec"], "parallel": {**parallel, "tensor": 3}}})

@@ -50,11 +50,17 @@ class Job:
     test_hooks: dict[str, str] = field(factory=dict)  # non-empty only in a test job (mcx.testhooks)
 
 
+# The spec's [parallel] degrees and the layout field that carries each in the job file.
+DEGREE_KEYS = {"tensor": "tp", "pipeline": "pp", "virtual_pipeline": "vpp", "context": "cp", "expert": "ep",
+               "sequence_parallel": "sequence_parallel"}
+
+
 def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
     """Structure a job dict; every problem is reported with its key.
 
-    The layout section holds the degrees only (``JOB_FIELDS``); the planner's other Layout fields are
-    the stage spec's, so each value is carried once and the worker's Layout equals the planner's.
+    The layout section holds the degrees (``JOB_FIELDS``) and the spec's [parallel] table the rest, so
+    each value is carried once; the worker's spec gets the layout's degrees back and its Layout equals the
+    planner's. A degree also written in the spec (an older control plane) must agree with the layout.
     """
     layout = data.get("layout")
     extra = sorted(set(layout) - set(JOB_FIELDS)) if isinstance(layout, dict) else []
@@ -65,16 +71,26 @@ def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
         job = convert.structure(data, Job, source)
     except SpecError as exc:
         raise SpecError([*exc.problems, *problems], source) from None
+    written = ((data.get("spec") or {}).get("parallel") or {})
+    for key, name in DEGREE_KEYS.items():
+        value, carried = written.get(key), getattr(job.layout, name)
+        if value not in (None, carried) and not (key == "sequence_parallel" and value is False):
+            problems.append((f"spec.parallel.{key}", f"{value!r} disagrees with layout.{name} = {carried!r}, "
+                                                     "which the job file carries it as"))
     if problems:
         raise SpecError(problems, source)
-    hw = job.spec.hardware
-    return evolve(job, layout=evolve(job.layout, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node,
-                                     distributed_optimizer=job.spec.parallel.distributed_optimizer))
+    lay, hw = job.layout, job.spec.hardware
+    spec = evolve(job.spec, parallel=evolve(job.spec.parallel, **{key: getattr(lay, name)
+                                                                  for key, name in DEGREE_KEYS.items()}))
+    return evolve(job, spec=spec, layout=evolve(lay, nodes=hw.nodes, gpus_per_node=hw.gpus_per_node,
+                                                distributed_optimizer=job.spec.parallel.distributed_optimizer))
 
 
 def job_to_dict(job: Job) -> dict[str, Any]:
     """The job file's JSON object (docs/architecture.md, "The job contract"); job_from_dict reads it back."""
-    return {"run_id": job.run_id, "stage": job.stage, "spec": spec_to_dict(job.spec), "layout": job.layout.job_dict(),
+    spec = spec_to_dict(job.spec)
+    spec["parallel"] = {k: v for k, v in spec["parallel"].items() if k not in DEGREE_KEYS}  # layout carries them
+    return {"run_id": job.run_id, "stage": job.stage, "spec": spec, "layout": job.layout.job_dict(),
             "data_dir": job.data_dir, "checkpoint_dir": job.checkpoint_dir,
             "train_samples_limit": job.train_samples_limit,
             "checks": {"resume_check_iters": job.checks.resume_check_iters, "loss_window": job.checks.loss_window,
