@@ -988,7 +988,7 @@ def test_control_plane_import_stays_light() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
-# --- system metrics (system*.jsonl, written by mcx.train.system) -------------------------------------------
+# --- system metrics (system*.jsonl, written by mcx.train.system_metrics) -------------------------------------------
 
 T0 = 1_764_470_000.0
 

@@ -739,7 +739,7 @@ def test_wgrad_accumulation_is_the_fp32_reference_and_stays_off_without_a_gpu(mo
     assert wgrad.enable(torch.device("cpu")) == "unavailable" == wgrad.current()
     assert layers._grad_accum_fusion_available is False and not hasattr(layers, "fused_weight_gradient_mlp_cuda")
 
-# -- system metrics (mcx.train.system) -------------------------------------------------------------
+# -- system metrics (mcx.train.system_metrics) -------------------------------------------------------------
 
 SMI_FIXTURE = ROOT / "tests" / "fixtures" / "nvidia_smi" / "query_h200.csv"
 H200_GPU0 = {"gpu_0_utilization_percentage": 97.0, "gpu_0_memory_usage_megabytes": 62000 * 1.048576,
@@ -759,7 +759,7 @@ def fake_nvidia_smi(tmp_path: Path, body: str) -> Path:
 
 
 def test_system_nvidia_smi_output_parses_to_mlflow_names():
-    from mcx.train.system import parse_nvidia_smi
+    from mcx.train.system_metrics import parse_nvidia_smi
 
     text = SMI_FIXTURE.read_text()
     every = parse_nvidia_smi(text, None)
@@ -781,7 +781,7 @@ def test_system_nvidia_smi_output_parses_to_mlflow_names():
 
 
 def test_system_sampler_writes_gpu_and_host_lines_and_stops_cleanly(tmp_path):
-    from mcx.train.system import SMI_FIELDS, SmiProbe, SystemSampler, host_probe
+    from mcx.train.system_metrics import SMI_FIELDS, SmiProbe, SystemSampler, host_probe
 
     exe = fake_nvidia_smi(tmp_path, f'cat "{SMI_FIXTURE}"')
     path = tmp_path / "system.jsonl"
@@ -814,7 +814,7 @@ def test_system_sampler_writes_gpu_and_host_lines_and_stops_cleanly(tmp_path):
 
 
 def test_system_sampler_never_raises(tmp_path, caplog):
-    from mcx.train.system import SmiProbe, SystemSampler, gpu_probe, host_probe, system_metrics
+    from mcx.train.system_metrics import SmiProbe, SystemSampler, gpu_probe, host_probe, system_metrics
 
     broken = SmiProbe(None, executable=str(fake_nvidia_smi(tmp_path, 'echo "NVIDIA-SMI has failed" >&2; exit 9')))
     sampler = SystemSampler(tmp_path / "system.jsonl", [broken, host_probe()], interval_s=0.05)
@@ -859,7 +859,7 @@ def test_system_sampler_never_raises(tmp_path, caplog):
 
 
 def test_system_sampler_runs_on_each_nodes_local_rank_zero(tmp_path, monkeypatch):
-    from mcx.train.system import node_place, system_file, system_metrics
+    from mcx.train.system_metrics import node_place, system_file, system_metrics
 
     torchrun = {"RANK": "9", "LOCAL_RANK": "1", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "16",
                 "SLURM_NODEID": "0", "SLURM_NNODES": "2"}

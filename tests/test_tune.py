@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import tomllib
 from pathlib import Path
 
@@ -41,9 +40,8 @@ def test_tune_retries_a_fragmented_out_of_memory_with_expandable_segments(tmp_pa
     replaced by what H200 reported in GPU session 5 (bf16, one-H200 spec: micro-batch 8 ran out of
     memory with 10.7 GiB reserved but unallocated, and fitted with expandable segments; 16 did not fit
     at all). The real trials run on CPU in the test above."""
-    from rich.console import Console
-
     from mcx.ops import tune as tune_mod
+    from mcx.ops.progress import quiet
 
     gib = 2**30
     speed = {1: 30_000.0, 2: 35_000.0, 4: 38_500.0, 8: 38_950.0}
@@ -68,7 +66,7 @@ def test_tune_retries_a_fragmented_out_of_memory_with_expandable_segments(tmp_pa
     spec.write_text((Path(__file__).resolve().parents[1] / "experiments" / "h200_1gpu.toml").read_text())
     out = tmp_path / "tuned.toml"
     res = tune_mod.tune(str(spec), ['model.transformer_impl="transformer_engine"'], project=project, out=str(out),
-                        max_mbs=16, steps=3, console=Console(file=io.StringIO()))
+                        max_mbs=16, steps=3, progress=quiet)
     # 16 ran out with the setting already on (facts say so): no second retry, the sweep stops.
     assert calls == [(1, False), (2, False), (4, False), (8, False), (8, True), (16, True)]
     assert res["best"]["micro_batch_size"] == 8 and res["best"]["expandable_segments"] is True

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from mcx.cli.output import children_to_stderr
+from mcx.cli.output import children_to_stderr, show_progress
 from mcx.errors import McxError
 
 
@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data)
     project = _project(args)
     with children_to_stderr():  # the worker's lines (--json: its metrics as JSON lines) are progress
-        result = run(args.spec, args.overrides, project=project, options=opts, console=_console(stderr=True))
+        result = run(args.spec, args.overrides, project=project, options=opts, progress=show_progress)
     _print_notes(result.notes)
     summary = result.summary
     if args.json:
@@ -200,13 +200,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from mcx.ops.records import show_run
 
-    rec = show_run(args.run_id, project=_project(args))
+    shown = show_run(args.run_id, project=_project(args))
     if args.json:
-        _emit_json(rec)
+        _emit_json(shown)
     else:
         from mcx.report.records_view import render_run
 
-        _console().print(render_run(rec))
+        _console().print(render_run(shown))
     return 0
 
 
@@ -229,7 +229,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     project = _project(args)
     with children_to_stderr():  # the rerun's progress; the verdict is the result
         result = reproduce(args.run_id, project=project, output="json" if args.json else "bar",
-                           console=_console(stderr=True))
+                           progress=show_progress)
     if args.json:
         _emit_json(result)
     else:
@@ -295,7 +295,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     project = _project(args)
     with children_to_stderr():
         result = tune(args.spec, args.overrides, project=project, out=args.output, max_mbs=args.max_micro_batch,
-                      steps=args.steps, console=_console(stderr=True))
+                      steps=args.steps, progress=show_progress)
     if args.json:
         _emit_json(result)
     else:

@@ -52,3 +52,17 @@ def children_to_stderr() -> Iterator[None]:
             sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def show_progress(event: Any) -> None:
+    """Render an op's progress event (mcx.ops.progress) on the stderr console, as it happens."""
+    from mcx.ops.progress import PlanShown
+
+    if isinstance(event, PlanShown):
+        from mcx.report.plan_view import render_plan
+
+        console(stderr=True).print(render_plan(event.plan, event.run_id))
+        return
+    from mcx.report.notes import render_note
+
+    console(stderr=True).print(render_note(event), soft_wrap=event.copyable)  # commands to copy: never wrapped

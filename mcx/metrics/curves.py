@@ -66,17 +66,17 @@ def parse_records(data: bytes, source: str) -> tuple[list[dict[str, Any]], list[
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            record = json.loads(line)
         except ValueError as exc:
             if lineno == len(lines) and not data.endswith(b"\n"):
                 notes.append(f"{source}: skipped an unfinished last line {lineno} (the worker stopped mid-write)")
                 continue
             raise InputError(f"{source}:{lineno} is not valid JSON ({exc});",
                              "the metrics file is damaged: restore it from the run's DVC record or rerun the stage.") from None
-        if type(rec) is not dict:
-            raise InputError(f"{source}:{lineno} is {type(rec).__name__}, not a JSON object;",
+        if type(record) is not dict:
+            raise InputError(f"{source}:{lineno} is {type(record).__name__}, not a JSON object;",
                              "the metrics file is damaged: restore it from the run's DVC record or rerun the stage.")
-        records.append(rec)
+        records.append(record)
     return records, notes
 
 
@@ -95,12 +95,12 @@ def _group_fast(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
 def _group_checked(records: list[dict[str, Any]], source: str) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     skipped = 0
-    for rec in records:
-        kind, step = rec.get("kind"), rec.get("step")
+    for record in records:
+        kind, step = record.get("kind"), record.get("step")
         if type(kind) is not str or type(step) is not int:
             skipped += 1
             continue
-        groups.setdefault(kind, []).append(rec)
+        groups.setdefault(kind, []).append(record)
     notes = [f"{source}: skipped {skipped} line(s) without a string 'kind' and an integer 'step'"] if skipped else []
     return groups, notes
 

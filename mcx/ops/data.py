@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError
+from mcx.ops.progress import Note, Progress
 from mcx.spec.schema import DataSpec, TokenizerSpec
 
 
@@ -168,14 +169,13 @@ def data_versions(project: Path, data: DataSpec, data_id: dict[str, Any]) -> lis
 
 
 def keep_dataset(project: Path, data: DataSpec, data_id: dict[str, Any], *, remote: str | None,
-                 console: Any) -> None:
+                 progress: Progress) -> None:
     """Keep the DVC-tracked data a run trains on in the DVC cache and on the remote, by hash, so that
     `mcx reproduce` can restore it after the workspace moved on.
 
     DataError when the workspace is not the version DVC records (a same-size edit the fingerprint's
     size check cannot see); any other failure (an unreachable remote) is a warning: the run goes on.
     """
-    from rich.markup import escape
 
     from mcx.track.dvc_store import keep_version
 
@@ -185,5 +185,5 @@ def keep_dataset(project: Path, data: DataSpec, data_id: dict[str, Any], *, remo
         except DataError:
             raise
         except Exception as exc:  # an McxError or one of DVC's own: the data stays usable, the run goes on
-            console.print(escape(f"{key}: version {md5} of {rel} not saved to DVC ({exc}); `mcx reproduce` can "
-                                 "restore it only from where it is already kept"), style="yellow")
+            progress(Note(level="warning", text=f"{key}: version {md5} of {rel} not saved to DVC ({exc}); "
+                                                "`mcx reproduce` can restore it only from where it is already kept"))

@@ -137,39 +137,39 @@ def _runs(project: Path, runs: Path, tally: _Tally, remote: RemoteCheck, *, dry_
     for other in sorted(set(runs.iterdir()) - set(rdirs)):
         tally.keep(other, "unknown", "not a run directory; left alone")
     seen: set[Path] = set()  # checkpoint directories already judged (a reproduction may share its run's)
-    for rdir in rdirs:
-        reps = rdir / REPRODUCTIONS
+    for run_path in rdirs:
+        reps = run_path / REPRODUCTIONS
         for rep in sorted(reps.iterdir()) if reps.is_dir() else []:
             if rep.is_dir():
                 _run(project, rep, tally, remote, seen, dry_run=dry_run, keep_final=keep_final, say=say)
             else:
                 tally.keep(rep, "run record", "part of the run's record")
-        _run(project, rdir, tally, remote, seen, dry_run=dry_run, keep_final=keep_final, say=say)
+        _run(project, run_path, tally, remote, seen, dry_run=dry_run, keep_final=keep_final, say=say)
 
 
-def _run(project: Path, rdir: Path, tally: _Tally, remote: RemoteCheck, seen: set[Path], *, dry_run: bool,
+def _run(project: Path, run_path: Path, tally: _Tally, remote: RemoteCheck, seen: set[Path], *, dry_run: bool,
          keep_final: bool, say: Progress) -> None:
     from mcx.track.sync import unsent
 
-    own = inodes(rdir, skip=rdir / REPRODUCTIONS)  # sized before gc's own lock record is written
-    with _held(rdir, dry_run=dry_run) as holder:
+    own = inodes(run_path, skip=run_path / REPRODUCTIONS)  # sized before gc's own lock record is written
+    with _held(run_path, dry_run=dry_run) as holder:
         if holder is not None:
-            tally.keep(rdir, "training run", f"held by the run lock ({holder.describe()}): never touched while it "
+            tally.keep(run_path, "training run", f"held by the run lock ({holder.describe()}): never touched while it "
                        "trains", own)
             return
-        ops, pending = unsent(project, rdir)
+        ops, pending = unsent(project, run_path)
         if ops or pending:
-            tally.keep(rdir, "unsent records", f"{ops} tracking operations and {pending} bytes of metrics are not in "
+            tally.keep(run_path, "unsent records", f"{ops} tracking operations and {pending} bytes of metrics are not in "
                        "the tracking store yet; run `mcx sync`, then gc", own)
             return
         start = len(tally.removed), len(tally.kept)
-        recorded = _recorded_checkpoints(rdir)
+        recorded = _recorded_checkpoints(run_path)
         for stage in paths.STAGES:
-            if (rdir / stage).is_dir():
-                _stage(project, rdir / stage, recorded.get(stage) or {}, tally, remote, seen, keep_final=keep_final)
+            if (run_path / stage).is_dir():
+                _stage(project, run_path / stage, recorded.get(stage) or {}, tally, remote, seen, keep_final=keep_final)
         removed = tally.removed[start[0]:]
         listed = {k for _, files in (*removed, *tally.kept[start[1]:]) for k in files}
-        tally.keep(rdir, "run record", "spec, fingerprint, plan, results, metrics and the tracking spool: what mcx "
+        tally.keep(run_path, "run record", "spec, fingerprint, plan, results, metrics and the tracking spool: what mcx "
                    "show, compare, reproduce and sync read", {k: v for k, v in own.items() if k not in listed})
         if not dry_run:
             for item, _ in removed:
@@ -177,19 +177,19 @@ def _run(project: Path, rdir: Path, tally: _Tally, remote: RemoteCheck, seen: se
                 _delete(item.path)
 
 
-def _stage(project: Path, sdir: Path, recorded: dict[str, str], tally: _Tally, remote: RemoteCheck,
+def _stage(project: Path, stage_path: Path, recorded: dict[str, str], tally: _Tally, remote: RemoteCheck,
            seen: set[Path], *, keep_final: bool) -> None:
     from mcx.train.checkpoint import LATEST, RETIRED, CheckpointStore
 
-    result = paths.read_json(sdir / paths.RESULT_FILE)
+    result = paths.read_json(stage_path / paths.RESULT_FILE)
     ended = isinstance(result, dict)  # the worker writes result.json last: without it, it may still run
     done = ended and result.get("status") == "finished" and result.get("passed", True)  # what run.py reuses
-    ckpt = _checkpoint_dir(sdir)
-    if done and (sdir / "cache").is_dir():
-        tally.remove(sdir / "cache", "dataset cache", "Megatron-Core's dataset index cache of a finished stage; "
+    ckpt = _checkpoint_dir(stage_path)
+    if done and (stage_path / "cache").is_dir():
+        tally.remove(stage_path / "cache", "dataset cache", "Megatron-Core's dataset index cache of a finished stage; "
                      "rebuilt if the stage ever runs again")
-    elif (sdir / "cache").is_dir():
-        tally.keep(sdir / "cache", "dataset cache", "the unfinished stage reads it when it resumes")
+    elif (stage_path / "cache").is_dir():
+        tally.keep(stage_path / "cache", "dataset cache", "the unfinished stage reads it when it resumes")
     if ckpt.resolve() in seen or not ckpt.is_dir():
         return
     seen.add(ckpt.resolve())
@@ -234,17 +234,17 @@ def _stage(project: Path, sdir: Path, recorded: dict[str, str], tally: _Tally, r
                      "(every object checked); restore it by hash (README: mcx gc)")
 
 
-def _checkpoint_dir(sdir: Path) -> Path:
+def _checkpoint_dir(stage_path: Path) -> Path:
     """The stage's checkpoint directory: job.json's where it is the stage's own (``<stage>/checkpoints``)
     or ``checkpoint.dir``'s ``<dir>/<run id>/<stage>``; any other path is a run directory's old place
     (the project was copied or moved), which gc leaves alone."""
-    own = sdir / "checkpoints"
-    recorded = (paths.read_json(sdir / "job.json") or {}).get("checkpoint_dir")
+    own = stage_path / "checkpoints"
+    recorded = (paths.read_json(stage_path / "job.json") or {}).get("checkpoint_dir")
     if not recorded:
         return own
     path = Path(recorded)
-    run_id = sdir.parent.name if sdir.parent.parent.name != REPRODUCTIONS else sdir.parent.parent.parent.name
-    if path.parts[-2:] == (run_id, sdir.name) and path.resolve() != own.resolve():
+    run_id = stage_path.parent.name if stage_path.parent.parent.name != REPRODUCTIONS else stage_path.parent.parent.parent.name
+    if path.parts[-2:] == (run_id, stage_path.name) and path.resolve() != own.resolve():
         return path
     return own
 
@@ -262,12 +262,12 @@ def _final_kept_why(project: Path, final: Path, recorded: dict[str, str], remote
     return remote.lacks(name, md5)
 
 
-def _recorded_checkpoints(rdir: Path) -> dict[str, dict[str, str]]:
+def _recorded_checkpoints(run_path: Path) -> dict[str, dict[str, str]]:
     """``{stage: {"md5", "path", "remote"}}`` as the run journaled them (tags ``mcx.checkpoint.<stage>.*``)."""
     from mcx.track.journal import Journal
 
     out: dict[str, dict[str, str]] = {}
-    for op in Journal(rdir / paths.TRACK_DIR).ops():
+    for op in Journal(run_path / paths.TRACK_DIR).ops():
         if op.get("op") == "tags" and op.get("record") == "run":
             for key, value in (op.get("tags") or {}).items():
                 m = re.fullmatch(r"mcx\.checkpoint\.(\w+)\.(md5|path|remote)", key)
@@ -288,8 +288,8 @@ def _archive(project: Path, archive: Path, tally: _Tally, *, dry_run: bool, say:
         if not m or not entry.is_dir():
             tally.keep(entry, "unknown", "not an archived attempt; left alone")
             continue
-        rdir = paths.runs_dir(project) / m[1]
-        with _held(rdir, dry_run=dry_run, create=False) as holder:
+        run_path = paths.runs_dir(project) / m[1]
+        with _held(run_path, dry_run=dry_run, create=False) as holder:
             if holder is not None:
                 tally.keep(entry, "archived attempt", f"its run is training ({holder.describe()}) and may be "
                            "archiving into it")

@@ -90,8 +90,8 @@ def run_dirs(project: Path, run_ids: list[str], experiment: str | None) -> list[
         raise InputError("no runs to compare;", "give run IDs (see `mcx ls`) or --experiment NAME.")
     out = []
     for rid in dict.fromkeys(run_ids):
-        rdir = run_dir(project, check_run_id(rid))
-        if not (rdir / "spec.toml").exists():
-            raise RunIdError(f"unknown run ID {rid}: no run directory {rdir};", "list runs with `mcx ls`.")
-        out.append(rdir)
+        run_path = run_dir(project, check_run_id(rid))
+        if not (run_path / "spec.toml").exists():
+            raise RunIdError(f"unknown run ID {rid}: no run directory {run_path};", "list runs with `mcx ls`.")
+        out.append(run_path)
     return out

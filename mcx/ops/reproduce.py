@@ -25,18 +25,19 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError, InputError, RunIdError
+from mcx.ops.progress import Note, Progress
 
 
 def _record_dir(project: Path, run_id: str) -> Path:
     from mcx.track.paths import check_run_id, run_dir
 
-    rdir = run_dir(project, check_run_id(run_id))
-    if not (rdir / "spec.toml").is_file() or not (rdir / "fingerprint.json").is_file():
-        raise RunIdError(f"unknown run ID {run_id}: no recorded run in {rdir};",
+    run_path = run_dir(project, check_run_id(run_id))
+    if not (run_path / "spec.toml").is_file() or not (run_path / "fingerprint.json").is_file():
+        raise RunIdError(f"unknown run ID {run_id}: no recorded run in {run_path};",
                          "list runs with `mcx ls`; a run recorded elsewhere needs its run directory here.")
-    if not (rdir / "full" / "metrics.jsonl").is_file() and not (rdir / "smoke" / "metrics.jsonl").is_file():
+    if not (run_path / "full" / "metrics.jsonl").is_file() and not (run_path / "smoke" / "metrics.jsonl").is_file():
         raise RunIdError(f"run {run_id} has no recorded metrics;", "only runs that trained can be reproduced.")
-    return rdir
+    return run_path
 
 
 def _git(project: Path, *args: str, ok: bool = False) -> subprocess.CompletedProcess[bytes]:
@@ -159,33 +160,31 @@ def restore_data(project: Path, worktree: Path, spec: Any, record: Any, run_id: 
     return restored
 
 
-def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[str, Any]:
-    from rich.markup import escape
+def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) -> dict[str, Any]:
 
     from mcx.fingerprint.environment import collect_environment
     from mcx.fingerprint.hardware import collect_hardware
     from mcx.fingerprint.record import load_record
     from mcx.ops.run import RunOptions, run_spec
     from mcx.ops.worktrees import CODE, PREFIX
-    from mcx.report.notes import render_note
     from mcx.report.rundata import load_run_dir
     from mcx.report.seeds import seed_runs
     from mcx.report.verdict import seed_spread_band, verdict, verdict_to_dict
     from mcx.spec import loads_spec
     from mcx.track.runcache import acquire
 
-    rdir = _record_dir(project, run_id)
+    run_path = _record_dir(project, run_id)
     record = load_record(project, run_id)
-    spec = loads_spec((rdir / "spec.toml").read_text(encoding="utf-8"), str(rdir / "spec.toml"))
+    spec = loads_spec((run_path / "spec.toml").read_text(encoding="utf-8"), str(run_path / "spec.toml"))
     env_drift = _drift(record.environment, collect_environment(project, (record.environment.get("info") or {}).get("lockfile")))
     hw_drift = _drift(record.hardware, collect_hardware(spec))
     changes = data_changes(project, spec, record)
     for drift in env_drift:
-        console.print(escape(f"environment drift: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}"),
-                      style="yellow")
+        progress(Note(level="warning", text=f"environment drift: {drift['key']}: recorded {drift['recorded']}, "
+                                            f"now {drift['now']}"))
     for drift in hw_drift:
-        console.print(escape(f"hardware differs: {drift['key']}: recorded {drift['recorded']}, now {drift['now']}"),
-                      style="yellow")
+        progress(Note(level="warning", text=f"hardware differs: {drift['key']}: recorded {drift['recorded']}, "
+                                            f"now {drift['now']}"))
     # The band a rerun is held to where bitwise is not expected (other hardware or topology): the
     # spread between recorded seeds, else the spec's tolerances, else the default.
     band_source, tolerances, seeds = "default", None, []
@@ -193,15 +192,15 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
         seeds = seed_runs(project, run_id)
         if len(seeds) >= 2:
             band_source, tolerances = "seed spread", seed_spread_band([s.data.curves for s in seeds])
-            console.print(escape("band: the seed spread of " + ", ".join(f"{s.run_id} (seed {s.seed})" for s in seeds)))
+            progress(Note(text="band: the seed spread of " + ", ".join(f"{s.run_id} (seed {s.seed})" for s in seeds)))
         elif spec.baseline.tolerances:
             band_source, tolerances = "spec tolerances", dict(spec.baseline.tolerances)
         if band_source != "seed spread":
-            console.print(escape(f"band: {band_source}; no run of this config with another seed is recorded (record "
-                                 "some on the original hardware with `mcx run SPEC --set train.seed=N` to judge by "
-                                 "the seed spread)"), style="yellow")
-    reps = rdir / "reproductions"
-    original = load_run_dir(rdir)
+            progress(Note(level="warning", text=f"band: {band_source}; no run of this config with another seed is "
+                          "recorded (record some on the original hardware with `mcx run SPEC --set train.seed=N` to "
+                          "judge by the seed spread)"))
+    reps = run_path / "reproductions"
+    original = load_run_dir(run_path)
     stages = list(original.stages) or ["full"]
     options = RunOptions(stage="all" if stages == ["smoke", "full"] else stages[0], skip_smoke="smoke" not in stages,
                          yes=True, output=output if output in ("bar", "quiet", "json") else "quiet", verify_data=True)
@@ -214,26 +213,25 @@ def reproduce(run_id: str, *, project: Path, output: str, console: Any) -> dict[
             if changes:  # before a label is taken: data that cannot be restored leaves nothing behind
                 restored = restore_data(project, worktree, spec, record, run_id, changes)
                 for c in changes:
-                    console.print(escape(f"data: {c['reason']}"), style="yellow")
-                console.print(escape("data: restored " + ", ".join(f"{r['path']} {r['md5']}" for r in restored)
-                                     + " by hash into the reproduction's worktree; the workspace's copy is left as "
-                                     "it is"), style="yellow")
+                    progress(Note(level="warning", text=f"data: {c['reason']}"))
+                progress(Note(level="warning", text="data: restored " + ", ".join(f"{r['path']} {r['md5']}" for r in restored)
+                              + " by hash into the reproduction's worktree; the workspace's copy is left as it is"))
             code["drift"] = mcx_drift(record, worktree)
             for drift in code["drift"]:
-                console.print(f"[yellow]mcx differs from the recorded one: {drift['key']}: recorded {drift['recorded']}, "
-                              f"now {drift['now']} (the rerun uses the installed mcx)[/]")
+                progress(Note(level="warning", text=f"mcx differs from the recorded one: {drift['key']}: recorded "
+                                                    f"{drift['recorded']}, now {drift['now']} (the rerun uses the installed mcx)"))
             reps.mkdir(exist_ok=True)
             # The next free label: counting directories would reuse a label after one is deleted, and
             # run_spec would then take that reproduction's finished stages for a rerun.
             label = next_label(reps)
             rep_dir = reps / label
-            console.print(f"[bold]reproducing {run_id}[/] at commit {code['commit'][:12]}"
-                          f"{' + recorded diff' if code['patched'] else ''} -> {rep_dir}")
-            rerun_result = run_spec(spec, project=project, options=options, console=console, run_dir=rep_dir,
+            progress(Note(lead=f"reproducing {run_id}", text=f" at commit {code['commit'][:12]}"
+                                                              f"{' + recorded diff' if code['patched'] else ''} -> {rep_dir}"))
+            rerun_result = run_spec(spec, project=project, options=options, progress=progress, run_dir=rep_dir,
                                     reproduces=run_id, reproduction=label, code_path=worktree,
                                     data_root=worktree if changes else None)
             for note in rerun_result.notes:  # the rerun's notes are the reproduction's progress
-                console.print(render_note(note))
+                progress(note)
             summary = rerun_result.summary
         finally:
             _git(project, "worktree", "remove", "--force", code["worktree"], ok=True)

@@ -21,6 +21,7 @@ from typing import Any
 from attrs import evolve
 
 from mcx.errors import InputError, TrainingFailed
+from mcx.ops.progress import Note, Progress
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
 from mcx.spec import load_spec
 
@@ -32,15 +33,15 @@ def _records(metrics: Path) -> list[dict[str, Any]]:
     if metrics.is_file():
         for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                rec = json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError:
                 continue  # a line being written
-            if rec.get("kind") == "train":
-                out.append(rec)
+            if record.get("kind") == "train":
+                out.append(record)
     return out
 
 
-def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) -> dict[str, Any]:
+def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, planned: Any) -> dict[str, Any]:
     from attrs import evolve
 
     from mcx.launch import launcher_for, placement, worker_env
@@ -54,31 +55,31 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, pr: Any) 
                                       eval_interval=10**9, lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
                    checkpoint=evolve(spec.checkpoint, interval=0, async_save=False))
     tpr = plan_loaded(tspec, project, probe_hardware=True)
-    sspec, slayout = stage_spec(tspec, tpr.plan.layout, "full", vocab_size=tpr.plan.vocab_size)
-    sdir = work / f"mbs{mbs}"
-    sdir.mkdir(parents=True)
-    job = _job("full", sspec, slayout, tpr, sdir, ensure_dataset(project, spec.data), RunOptions(output="quiet"))
-    (sdir / "job.json").write_text(json.dumps(job_to_dict(job)), encoding="utf-8")
-    launcher = launcher_for(sspec.launch)
-    handle = launcher.start(sdir, placement(slayout, job.device), sspec.launch, worker_env(sspec))
+    job_spec, job_layout = stage_spec(tspec, tpr.plan.layout, "full", vocab_size=tpr.plan.vocab_size)
+    stage_path = work / f"mbs{mbs}"
+    stage_path.mkdir(parents=True)
+    job = _job("full", job_spec, job_layout, tpr, stage_path, ensure_dataset(project, spec.data), RunOptions(output="quiet"))
+    (stage_path / "job.json").write_text(json.dumps(job_to_dict(job)), encoding="utf-8")
+    launcher = launcher_for(job_spec.launch)
+    handle = launcher.start(stage_path, placement(job_layout, job.device), job_spec.launch, worker_env(job_spec))
     try:
-        while handle.poll() in ("pending", "running") and len(_records(sdir / "metrics.jsonl")) < steps + 1:
+        while handle.poll() in ("pending", "running") and len(_records(stage_path / "metrics.jsonl")) < steps + 1:
             time.sleep(0.5)
     finally:
         if handle.poll() in ("pending", "running"):  # enough steps: no final checkpoint or evaluation
             kill = getattr(handle, "kill", None)
             kill() if kill is not None else handle.cancel()
         outcome = handle.wait()
-    recs = _records(sdir / "metrics.jsonl")
+    recs = _records(stage_path / "metrics.jsonl")
     if len(recs) < steps + 1:
-        facts = _out_of_memory(sdir)
-        if facts is not None or _log_says_out_of_memory(sdir):
+        facts = _out_of_memory(stage_path)
+        if facts is not None or _log_says_out_of_memory(stage_path):
             return {"micro_batch_size": mbs, "fits": False, "reason": "out of memory",
                     "expandable_segments": spec.train.expandable_segments, "out_of_memory": facts}
         # The trials' directory goes when tune ends: the log's last lines travel in the error instead.
         raise TrainingFailed(f"the trial at micro_batch_size={mbs} stopped after {len(recs)} steps "
                              f"({outcome.state}: {outcome.detail}); the last lines of its worker.log:\n"
-                             + _log_tail(sdir), "fix what it names and run mcx tune again.")
+                             + _log_tail(stage_path), "fix what it names and run mcx tune again.")
     # The trial's figures as docs/metrics.md defines them (the first of its few steps is the warm-up left out).
     from mcx.metrics.summary import BY_KEY, reduce_values
 
@@ -96,7 +97,7 @@ def _log_tail(stage_dir: Path, lines: int = 15) -> str:
     return "\n".join(f"    {line}" for line in tail) + "\n" if tail else "    (the trial wrote no log)\n"
 
 
-def check_trials_can_run(spec: Any, pr: Any) -> None:
+def check_trials_can_run(spec: Any, planned: Any) -> None:
     """Refuse at once what no trial can do on this machine (a trial builds the model for half a minute
     before it would find out): the spec's precision, layout and Transformer Engine against the device
     the trials get here. On Slurm the trials run on the cluster's nodes, which are not probed here."""
@@ -106,11 +107,11 @@ def check_trials_can_run(spec: Any, pr: Any) -> None:
 
     if spec.launch.kind == "slurm":
         return
-    lay, t = pr.plan.layout, spec.train
+    lay, t = planned.plan.layout, spec.train
     problems: list[tuple[str, str]] = []
-    info = (pr.record.hardware.get("info") or {}).get("probe") or {}
+    info = (planned.record.hardware.get("info") or {}).get("probe") or {}
     seen = len(info.get("visible") or [])
-    if _device(spec, pr) == "cpu":
+    if _device(spec, planned) == "cpu":
         if spec.hardware.gpu not in ("cpu", "any"):
             problems.append(("hardware.gpu", f"\"{spec.hardware.gpu}\", but this machine shows no GPU (nvidia-smi); "
                              "mcx tune measures the real hardware: run it on a machine with that GPU"))
@@ -150,7 +151,7 @@ def _log_says_out_of_memory(stage_dir: Path) -> bool:
 
 
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
-         console: Any) -> dict[str, Any]:
+         progress: Progress) -> dict[str, Any]:
     from mcx.ops.outputs import check_output_file, write_text
     from mcx.ops.plan import plan_loaded
     from mcx.track.runcache import acquire
@@ -159,9 +160,9 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
         raise InputError("--steps must be at least 2 and --max-micro-batch at least 1;", "e.g. --steps 6.")
     spec = original = load_spec(spec_path, overrides)
     dest = check_output_file(out or str(Path(spec_path).with_suffix(".tuned.toml")), "-o" if out else "the tuned spec")
-    pr = plan_loaded(spec, project, at_launch=True)  # what this machine lacks is a problem now, not after a build
-    check_trials_can_run(spec, pr)
-    dp, gbs = pr.plan.layout.dp, spec.train.global_batch_size
+    planned = plan_loaded(spec, project, at_launch=True)  # what this machine lacks is a problem now, not after a build
+    check_trials_can_run(spec, planned)
+    dp, gbs = planned.plan.layout.dp, spec.train.global_batch_size
     candidates = [m for m in (2**i for i in range(0, 16)) if m <= max_mbs and gbs % (m * dp) == 0]
     if not candidates:
         raise InputError(f"no micro-batch size divides train.global_batch_size={gbs} over dp={dp};",
@@ -171,21 +172,21 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
     lock = acquire(work)  # held while the trials run: `mcx gc` removes only a work directory nobody holds
     try:
         for mbs in candidates:
-            console.print(f"[bold]tune[/]: micro_batch_size={mbs}, {steps} measured steps")
-            trial = _trial(spec, mbs, steps, project, work, pr)
+            progress(Note(lead="tune", text=f": micro_batch_size={mbs}, {steps} measured steps"))
+            trial = _trial(spec, mbs, steps, project, work, planned)
             unused = None if trial["fits"] else fragments(trial.get("out_of_memory") or {})
             if unused is not None:
-                console.print(f"  micro_batch_size={mbs}: out of memory with {unused / 2**30:.1f} GiB reserved but "
-                              f"unallocated; again with {ALLOCATOR_SETTING}")
+                progress(Note(text=f"  micro_batch_size={mbs}: out of memory with {unused / 2**30:.1f} GiB reserved but "
+                                   f"unallocated; again with {ALLOCATOR_SETTING}"))
                 trials.append(trial)
                 spec = evolve(spec, train=evolve(spec.train, expandable_segments=True))
-                trial = _trial(spec, mbs, steps, project, work / "expandable", pr)
+                trial = _trial(spec, mbs, steps, project, work / "expandable", planned)
             trials.append(trial)
             if not trial["fits"]:
-                console.print(f"  micro_batch_size={mbs}: out of memory; stopping the sweep")
+                progress(Note(text=f"  micro_batch_size={mbs}: out of memory; stopping the sweep"))
                 break
-            console.print(f"  {trial['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
-                          f"peak {trial['mem_peak_bytes'] / 2**30:.1f} GiB")
+            progress(Note(text=f"  {trial['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
+                               f"peak {trial['mem_peak_bytes'] / 2**30:.1f} GiB"))
     finally:
         lock.release()
         shutil.rmtree(work, ignore_errors=True)

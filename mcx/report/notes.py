@@ -1,4 +1,4 @@
-"""A run's notes (mcx.ops.run.RunNote) as Rich markup: the CLI prints them on stderr, beside the result."""
+"""Notes (mcx.ops.progress.Note: progress, and a run's notes) as Rich markup: the CLI prints them on stderr."""
 
 from __future__ import annotations
 

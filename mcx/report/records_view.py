@@ -39,7 +39,7 @@ def render_runs(rows: list[dict[str, Any]], plain: bool = False) -> Any:
 SHOW_METRICS = ("train_loss", "valid_loss", "test_ppl", "tokens_per_s_per_gpu", "mfu", "step_time_s", "mem_peak_bytes")
 
 
-def render_run(rec: dict[str, Any]) -> Any:
+def render_run(record: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
 
@@ -49,11 +49,11 @@ def render_run(rec: dict[str, Any]) -> Any:
     head.add_column(no_wrap=True)
     head.add_column(overflow="fold")
     for key in ("run_id", "name", "status", "state", "source"):
-        if rec.get(key) is not None:
-            head.add_row(key, str(rec[key]))
-    if rec.get("spec_path"):
-        head.add_row("spec", str(rec["spec_path"]))
-    tracking = rec.get("tracking") or {}
+        if record.get(key) is not None:
+            head.add_row(key, str(record[key]))
+    if record.get("spec_path"):
+        head.add_row("spec", str(record["spec_path"]))
+    tracking = record.get("tracking") or {}
     if tracking.get("mlflow_url"):
         head.add_row("MLflow", str(tracking["mlflow_url"]))
     elif tracking.get("mlflow_run"):
@@ -61,14 +61,14 @@ def render_run(rec: dict[str, Any]) -> Any:
                                f"(experiment {tracking.get('experiment')})")
     if tracking.get("pending_ops"):
         head.add_row("unsent", f"{tracking['pending_ops']} records (send with `mcx sync`)")
-    for stage, ck in (rec.get("checkpoints") or {}).items():
+    for stage, ck in (record.get("checkpoints") or {}).items():
         if stage == "error":
             head.add_row("checkpoints", str(ck.get("detail")))
             continue
         where = ck["path"] + ("" if ck.get("present") else " (not here: `mcx pull`)")
         dvc = f", DVC md5 {ck['md5']}" + (f" on remote {ck['remote']}" if ck.get("remote") else "") if ck.get("md5") else ""
         head.add_row(f"{stage} checkpoint", where + dvc)
-    stage_recs = {name: st or {} for name, st in (rec.get("stages") or {}).items()}
+    stage_recs = {name: st or {} for name, st in (record.get("stages") or {}).items()}
     stages = Table(title="stages (metrics as docs/metrics.md defines them)", title_justify="left")
     stages.add_column("", no_wrap=True)
     for name in stage_recs:
@@ -81,6 +81,6 @@ def render_run(rec: dict[str, Any]) -> Any:
     tags = Table(title="fingerprint", title_justify="left")
     tags.add_column("tag", overflow="fold")
     tags.add_column("value", overflow="fold")
-    for k, v in sorted((rec.get("tags") or {}).items()):
+    for k, v in sorted((record.get("tags") or {}).items()):
         tags.add_row(k, str(v))
     return Group(head, stages, tags)

@@ -57,12 +57,12 @@ def seed_runs(project: Path, run_id: str) -> list[SeedRun]:
         if raw is None:
             continue
         try:
-            rec = record_from_dict(raw, str(d / "fingerprint.json"))
+            record = record_from_dict(raw, str(d / "fingerprint.json"))
         except InputError:
             continue  # a damaged record is no evidence
-        seed = _seed(rec.config["id"])
-        if (seed in seeds or any(rec.component(n)["id"] != want[n] for n in SAME)
-                or _without_seed(rec.config["id"]) != want_config):
+        seed = _seed(record.config["id"])
+        if (seed in seeds or any(record.component(n)["id"] != want[n] for n in SAME)
+                or _without_seed(record.config["id"]) != want_config):
             continue
         if (read_json(d / "run.json") or {}).get("status") != "finished":
             continue

@@ -205,7 +205,7 @@ class TrackingSpec:
     experiment: str | None = None  # None: the spec's name
     dvc_remote: str | None = None  # None: the project's default DVC remote, else the embedded one under .mcx/
     log_checkpoints: bool = True
-    system_metrics_interval_s: float = 10.0  # GPU and host sampling on every node (mcx.train.system); 0: off
+    system_metrics_interval_s: float = 10.0  # GPU and host sampling on every node (mcx.train.system_metrics); 0: off
 
 
 @frozen(kw_only=True)

@@ -146,9 +146,9 @@ def resolve(project_root: Path, name_or_run_id: str, *, tracking_uri: str | None
 
 def baseline_metrics(project_root: Path, run_id: str, *, tracking_uri: str | None = None) -> dict[str, float]:
     """A run's final metrics: its full stage's result.json here, else its parent run in the store."""
-    rdir = paths.run_dir(project_root, run_id)
+    run_path = paths.run_dir(project_root, run_id)
     for stage in ("full", "smoke"):
-        result = paths.read_json(rdir / stage / paths.RESULT_FILE)
+        result = paths.read_json(run_path / stage / paths.RESULT_FILE)
         if isinstance(result, dict) and isinstance(result.get("final"), dict):
             return {k: float(v) for k, v in result["final"].items()
                     if isinstance(v, (int, float)) and not isinstance(v, bool)}

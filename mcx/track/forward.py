@@ -17,7 +17,7 @@ shorter, or the bytes before the offset are not the line it last sent), rescans 
 skips every identity already sent; MLflow then keeps the first value sent for a re-run step, while
 metrics.jsonl holds the surviving timeline (they agree for deterministic runs).
 
-System metrics (mcx.train.system) go the same way, one file per node (``system.jsonl``,
+System metrics (mcx.train.system_metrics) go the same way, one file per node (``system.jsonl``,
 ``system.<node>.jsonl``), each with its own cursor (``tracked.system.json``, ``tracked.system.<node>.json``)
 and the names of mcx.track.lines (``system/gpu_0_utilization_percentage``). The MLflow step is the
 training step the line names (the previous line's while the loop has not started, 0 at first), the
@@ -264,20 +264,20 @@ class MetricsForwarder:
 
     def drain(self) -> ForwardResult:
         """Send every complete line not yet sent (journal first, so the stage run exists)."""
-        rec = self.recorder
-        flushed = rec.flush()
-        uuid = rec.record_uuid(f"stage:{self.stage}")
+        record = self.recorder
+        flushed = record.flush()
+        uuid = record.record_uuid(f"stage:{self.stage}")
         if uuid is None or (flushed.error is not None and flushed.transient):  # not created, or the store is down
             left = self.pending_bytes()
             return ForwardResult(0, 0, left, flushed.error or "the stage run is not recorded yet",
                                  flushed.transient or flushed.error is None, flushed.busy)
-        with rec.sending() as mine:
+        with record.sending() as mine:
             if not mine:
                 return ForwardResult(0, 0, self.pending_bytes(), None, busy=True)
             sent_metrics = sent_lines = pending = 0
             error, transient = None, False
             for stream in self.streams():
-                cursor = Cursor(stream.cursor, rec.target.name, uuid)
+                cursor = Cursor(stream.cursor, record.target.name, uuid)
                 if error is not None or not stream.file.exists():
                     pending += self._pending(stream, cursor)
                     continue
@@ -338,27 +338,27 @@ def _batches(data: bytes, cursor: Cursor, rule: LineRule) -> Iterator[_Batch]:
     """Split complete lines into batches; each batch's state builds on the previous one's."""
     batch = _Batch(cursor.sent_through, cursor.last_time_ms, cursor.last_step)
     for raw in data.splitlines(keepends=True):
-        rec = _parse(raw)
-        if rec is not None:
-            t, step = rec.get("time"), rec.get("step")
+        record = _parse(raw)
+        if record is not None:
+            t, step = record.get("time"), record.get("step")
             if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t):
                 batch_time = int(t * 1000)  # eval lines carry no time: the train line's before them
             else:
                 batch_time = batch.last_time_ms
             batch_step = step if type(step) is int else batch.last_step  # system lines before the loop
-            ident = rule.identity(rec, batch_step, batch_time)
+            ident = rule.identity(record, batch_step, batch_time)
         else:
             ident = None
         last = batch.sent_through.get(ident[0]) if ident else None
         fresh = ident is not None and (last is None or ident[1] > last)
-        values = rule.metrics(rec) if fresh else []  # stale: this identity was already sent
+        values = rule.metrics(record) if fresh else []  # stale: this identity was already sent
         if len(batch.metrics) + len(values) > METRICS_PER_BATCH and batch.lines:
             yield batch
             batch = _Batch(batch.sent_through, batch.last_time_ms, batch.last_step)
         batch.lines += 1
         batch.nbytes += len(raw)
         batch.tail = raw
-        if rec is not None:
+        if record is not None:
             batch.last_time_ms, batch.last_step = batch_time, batch_step
         if fresh:
             batch.sent_through[ident[0]] = ident[1]
@@ -369,11 +369,11 @@ def _batches(data: bytes, cursor: Cursor, rule: LineRule) -> Iterator[_Batch]:
 
 def _parse(raw: bytes) -> dict[str, Any] | None:
     try:
-        rec = json.loads(raw)
+        record = json.loads(raw)
     except ValueError:
         log.warning("skipping a metrics line that is not JSON: %r", raw[:80])
         return None
-    return rec if isinstance(rec, dict) else None
+    return record if isinstance(record, dict) else None
 
 
 __all__ = ["Cursor", "ForwardResult", "MetricsForwarder", "Stream", "line_metrics", "system_metrics"]

@@ -82,10 +82,10 @@ def _final(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {}
 
 
-def _tracking_state(rdir: Path) -> dict[str, Any]:
-    journal = Journal(rdir / paths.TRACK_DIR)
-    target = paths.read_json(rdir / paths.TRACK_DIR / "target.json", {}) or {}
-    ids = paths.read_json(rdir / paths.TRACK_DIR / "ids.json", {}) or {}
+def _tracking_state(run_path: Path) -> dict[str, Any]:
+    journal = Journal(run_path / paths.TRACK_DIR)
+    target = paths.read_json(run_path / paths.TRACK_DIR / "target.json", {}) or {}
+    ids = paths.read_json(run_path / paths.TRACK_DIR / "ids.json", {}) or {}
     mlflow_run = (ids.get("records") or {}).get("run")
     return {"target": target.get("target"), "experiment": target.get("experiment"),
             "experiment_id": ids.get("experiment_id"), "mlflow_run": mlflow_run,
@@ -93,7 +93,7 @@ def _tracking_state(rdir: Path) -> dict[str, Any]:
             "pending_ops": len(journal.pending())}
 
 
-def _created(rdir: Path, run_json: dict[str, Any]) -> float:
+def _created(run_path: Path, run_json: dict[str, Any]) -> float:
     """When the run first started (run.json's ``started``), else when its fingerprint was written; never
     the directory's mtime, which a reproduction or a lock file moves."""
     started = run_json.get("started")
@@ -101,20 +101,20 @@ def _created(rdir: Path, run_json: dict[str, Any]) -> float:
         return float(started)
     for name in ("fingerprint.json", "spec.toml"):
         try:
-            return os.stat(rdir / name).st_mtime
+            return os.stat(run_path / name).st_mtime
         except OSError:
             continue
-    return os.stat(rdir).st_mtime
+    return os.stat(run_path).st_mtime
 
 
-def _checkpoints(project_root: Path, rdir: Path) -> dict[str, dict[str, Any]]:
+def _checkpoints(project_root: Path, run_path: Path) -> dict[str, dict[str, Any]]:
     """Each stage's final checkpoint: where it is, whether it is here, and its DVC hash when recorded."""
     from mcx.errors import McxError
     from mcx.track.share import read_pointers
 
     out: dict[str, dict[str, Any]] = {}
     try:
-        pointers = read_pointers(project_root, rdir.name)
+        pointers = read_pointers(project_root, run_path.name)
     except McxError as exc:
         pointers = []
         out["error"] = {"detail": str(exc)}
@@ -122,7 +122,7 @@ def _checkpoints(project_root: Path, rdir: Path) -> dict[str, dict[str, Any]]:
         out[p.stage] = {"path": str(p.target), "present": p.target.is_dir(), "md5": p.md5,
                         "pointer": str(p.dvc_file), "remote": p.remote.get("name"), "remote_url": p.remote.get("url")}
     for stage in paths.STAGES:
-        ckpts = sorted((rdir / stage / "checkpoints").glob("iter_*[0-9]")) if stage not in out else []
+        ckpts = sorted((run_path / stage / "checkpoints").glob("iter_*[0-9]")) if stage not in out else []
         if ckpts:
             out[stage] = {"path": str(ckpts[-1]), "present": True, "md5": None, "pointer": None, "remote": None,
                           "remote_url": None}
@@ -136,22 +136,22 @@ def mlflow_url(target: str | None, experiment_id: str | None, mlflow_run: str | 
     return f"{target.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run}"
 
 
-def _local_summary(project_root: Path, rdir: Path) -> dict[str, Any]:
-    run_json = paths.read_json(rdir / "run.json", {}) or {}
-    stages = {s: _stage_summary(rdir / s) for s in paths.STAGES if (rdir / s).is_dir()}
+def _local_summary(project_root: Path, run_path: Path) -> dict[str, Any]:
+    run_json = paths.read_json(run_path / "run.json", {}) or {}
+    stages = {s: _stage_summary(run_path / s) for s in paths.STAGES if (run_path / s).is_dir()}
     spec_name = None
     try:
         import tomllib
 
-        spec_name = tomllib.loads((rdir / "spec.toml").read_text(encoding="utf-8")).get("name")
+        spec_name = tomllib.loads((run_path / "spec.toml").read_text(encoding="utf-8")).get("name")
     except (OSError, ValueError):
         pass
-    state = lookup(project_root, rdir.name)
+    state = lookup(project_root, run_path.name)
     return {
-        "run_id": rdir.name, "name": spec_name, "status": run_json.get("status"), "state": state.state,
+        "run_id": run_path.name, "name": spec_name, "status": run_json.get("status"), "state": state.state,
         "holder": state.holder.describe() if state.holder else None,
-        "created": _created(rdir, run_json), "stages": stages, "final": _final(stages),
-        "source": "local", "tracking": _tracking_state(rdir),
+        "created": _created(run_path, run_json), "stages": stages, "final": _final(stages),
+        "source": "local", "tracking": _tracking_state(run_path),
     }
 
 
@@ -182,9 +182,9 @@ def list_runs(
     runs_root = paths.runs_dir(root)
     local = {}
     if runs_root.is_dir():
-        for rdir in runs_root.iterdir():
-            if rdir.is_dir() and paths.RUN_ID_PATTERN.fullmatch(rdir.name):
-                local[rdir.name] = _local_summary(root, rdir)
+        for run_path in runs_root.iterdir():
+            if run_path.is_dir() and paths.RUN_ID_PATTERN.fullmatch(run_path.name):
+                local[run_path.name] = _local_summary(root, run_path)
     out = list(local.values())
     if include_tracking:
         store = _store(root, tracking_uri)
@@ -206,16 +206,16 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
     ``include_tracking``, to add the MLflow record's IDs and status). RunIdError if neither has it.
     """
     root = Path(project_root).resolve()
-    rdir = paths.run_dir(root, run_id)
-    if rdir.is_dir():
-        out = _local_summary(root, rdir)
-        spec = _spec_tree(rdir)
-        fp = paths.read_json(rdir / "fingerprint.json")
+    run_path = paths.run_dir(root, run_id)
+    if run_path.is_dir():
+        out = _local_summary(root, run_path)
+        spec = _spec_tree(run_path)
+        fp = paths.read_json(run_path / "fingerprint.json")
         out["params"] = spec_params(spec) if spec else {}
         out["tags"] = fingerprint_tags(fp) if isinstance(fp, dict) else {}
-        out["run"] = paths.read_json(rdir / "run.json", {})
-        out["spec_path"] = str(rdir / "spec.toml")
-        out["checkpoints"] = _checkpoints(root, rdir)
+        out["run"] = paths.read_json(run_path / "run.json", {})
+        out["spec_path"] = str(run_path / "spec.toml")
+        out["checkpoints"] = _checkpoints(root, run_path)
         if not include_tracking:
             return out
     else:
@@ -226,7 +226,7 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
         if parent is None:
             if out is not None:
                 return out
-            raise RunIdError(f"unknown run ID {run_id}: no {rdir} and no record in {store.target.name}",
+            raise RunIdError(f"unknown run ID {run_id}: no {run_path} and no record in {store.target.name}",
                              "list runs with `mcx ls` (add --all for the tracking store's).")
         remote = _tracking_summary(parent)
         remote["params"] = dict(parent.data.params)
@@ -244,11 +244,11 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
     return out
 
 
-def _spec_tree(rdir: Path) -> dict[str, Any] | None:
+def _spec_tree(run_path: Path) -> dict[str, Any] | None:
     from mcx.errors import SpecError
     from mcx.spec.load import loads_spec, spec_to_dict
 
-    path = rdir / "spec.toml"
+    path = run_path / "spec.toml"
     try:
         return spec_to_dict(loads_spec(path.read_text(encoding="utf-8"), str(path)))
     except (OSError, SpecError):
@@ -273,9 +273,9 @@ def read_history(metrics_file: Path, key: str) -> list[tuple[int, float]]:
             except ValueError:
                 continue
     out = []
-    for rec in records:
-        if type(rec) is dict and rec.get("kind") == kind and type(step := rec.get("step")) is int:
-            value = rec.get(field)
+    for record in records:
+        if type(record) is dict and record.get("kind") == kind and type(step := record.get("step")) is int:
+            value = record.get(field)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 out.append((step, float(value)))
     return out

@@ -2,15 +2,15 @@
 
 The control plane calls, in order::
 
-    rec = RunRecorder.for_run(project_root, run_dir)      # reads spec.toml / fingerprint.json
-    rec.start(launcher="local")                          # parent run: params, tags, artifacts
-    rec.start_stage("smoke")                             # child run; then, while the worker runs:
-    with rec.forwarder("smoke"):                         #   metrics.jsonl -> MLflow, in a thread
+    recorder = RunRecorder.for_run(project_root, run_dir)      # reads spec.toml / fingerprint.json
+    recorder.start(launcher="local")                          # parent run: params, tags, artifacts
+    recorder.start_stage("smoke")                             # child run; then, while the worker runs:
+    with recorder.forwarder("smoke"):                         #   metrics.jsonl -> MLflow, in a thread
         launcher.run(...)
-    rec.finish_stage("smoke", checkpoint=record)          # result.json: status, finals, smoke report
+    recorder.finish_stage("smoke", checkpoint=record)          # result.json: status, finals, smoke report
     ...
-    rec.finish("finished")
-    report = rec.close()                                 # final send; what is still pending
+    recorder.finish("finished")
+    report = recorder.close()                                 # final send; what is still pending
 
 Every method returns at once: it appends to the journal (mcx.track.journal) and the sending happens
 in the forwarder's thread, in ``flush()``/``close()``, or later in ``mcx sync``. Nothing here raises
@@ -326,9 +326,9 @@ class RunRecorder:
         """Stages this run opened, in order."""
         seen: list[str] = []
         for op in self.journal.ops():
-            rec = op.get("record", "")
-            if op.get("op") == "open" and rec.startswith("stage:") and rec[6:] not in seen:
-                seen.append(rec[6:])
+            recorder = op.get("record", "")
+            if op.get("op") == "open" and recorder.startswith("stage:") and recorder[6:] not in seen:
+                seen.append(recorder[6:])
         return seen
 
     def close(self) -> SyncEntry:

@@ -172,27 +172,27 @@ def lookup(project_root: Path, run_id: str, *, tracking_uri: str | None = None, 
     The store is asked only when the run directory does not say "finished" or "running" (a project
     whose .mcx/ was cleaned, or a colleague's run on a shared server).
     """
-    rdir = paths.run_dir(project_root, run_id)
-    holder = holder_of(rdir)
+    run_path = paths.run_dir(project_root, run_id)
+    holder = holder_of(run_path)
     status = None
-    run_json = paths.read_json(rdir / RUN_FILE)
+    run_json = paths.read_json(run_path / RUN_FILE)
     if isinstance(run_json, dict):
         status = run_json.get("status")
     if holder is not None:
-        return RunState(run_id, "running", rdir, status, holder)
+        return RunState(run_id, "running", run_path, status, holder)
     if status in FINISHED_STATUSES:
-        return RunState(run_id, "finished", rdir, status)
+        return RunState(run_id, "finished", run_path, status)
     if ask_tracking:
         found = _lookup_tracking(project_root, run_id, tracking_uri)
         if found is not None:
             uuid, tag_status = found
             if tag_status in FINISHED_STATUSES:
-                return RunState(run_id, "finished", rdir, tag_status, source="tracking", mlflow_run=uuid)
-            if not rdir.exists():
-                return RunState(run_id, "interrupted", rdir, tag_status, source="tracking", mlflow_run=uuid)
-    if rdir.exists():
-        return RunState(run_id, "interrupted", rdir, status)
-    return RunState(run_id, "absent", rdir)
+                return RunState(run_id, "finished", run_path, tag_status, source="tracking", mlflow_run=uuid)
+            if not run_path.exists():
+                return RunState(run_id, "interrupted", run_path, tag_status, source="tracking", mlflow_run=uuid)
+    if run_path.exists():
+        return RunState(run_id, "interrupted", run_path, status)
+    return RunState(run_id, "absent", run_path)
 
 
 def _lookup_tracking(project_root: Path, run_id: str, tracking_uri: str | None) -> tuple[str, str | None] | None:

@@ -36,15 +36,15 @@ class SyncEntry:
         return "synced"
 
 
-def sync_recorder(rec: Recorder) -> SyncEntry:
+def sync_recorder(record: Recorder) -> SyncEntry:
     """Send what one recorder has pending: its journal, then every stage's metrics."""
-    flushed = rec.flush()
+    flushed = record.flush()
     error = flushed.error
     busy = flushed.busy
     metrics_sent = pending_bytes = 0
     unreachable = flushed.error is not None and flushed.transient
-    for stage in rec.stages():
-        fwd = MetricsForwarder(rec, stage)
+    for stage in record.stages():
+        fwd = MetricsForwarder(record, stage)
         if busy or unreachable:  # another process sends them, or the store is down: do not wait on it again
             pending_bytes += fwd.pending_bytes()
             continue
@@ -54,7 +54,7 @@ def sync_recorder(rec: Recorder) -> SyncEntry:
         busy = busy or result.busy
         error = error or result.error
     return SyncEntry(
-        run_id=rec.run_id, run_dir=rec.run_dir, target=rec.target.name, ops_sent=flushed.sent,
-        ops_pending=len(rec.journal.pending()), metrics_sent=metrics_sent, pending_bytes=pending_bytes,
+        run_id=record.run_id, run_dir=record.run_dir, target=record.target.name, ops_sent=flushed.sent,
+        ops_pending=len(record.journal.pending()), metrics_sent=metrics_sent, pending_bytes=pending_bytes,
         error=error, busy=busy,
     )

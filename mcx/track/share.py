@@ -139,19 +139,19 @@ def unknown_run(project_root: Path, run_id: str) -> RunIdError:
                       "`git pull` the commit that added it (mcx run says to commit it), or list runs with `mcx ls`.")
 
 
-def share_hint(project_root: Path, rec: DvcRecord, run_id: str, stage: str, remotes: Remotes) -> str:
+def share_hint(project_root: Path, dvc_record: DvcRecord, run_id: str, stage: str, remotes: Remotes) -> str:
     """What ``mcx run`` says once a stage's checkpoint is tracked: what to commit, and how a clone pulls it."""
     root = Path(project_root).resolve()
-    pointer = Path(rec.dvc_file).relative_to(root).as_posix()
+    pointer = Path(dvc_record.dvc_file).relative_to(root).as_posix()
     folder = Path(pointer).parent.as_posix()
-    text = f"{stage} stage: checkpoint {rec.path} is in DVC (pushed to remote {rec.remote!r})"
-    if paths.git_ignores(root, Path(rec.dvc_file)):
+    text = f"{stage} stage: checkpoint {dvc_record.path} is in DVC (pushed to remote {dvc_record.remote!r})"
+    if paths.git_ignores(root, Path(dvc_record.dvc_file)):
         return (text + f"; git ignores its pointer {pointer}: in .gitignore replace `/.mcx/` with `/.mcx/*` and "
                 f"`!/.mcx/checkpoints/`, then commit {folder} so that clones can pull it")
     text += (f"; commit its pointer (git add {folder} && git commit) so that a clone can `dvc pull {pointer}` "
              f"or `mcx pull {run_id}`")
-    if rec.remote not in remotes.shared:
-        url = remotes.urls.get(rec.remote or "", "")
-        text += (f"; remote {rec.remote!r} ({url}) is configured on this machine only: for clones elsewhere, "
+    if dvc_record.remote not in remotes.shared:
+        url = remotes.urls.get(dvc_record.remote or "", "")
+        text += (f"; remote {dvc_record.remote!r} ({url}) is configured on this machine only: for clones elsewhere, "
                  "configure a shared remote once (`dvc remote add -d NAME URL`, commit .dvc/config)")
     return text

@@ -66,10 +66,10 @@ def unsent(project_root: Path, run_dir: Path) -> tuple[int, int]:
     """What of ``run_dir``'s records its tracking store lacks, as far as the spool knows: journal
     operations and metrics-file bytes. Sends and writes nothing; (0, 0) for a run never recorded."""
     try:
-        rec = RunRecorder.load(project_root, run_dir)
+        record = RunRecorder.load(project_root, run_dir)
     except InputError:
         return 0, 0
-    return len(rec.journal.pending()), sum(MetricsForwarder(rec, s).pending_bytes() for s in rec.stages())
+    return len(record.journal.pending()), sum(MetricsForwarder(record, s).pending_bytes() for s in record.stages())
 
 
 def sync(project_root: Path, *, tracking_uri: str | None = None, run_ids: list[str] | None = None) -> SyncReport:
@@ -81,10 +81,10 @@ def sync(project_root: Path, *, tracking_uri: str | None = None, run_ids: list[s
     wanted = {paths.check_run_id(r) for r in run_ids} if run_ids else None
     entries = []
     for run_dir in tracked_run_dirs(project_root):
-        rec = RunRecorder.load(project_root, run_dir, tracking_uri)
-        if wanted is not None and rec.run_id not in wanted and rec.reproduces not in wanted:
+        record = RunRecorder.load(project_root, run_dir, tracking_uri)
+        if wanted is not None and record.run_id not in wanted and record.reproduces not in wanted:
             continue
-        entries.append(sync_recorder(rec))
+        entries.append(sync_recorder(record))
     return SyncReport(tuple(entries), time.perf_counter() - t0)
 
 

@@ -272,11 +272,11 @@ class Trainer:
         mbs = self.take(self.batches(dataset, start), iters * self.num_micro, kind)
         loss_sum, tokens = self.backend.evaluate(mbs)
         loss = loss_sum / max(tokens, 1)
-        rec = {"kind": kind, "step": step, "loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf,
+        record = {"kind": kind, "step": step, "loss": loss, "ppl": math.exp(loss) if loss < 700 else math.inf,
                "time": time.time()}
-        self.metrics.append(rec)
-        self.progress.record(rec)
-        return rec
+        self.metrics.append(record)
+        self.progress.record(record)
+        return record
 
     # -- the loop -----------------------------------------------------------------------------------
 
@@ -284,13 +284,13 @@ class Trainer:
         t, ws = self.spec.train, self.world.size
         tokens = t.global_batch_size * self.spec.model.seq_length
         tflops = self.flops / step_time / ws / 1e12
-        rec = {"kind": "train", "step": step, "loss": out.loss, "grad_norm": out.grad_norm, "lr": out.lr,
+        record = {"kind": "train", "step": step, "loss": out.loss, "grad_norm": out.grad_norm, "lr": out.lr,
                "tokens_per_s_per_gpu": tokens / step_time / ws, "tflops_per_gpu": tflops,
                "mfu": tflops * 1e12 / self.peak_flops if self.peak_flops else None,
                "mem_peak_bytes": self.backend.peak_memory_bytes(), "step_time_s": step_time, "time": time.time()}
         if out.skipped:
-            rec["skipped"] = True  # fp16 loss scaling skipped the update
-        return rec
+            record["skipped"] = True  # fp16 loss scaling skipped the update
+        return record
 
     def run(self, stop: StopFlag) -> Outcome:
         t = self.spec.train
@@ -315,10 +315,10 @@ class Trainer:
             consumed += t.global_batch_size
             outcome.step, outcome.consumed_samples = step, consumed
             self.step = step
-            rec = self.step_record(step, out, step_time)
-            self.metrics.append(rec)
-            self.progress.record(rec)
-            outcome.measured.append(rec)
+            record = self.step_record(step, out, step_time)
+            self.metrics.append(record)
+            self.progress.record(record)
+            outcome.measured.append(record)
             reason = guard.check(step, out.loss, out.grad_norm, out.skipped)
             if reason:
                 outcome.status, outcome.error = "diverged", f"Training diverged: {reason}. {advice(self.spec)}"

@@ -31,11 +31,11 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
         try:
-            rec = json.loads(line)
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(rec, dict):
-            out.append(rec)
+        if isinstance(record, dict):
+            out.append(record)
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 class Progress(Protocol):
     def start(self, total: int, done: int, label: str) -> None: ...
-    def record(self, rec: dict[str, Any]) -> None: ...
+    def record(self, record: dict[str, Any]) -> None: ...
     def note(self, text: str) -> None: ...
     def close(self) -> None: ...
 
@@ -24,7 +24,7 @@ class QuietProgress:
     def start(self, total: int, done: int, label: str) -> None:
         pass
 
-    def record(self, rec: dict[str, Any]) -> None:
+    def record(self, record: dict[str, Any]) -> None:
         pass
 
     def note(self, text: str) -> None:
@@ -35,8 +35,8 @@ class QuietProgress:
 
 
 class JsonProgress(QuietProgress):
-    def record(self, rec: dict[str, Any]) -> None:
-        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in rec.items()}
+    def record(self, record: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         sys.stdout.write(json.dumps(clean, sort_keys=True) + "\n")
         sys.stdout.flush()
 
@@ -61,17 +61,17 @@ class BarProgress:
         self._progress.start()
         self._task = self._progress.add_task(label, total=total, completed=done, stats="")
 
-    def record(self, rec: dict[str, Any]) -> None:
+    def record(self, record: dict[str, Any]) -> None:
         if self._task is None:
             return
-        if rec.get("kind") == "train":
-            mfu = rec.get("mfu")
-            stats = (f"loss {_fmt(rec.get('loss'), '.4f')}  {_fmt(rec.get('tokens_per_s_per_gpu'), ',.0f')} tok/s/gpu"
+        if record.get("kind") == "train":
+            mfu = record.get("mfu")
+            stats = (f"loss {_fmt(record.get('loss'), '.4f')}  {_fmt(record.get('tokens_per_s_per_gpu'), ',.0f')} tok/s/gpu"
                      f"  MFU {'n/a' if mfu is None else format(100 * mfu, '.1f') + '%'}")
-            self._progress.update(self._task, completed=rec["step"], stats=stats)
+            self._progress.update(self._task, completed=record["step"], stats=stats)
         else:
-            self._progress.console.print(f"{rec['kind']} step {rec['step']}: loss {_fmt(rec.get('loss'), '.4f')}"
-                                         f"  ppl {_fmt(rec.get('ppl'), '.2f')}")
+            self._progress.console.print(f"{record['kind']} step {record['step']}: loss {_fmt(record.get('loss'), '.4f')}"
+                                         f"  ppl {_fmt(record.get('ppl'), '.2f')}")
 
     def note(self, text: str) -> None:
         self._progress.console.print(text)

@@ -3,7 +3,7 @@
 ``run_stage`` is the in-process entry (the local launcher and the tests call it); ``python -m
 mcx.train STAGE_DIR`` wraps it and exits with ``result["exit_code"]``. Every rank runs it; rank 0
 writes metrics.jsonl and result.json, all ranks log to worker.log (ranks other than 0 at WARNING), and
-each node's local rank 0 samples system metrics into system.jsonl (mcx.train.system).
+each node's local rank 0 samples system metrics into system.jsonl (mcx.train.system_metrics).
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
             writer.start(rank, persistent=job.spec.checkpoint.async_save)
         from mcx.train.loop import StopFlag
         from mcx.train.runtime import distributed
-        from mcx.train.system import system_metrics
+        from mcx.train.system_metrics import system_metrics
 
         with StopFlag() as stop, distributed(job) as world, \
                 system_metrics(stage_dir, job.spec.tracking.system_metrics_interval_s, job.device) as sampler:
