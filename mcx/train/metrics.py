@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mcx.metrics.curves import parse_records
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -25,18 +27,11 @@ def _clean(value: Any) -> Any:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Every complete record; a torn last line (crash mid-write) is ignored."""
+    """Every complete record, read by the one JSON-lines reader (mcx.metrics.curves): a torn last line
+    (a crash mid-write) is skipped, a damaged line elsewhere is an InputError naming it."""
     if not path.is_file():
         return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
+    return parse_records(path.read_bytes(), str(path))[0]
 
 
 class MetricsFile:
