@@ -679,7 +679,7 @@ def test_mcx_run_trains_on_the_gpu_its_hardware_fingerprint_probed():
     from types import SimpleNamespace
 
     from mcx.fingerprint.hardware import identity
-    from mcx.ops.run import _device
+    from mcx.ops.stage import stage_device as _device
 
     spec = load_spec(REPO / "experiments" / "h200_1gpu.toml")
 

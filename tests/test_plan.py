@@ -677,7 +677,7 @@ def test_smoke_measurement_predicts_the_full_stage_peak_measured_on_h200(name):
     from types import SimpleNamespace
 
     from mcx.launch.result import StageResult
-    from mcx.ops.run import _memory_prediction
+    from mcx.ops.stage import memory_prediction as _memory_prediction
     from mcx.plan.planner import make_plan, plan_to_dict
 
     smoke_peak, full_peak = H200_PEAKS[name]

@@ -8,25 +8,22 @@ It never imports torch or megatron.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from attrs import evolve, frozen
+from attrs import frozen
 
-from mcx import testhooks
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, PlanShown, Progress
+from mcx.ops.stage import explain_failure, run_stage, smoke_limit, stage_device
 from mcx.spec import ExperimentSpec, dump_spec, load_spec
 
 if TYPE_CHECKING:
     from mcx.launch.result import StageResult
-    from mcx.plan.degrees import Layout
-    from mcx.train.job import Job
 
 STAGES = ("smoke", "full")
 
@@ -109,7 +106,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
 
     data_dir = ensure_dataset(data_root or project, spec.data, remote=spec.tracking.dvc_remote)
     if "smoke" in stages:
-        _smoke_limit(planned, data_dir)  # data too small for the smoke stage is bad input: said before anything is written
+        smoke_limit(planned, data_dir)  # data too small for the smoke stage is bad input: said before anything is written
     if reproduces is None:  # kept by hash for `mcx reproduce` (a reproduction's data came from there)
         keep_dataset(project, spec.data, planned.record.data.get("id") or {}, remote=spec.tracking.dvc_remote,
                      progress=progress)
@@ -155,7 +152,7 @@ def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
     te = planned.te_available
     for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
         job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=te, vocab_size=planned.plan.vocab_size)
-        where = placement(job_layout, _device(job_spec, planned))
+        where = placement(job_layout, stage_device(job_spec, planned))
         kind = job_spec.launch.kind
         keys = "smoke.nodes x smoke.gpus_per_node" if stage == "smoke" else "hardware.nodes x hardware.gpus_per_node"
         if kind == "local" and where.world_size != 1:
@@ -239,7 +236,7 @@ def _dry_run(planned: PlanResult, run_path: Path, stages: list[str], progress: P
         job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=te, vocab_size=planned.plan.vocab_size)
         launch[stage] = {"kind": job_spec.launch.kind, "layout": job_layout.job_dict()}
         if job_spec.launch.kind == "slurm":
-            scripts[stage] = render_sbatch(run_path / stage, placement(job_layout, _device(job_spec, planned)), job_spec.launch,
+            scripts[stage] = render_sbatch(run_path / stage, placement(job_layout, stage_device(job_spec, planned)), job_spec.launch,
                                            worker_env(job_spec))
     return RunResult(summary={"run_id": planned.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},
                               "scripts": scripts, "launch": launch, "plan": planned.plan_dict, "exit_code": 0})
@@ -263,15 +260,6 @@ def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], opt
     write_json_atomic(run_path / "run.json", run_json)
 
 
-def _device(spec: ExperimentSpec, planned: PlanResult) -> str:
-    if spec.hardware.gpu == "cpu":
-        return "cpu"
-    if spec.launch.kind == "slurm":
-        return "cuda"
-    # The hardware fingerprint says "cuda" when a GPU is visible here and the spec wants one.
-    return "cuda" if (planned.record.hardware.get("id") or {}).get("device") == "cuda" else "cpu"
-
-
 def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, stages: list[str], options: RunOptions,
            progress: Progress, reproduces: str | None, reproduction: str | None, code_path: Path | None = None
            ) -> RunResult:
@@ -287,12 +275,12 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     started = time.time()
     try:
         for stage in stages:
-            result = _run_stage(stage, planned, project=project, run_path=run_path, data_dir=data_dir, recorder=recorder,
-                                options=options, progress=progress, code_path=code_path)
+            result = run_stage(stage, planned, project=project, run_path=run_path, data_dir=data_dir, recorder=recorder,
+                                output=options.output, progress=progress, code_path=code_path)
             results[stage] = result
             if not result.ok:
                 status = result.status if result.status in ("diverged", "preempted") else "failed"
-                error = _explain_failure(stage, result, planned)
+                error = explain_failure(stage, result, planned)
                 # 2: the worker found bad input where it runs (a node without Transformer Engine, say)
                 exit_code = 0 if status == "preempted" else (2 if result.exit_code == 2 else 1)
                 break
@@ -324,167 +312,6 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     if summary["exit_code"] and summary.get("error"):
         notes.append(Note(level="error", text=f"mcx: {summary['error']}"))
     return RunResult(summary=summary, notes=tuple(notes))
-
-
-def _job(stage: str, job_spec: ExperimentSpec, job_layout: Layout, planned: PlanResult, stage_path: Path, data_dir: Path,
-         options: RunOptions) -> Job:
-    """The stage's job contract; ``job_to_dict`` gives job.json."""
-    from mcx.train.job import Checks, Job
-
-    limit = _smoke_limit(planned, data_dir, job_spec) if stage == "smoke" else None
-    ckpt = Path(planned.spec.checkpoint.dir) / planned.run_id / stage if planned.spec.checkpoint.dir else stage_path / "checkpoints"
-    sm = planned.spec.smoke
-    return Job(run_id=planned.run_id, stage=stage, spec=job_spec, layout=job_layout, data_dir=str(data_dir.resolve()),
-               checkpoint_dir=str(ckpt.resolve()), train_samples_limit=limit,
-               checks=Checks(resume_check_iters=sm.resume_check_iters, loss_window=sm.loss_window,
-                             min_loss_drop=sm.min_loss_drop),
-               device=_device(job_spec, planned), output=options.output,
-               test_hooks=testhooks.active() or {})  # non-empty: a test job (mcx.testhooks)
-
-
-def _smoke_limit(planned: PlanResult, data_dir: Path, job_spec: ExperimentSpec | None = None) -> int:
-    """The smoke stage's ``train_samples_limit``; DataError when the train split holds no sample."""
-    from mcx.data.dataset import smoke_samples_limit
-
-    if job_spec is None:
-        assert planned.plan.smoke is not None, "a smoke stage is planned whenever smoke.enabled"
-        job_spec = planned.plan.smoke.spec
-    return smoke_samples_limit(data_dir, job_spec.data.split, job_spec.model.seq_length, planned.spec.smoke.data_fraction,
-                               job_spec.data.prefix)
-
-
-def _run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: Any,
-               options: RunOptions, progress: Progress, code_path: Path | None = None) -> StageResult:
-    from mcx.launch import launcher_for, placement, worker_env
-    from mcx.launch.base import clear_result, latest_checkpoint
-    from mcx.launch.result import StageResult, read_stage_result
-    from mcx.plan.stages import stage_spec
-    from mcx.jsonfile import write_json_atomic
-    from mcx.train.job import job_to_dict
-
-    stage_path = run_path / stage
-    prior = read_stage_result(stage_path)
-    if prior and prior.ok:
-        progress(Note(lead=f"{stage} stage", text=f" already finished in {stage_path}; reusing it"))
-        return prior
-    job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=planned.te_available,
-                                vocab_size=planned.plan.vocab_size)
-    stage_path.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(stage_path / "job.json", job_to_dict(_job(stage, job_spec, job_layout, planned, stage_path, data_dir, options)))
-    resume = latest_checkpoint(stage_path)
-    clear_result(stage_path)
-    progress(Note(lead=f"{stage} stage", text=f": {job_spec.model.num_layers} layers, hidden {job_spec.model.hidden_size}, "
-                  f"seq {job_spec.model.seq_length}, {job_spec.train.train_iters} steps, layout "
-                  f"TP{job_layout.tp} PP{job_layout.pp} CP{job_layout.cp} EP{job_layout.ep} DP{job_layout.dp} "
-                  f"({job_spec.launch.kind})" + (f"; resuming from {resume}" if resume else "")))
-    recorder.start_stage(stage)
-    launcher = launcher_for(job_spec.launch)
-    try:
-        with recorder.forwarder(stage):
-            env = worker_env(job_spec)
-            if code_path is not None:  # a reproduction: the worker imports the recorded mcx first
-                path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
-                env = {**env, "PYTHONPATH": os.pathsep.join(path)}
-            handle = launcher.start(stage_path, placement(job_layout, _device(job_spec, planned)), job_spec.launch, env)
-            forwarding = getattr(handle, "forwarding_signals", None)
-            if forwarding is not None:
-                with forwarding():
-                    outcome = handle.wait()
-            else:
-                outcome = handle.wait()
-    except BaseException:  # not started (sbatch refused it...) or interrupted: the stage's record ends too
-        recorder.finish_stage(stage)
-        raise
-    result = read_stage_result(stage_path) or StageResult(
-        status="failed", passed=False, error=f"the worker wrote no result ({outcome.state}: {outcome.detail})")
-    if outcome.state not in ("finished", "failed") and result.status == "finished":
-        result = evolve(result, status="failed", error=f"launch ended {outcome.state}: {outcome.detail}")
-    if outcome.state == "preempted" and result.status != "preempted":
-        result = evolve(result, status="preempted", error=outcome.detail)
-    for warning in result.warnings:  # e.g. a damaged checkpoint set aside (D36)
-        progress(Note(level="warning", text=f"{stage} stage: {warning}"))
-    checkpoint = None
-    if result.status == "finished" and planned.spec.tracking.log_checkpoints:
-        checkpoint = _track_checkpoint(project, stage_path, planned, progress)
-    if stage == "smoke" and result.status == "finished":
-        result = evolve(result, control_checks={**result.control_checks,
-                                                "memory_prediction": _memory_prediction(planned, result)})
-    recorder.finish_stage(stage, checkpoint=checkpoint)
-    return result
-
-
-def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, progress: Progress) -> dict[str, Any] | None:
-    from mcx.launch.base import latest_checkpoint
-    from mcx.ops.data import data_versions
-    from mcx.track import paths
-    from mcx.track.dvc_store import track_checkpoint
-    from mcx.track.share import configured_remotes, share_hint
-
-    latest = latest_checkpoint(stage_path)
-    if latest is None:
-        return None
-    ckpt_dir = Path(_read_json(stage_path / "job.json")["checkpoint_dir"]) / latest
-    # The run's own stages get a pointer git can carry (.mcx/checkpoints/<id>/<stage>.dvc, D38);
-    # a reproduction's checkpoints keep theirs beside them.
-    own = stage_path.parent == paths.run_dir(project, planned.run_id)
-    pointer = paths.pointer_file(project, planned.run_id, stage_path.name) if own else None
-    meta = {"run_id": planned.run_id, "stage": stage_path.name,
-            "data": data_versions(project, planned.spec.data, planned.record.data.get("id") or {})} if own else None
-    try:
-        tracked = track_checkpoint(project, ckpt_dir, remote=planned.spec.tracking.dvc_remote, dvc_file=pointer, meta=meta)
-        if own:
-            hint = share_hint(project, tracked, planned.run_id, stage_path.name, configured_remotes(project))
-            progress(Note(text=hint, copyable=True))
-        return tracked.to_dict()
-    except McxError as exc:
-        progress(Note(level="warning", text=f"checkpoint not added to DVC: {exc}"))
-        return None
-
-
-def _memory_prediction(planned: PlanResult, smoke_result: StageResult) -> dict[str, Any]:
-    """Full-model peak memory predicted from the smoke stage's measurement and the planner's model.
-
-    The planner's error on the smoke model (measured - planned) is mostly what no model of
-    parameters and activations holds (allocator rounding, library workspaces): it is carried over
-    to the full model as a constant, rather than scaled with it.
-    """
-    measured = smoke_result.final.get("mem_peak_bytes")
-    smoke_plan = (planned.plan_dict.get("smoke") or {}).get("memory_per_gpu_bytes")
-    full_plan = planned.plan_dict.get("memory_per_gpu_bytes")
-    on_cpu = smoke_result.details.get("device", smoke_result.extra.get("device")) == "cpu"
-    if on_cpu or not measured or not smoke_plan or not full_plan:
-        return {"passed": True, "detail": "not comparable on this device (CPU memory is not GPU memory)"}
-    predicted = full_plan + (measured - smoke_plan)
-    capacity = planned.plan_dict.get("memory", {}).get("capacity_bytes")
-    fits = capacity is None or predicted <= capacity
-    return {"passed": bool(fits), "measured_smoke_bytes": measured, "planned_smoke_bytes": smoke_plan,
-            "planned_full_bytes": full_plan, "predicted_full_bytes": predicted, "capacity_bytes": capacity,
-            "detail": f"full stage predicted at {predicted / 2**30:.1f} GiB per GPU (planner: {full_plan / 2**30:.1f} "
-                      f"GiB; smoke measured {measured / 2**30:.2f} GiB against {smoke_plan / 2**30:.2f} GiB planned)"
-                      + ("" if fits else f", over the {capacity / 2**30:.0f} GiB of the GPU")}
-
-
-def _explain_failure(stage: str, result: StageResult, planned: PlanResult) -> str:
-    failed = [f"{name}: {c.get('detail', '')}" for name, c in result.checks.items()
-              if isinstance(c, dict) and c.get("passed") is False]
-    base = f"the {stage} stage {result.status or 'failed'}"
-    if result.error:
-        base += f": {result.error}"
-    if failed:
-        base += "; failing checks: " + "; ".join(failed)
-    if result.out_of_memory:
-        base += "\n" + "\n".join(f"  - {a}" for a in _oom_advice(stage, result.out_of_memory, planned))
-    return base
-
-
-def _oom_advice(stage: str, facts: dict[str, Any], planned: PlanResult) -> list[str]:
-    """The planner's view of the stage that ran out of memory, and its fixes."""
-    from mcx.plan.memory import memory_fixes, oom_advice
-
-    plan = planned.plan
-    spec, layout, est = ((plan.smoke.spec, plan.smoke.layout, plan.smoke.memory) if stage == "smoke" and plan.smoke
-                         else (plan.spec, plan.layout, plan.memory))
-    return oom_advice(est, facts, memory_fixes(spec, layout, est, plan.vocab_size, plan.transformer_impl))
 
 
 def _judge(summary: dict[str, Any], project: Path, planned: PlanResult, full: StageResult) -> None:

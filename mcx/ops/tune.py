@@ -47,7 +47,7 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, planned: 
     from mcx.launch import launcher_for, placement, worker_env
     from mcx.ops.data import ensure_dataset
     from mcx.ops.plan import plan_loaded
-    from mcx.ops.run import RunOptions, _job
+    from mcx.ops.stage import stage_job
     from mcx.plan.stages import stage_spec
     from mcx.train.job import job_to_dict
 
@@ -58,7 +58,7 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, planned: 
     job_spec, job_layout = stage_spec(tspec, tpr.plan.layout, "full", vocab_size=tpr.plan.vocab_size)
     stage_path = work / f"mbs{mbs}"
     stage_path.mkdir(parents=True)
-    job = _job("full", job_spec, job_layout, tpr, stage_path, ensure_dataset(project, spec.data), RunOptions(output="quiet"))
+    job = stage_job("full", job_spec, job_layout, tpr, stage_path, ensure_dataset(project, spec.data), "quiet")
     (stage_path / "job.json").write_text(json.dumps(job_to_dict(job)), encoding="utf-8")
     launcher = launcher_for(job_spec.launch)
     handle = launcher.start(stage_path, placement(job_layout, job.device), job_spec.launch, worker_env(job_spec))
@@ -103,7 +103,7 @@ def check_trials_can_run(spec: Any, planned: Any) -> None:
     the trials get here. On Slurm the trials run on the cluster's nodes, which are not probed here."""
     from mcx.errors import SpecError
     from mcx.launch import site
-    from mcx.ops.run import _device
+    from mcx.ops.stage import stage_device
 
     if spec.launch.kind == "slurm":
         return
@@ -111,7 +111,7 @@ def check_trials_can_run(spec: Any, planned: Any) -> None:
     problems: list[tuple[str, str]] = []
     info = (planned.record.hardware.get("info") or {}).get("probe") or {}
     seen = len(info.get("visible") or [])
-    if _device(spec, planned) == "cpu":
+    if stage_device(spec, planned) == "cpu":
         if spec.hardware.gpu not in ("cpu", "any"):
             problems.append(("hardware.gpu", f"\"{spec.hardware.gpu}\", but this machine shows no GPU (nvidia-smi); "
                              "mcx tune measures the real hardware: run it on a machine with that GPU"))
