@@ -210,6 +210,19 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from mcx.ops.records import lineage
+
+    chain = lineage(args.run_id, project=_project(args))
+    if args.json:
+        _emit_json(chain)
+    else:
+        from mcx.report.records_view import render_lineage
+
+        _console().print(render_lineage(chain))
+    return 0
+
+
 def cmd_sync(args: argparse.Namespace) -> int:
     from mcx.ops.records import sync
 
@@ -395,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run_id")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_show)
+
+    s = sub.add_parser("lineage", help="the runs a run started from ([init] from) and the runs started from it")
+    s.add_argument("run_id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_lineage)
 
     s = sub.add_parser("sync", help="replay records spooled while the tracking server was unreachable")
     s.add_argument("--json", action="store_true")

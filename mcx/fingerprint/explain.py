@@ -12,7 +12,7 @@ from typing import Any
 
 from attrs import frozen
 
-from mcx.fingerprint.record import COMPONENTS, FingerprintRecord, component_hashes, load_record, run_id
+from mcx.fingerprint.record import COMPONENTS, INIT, FingerprintRecord, component_hashes, load_record, run_id
 
 __all__ = ["ComponentDiff", "Explanation", "KeyChange", "explain", "explanation_to_dict", "flatten",
            "load_record", "render_explanation"]
@@ -71,10 +71,15 @@ def diff_keys(a: dict[str, Any], b: dict[str, Any]) -> tuple[KeyChange, ...]:
 def explain(rec_a: FingerprintRecord, rec_b: FingerprintRecord) -> Explanation:
     """Which components of ``rec_b`` differ from ``rec_a``, key by key."""
     ha, hb = component_hashes(rec_a), component_hashes(rec_b)
+    names = COMPONENTS + ((INIT,) if INIT in ha or INIT in hb else ())  # a run with a source and one without
+
+    def ident(rec: FingerprintRecord, name: str) -> dict[str, Any]:
+        return (rec.component(name) or {}).get("id", {})
+
     diffs = tuple(
-        ComponentDiff(name, ha[name], hb[name], diff_keys(rec_a.component(name)["id"], rec_b.component(name)["id"]))
-        for name in COMPONENTS
-        if ha[name] != hb[name]
+        ComponentDiff(name, ha.get(name, ""), hb.get(name, ""), diff_keys(ident(rec_a, name), ident(rec_b, name)))
+        for name in names
+        if ha.get(name) != hb.get(name)
     )
     return Explanation(run_a=run_id(rec_a), run_b=run_id(rec_b), components=diffs)
 

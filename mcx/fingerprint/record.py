@@ -1,6 +1,7 @@
 """The fingerprint record and the run ID it hashes to.
 
-A record holds five components, each ``{"id": {...}, "info": {...}}``: ``id`` is exactly what is
+A record holds five components, and a sixth, ``init``, when the run starts from another run's or a
+model's weights (mcx.fingerprint.init), each ``{"id": {...}, "info": {...}}``: ``id`` is exactly what is
 hashed, ``info`` is what was observed along the way (paths, probes, versions that cannot change a
 result). Warnings and side data (the code patch) are kept beside them and never hashed.
 
@@ -27,11 +28,13 @@ from mcx.fingerprint.config import collect_config
 from mcx.fingerprint.data import collect_data
 from mcx.fingerprint.environment import collect_environment
 from mcx.fingerprint.hardware import collect_hardware
+from mcx.fingerprint.init import collect_init
 from mcx.hashing import digest, short_id
 from mcx.spec import ExperimentSpec
 
 SCHEMA = 1  # bump when what a component hashes changes meaning; old IDs then stop matching on load
 COMPONENTS = ("code", "environment", "config", "data", "hardware")
+INIT = "init"  # hashed only when present: runs from random weights keep their IDs
 RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
 RUNS_DIR = Path(".mcx") / "runs"  # <project>/.mcx/runs/<run_id>/fingerprint.json
 
@@ -45,12 +48,17 @@ class FingerprintRecord:
     config: dict[str, Any]
     data: dict[str, Any]
     hardware: dict[str, Any]
+    init: dict[str, Any] | None = None
     warnings: tuple[str, ...] = ()
     # Not hashed: {"patch": str, "patch_encoding": "utf-8" | "base64"} when the tree is dirty.
     side: dict[str, Any] = field(factory=dict)
 
     def component(self, name: str) -> dict[str, Any]:
         return getattr(self, name)
+
+    def names(self) -> tuple[str, ...]:
+        """The components this record hashes: COMPONENTS, and ``init`` when the run has a source."""
+        return COMPONENTS + ((INIT,) if self.init is not None else ())
 
 
 def _patch_side(patch: bytes | None) -> dict[str, Any]:
@@ -101,6 +109,9 @@ def collect(
         "data": collect_data(spec, root, require_data, allow_absent, rehash_data),
         "hardware": collect_hardware(spec, probe_hardware),
     }
+    init = collect_init(spec, root, rehash_data)
+    if init is not None:
+        parts[INIT] = init
     warnings = tuple(f"{name}: {w}" for name, part in parts.items() for w in part["warnings"])
     side = _patch_side(parts["code"].get("patch"))
     comps = {name: {"id": part["id"], "info": part["info"]} for name, part in parts.items()}
@@ -109,7 +120,7 @@ def collect(
 
 def component_hashes(record: FingerprintRecord) -> dict[str, str]:
     """Full sha256 of each component's ``id``."""
-    return {name: digest(record.component(name)["id"]) for name in COMPONENTS}
+    return {name: digest(record.component(name)["id"]) for name in record.names()}
 
 
 def run_id(record: FingerprintRecord) -> str:
@@ -123,7 +134,7 @@ def record_to_dict(record: FingerprintRecord) -> dict[str, Any]:
         "schema": SCHEMA,
         "run_id": run_id(record),
         "component_hashes": component_hashes(record),
-        **{name: record.component(name) for name in COMPONENTS},
+        **{name: record.component(name) for name in record.names()},
         "warnings": list(record.warnings),
         "side": record.side,
     }
@@ -145,7 +156,12 @@ def record_from_dict(data: Any, source: str = "fingerprint record") -> Fingerpri
     side = data.get("side", {})
     if not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings) and isinstance(side, dict)):
         raise InputError(f"{source}: warnings or side data malformed", "regenerate it by running the spec again.")
-    record = FingerprintRecord(**{name: data[name] for name in COMPONENTS}, warnings=tuple(warnings), side=side)
+    init = data.get(INIT)
+    if init is not None and not (isinstance(init, dict) and isinstance(init.get("id"), dict)
+                                 and isinstance(init.get("info"), dict)):
+        raise InputError(f"{source}: component {INIT!r} is malformed", "regenerate it by running the spec again.")
+    record = FingerprintRecord(**{name: data[name] for name in COMPONENTS}, init=init, warnings=tuple(warnings),
+                               side=side)
     if "run_id" in data and data["run_id"] != run_id(record):
         raise InputError(f"{source} says run ID {data['run_id']} but its content hashes to {run_id(record)}",
                          "the file was edited or damaged; run the spec again to record it anew.")

@@ -25,7 +25,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "spec.md"
 
 _SECTION_TITLES = {
     "": "Top level", "model": "[model]", "parallel": "[parallel]", "train": "[train]", "data": "[data]",
-    "checkpoint": "[checkpoint]", "smoke": "[smoke]", "hardware": "[hardware]", "launch": "[launch]",
+    "checkpoint": "[checkpoint]", "init": "[init]", "smoke": "[smoke]", "hardware": "[hardware]", "launch": "[launch]",
     "tracking": "[tracking]", "baseline": "[baseline]", "budget": "[budget]",
 }
 

@@ -87,6 +87,7 @@ def _r(key: str, kind: Kind, args: str | tuple[str, ...], absent: Any, doc: str,
 
 
 _SMOKE = "the smoke stage is mcx's own short run before the full one"
+_INIT = "the source's identity is part of the run ID (docs/lineage.md)"
 _TRACK = "mcx records runs to MLflow and DVC"
 
 FLAGS: tuple[Row, ...] = (
@@ -322,6 +323,16 @@ FLAGS: tuple[Row, ...] = (
        "Requeue the job after preemption or a timeout."),
     _r("launch.slurm.extra_sbatch", "launcher", "#SBATCH (others)", NA, "Further #SBATCH options, verbatim.",
        "every #SBATCH option the other keys do not cover"),
+    # ---- init
+    _r("init.from", "mcx", (), NA, "Where the weights start: \"run:<run-id>\" (that run's final checkpoint, or "
+       "init.step's), \"hf:<dir>\" (a Hugging Face model directory) or \"megatron:<dir>\" (a Megatron-Core "
+       "checkpoint); unset means random initialisation.", _INIT),
+    _r("init.step", "mcx", (), NA, "For a run: source, the step whose checkpoint to start from; unset means the "
+       "run's final checkpoint.", _INIT),
+    _r("init.load_optimizer", "mcx", (), NA, "Also load the source's optimizer state (run: and megatron: sources).",
+       "Megatron-LM loads it unless --no-load-optim; " + _INIT),
+    _r("init.reset_step", "mcx", (), NA, "Count steps, the learning-rate schedule and the data from 0; false "
+       "continues from the source's step.", "Megatron-LM's --finetune resets the iteration; " + _INIT),
     # ---- tracking, baseline, budget
     _r("tracking.uri", "mcx", (), NA, "MLflow tracking URI; unset means $MLFLOW_TRACKING_URI, else the embedded store.", _TRACK),
     _r("tracking.experiment", "mcx", (), NA, "MLflow experiment; unset means the spec's name.", _TRACK),

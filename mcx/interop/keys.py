@@ -52,7 +52,7 @@ def spec_keys() -> dict[str, Key]:
         hints = field_types(cl)
         for a in attrs.fields(cl):
             t = hints[a.name]
-            path = f"{prefix}{a.name}"
+            path = f"{prefix}{a.metadata.get('key', a.name)}"  # the TOML key ([init] from)
             if isinstance(t, type) and attrs.has(t):
                 walk(t, path + ".")
             else:
@@ -66,11 +66,11 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     """A spec (or any attrs instance) as {dotted.key: value}, values as the classes hold them."""
     out: dict[str, Any] = {}
     for a in attrs.fields(type(obj)):
-        v = getattr(obj, a.name)
+        v, name = getattr(obj, a.name), a.metadata.get("key", a.name)
         if attrs.has(type(v)):
-            out.update(flatten(v, f"{prefix}{a.name}."))
+            out.update(flatten(v, f"{prefix}{name}."))
         else:
-            out[f"{prefix}{a.name}"] = v
+            out[f"{prefix}{name}"] = v
     return out
 
 

@@ -48,6 +48,14 @@ def show_run(run_id: str, *, project: Path) -> dict[str, Any]:
     return query(project, _require_known(project, run_id), _uri(project), include_tracking=False)
 
 
+def lineage(run_id: str, *, project: Path) -> dict[str, Any]:
+    """`mcx lineage`: the runs ``run_id`` started from (up to its first source) and the runs started from it."""
+    from mcx.track.lineage import lineage as chain
+    from mcx.track.paths import check_run_id
+
+    return chain(project, check_run_id(run_id))
+
+
 def sync(*, project: Path) -> dict[str, Any]:
     from mcx.track.sync import sync as replay
 

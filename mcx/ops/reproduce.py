@@ -160,6 +160,36 @@ def restore_data(project: Path, worktree: Path, spec: Any, record: Any, run_id: 
     return restored
 
 
+def restore_parent(project: Path, spec: Any, record: Any, progress: Progress) -> dict[str, Any] | None:
+    """The checkpoint a child run started from ([init] from = "run:..."), back by its content hash: fetched
+    from DVC (`mcx pull`) when it is not in this project, then checked against what the child recorded.
+    A model directory (hf:, megatron:) must be where the spec says, with the recorded content."""
+    from mcx.fingerprint.init import collect_init
+
+    recorded = record.init
+    if recorded is None:
+        return None
+    pulled = False
+    try:
+        now = collect_init(spec, project)
+    except InputError:
+        if recorded["id"].get("kind") != "run":
+            raise
+        from mcx.ops.pull import pull
+
+        parent = recorded["id"]["run_id"]
+        progress(Note(text=f"init: the checkpoint of run {parent} is not here; fetching it from DVC"))
+        pull(parent, project=project)
+        pulled, now = True, collect_init(spec, project)
+    if now["id"] != recorded["id"]:
+        what = f"run {recorded['id'].get('run_id')}'s checkpoint" if recorded["id"].get("kind") == "run" else spec.init.source
+        raise InputError(f"init.from: {what} is not the one this run started from (content "
+                         f"{str(now['id'].get('checkpoint') or now['id'].get('content'))[:12]}, recorded "
+                         f"{str(recorded['id'].get('checkpoint') or recorded['id'].get('content'))[:12]});",
+                         "restore the recorded source (`mcx pull PARENT` for a run), or reproduce the parent first.")
+    return {**recorded["id"], "path": now["info"]["path"], "pulled": pulled}
+
+
 def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) -> dict[str, Any]:
 
     from mcx.fingerprint.environment import collect_environment
@@ -179,6 +209,7 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) ->
     env_drift = _drift(record.environment, collect_environment(project, (record.environment.get("info") or {}).get("lockfile")))
     hw_drift = _drift(record.hardware, collect_hardware(spec))
     changes = data_changes(project, spec, record)
+    parent = restore_parent(project, spec, record, progress)
     for drift in env_drift:
         progress(Note(level="warning", text=f"environment drift: {drift['key']}: recorded {drift['recorded']}, "
                                             f"now {drift['now']}"))
@@ -240,7 +271,7 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) ->
     out = {"run_id": run_id, "reproduction": label, "reproduction_dir": str(rep_dir),
            "mlflow_run": summary.get("tracking", {}).get("mlflow_run"), **verdict_to_dict(v),
            "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code,
-           "data_identical": True, "data_changes": changes, "data_restored": restored,
+           "data_identical": True, "data_changes": changes, "data_restored": restored, "parent": parent,
            "seed_runs": [{"run_id": s.run_id, "seed": s.seed} for s in seeds] if band_source == "seed spread" else [],
            "status": summary.get("status")}
     if v.divergence is not None:

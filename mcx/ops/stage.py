@@ -44,7 +44,20 @@ def stage_job(stage: str, job_spec: ExperimentSpec, job_layout: Layout, planned:
                checks=Checks(resume_check_iters=sm.resume_check_iters, loss_window=sm.loss_window,
                              min_loss_drop=sm.min_loss_drop),
                device=stage_device(job_spec, planned), output=output,
-               test_hooks=testhooks.active() or {})  # non-empty: a test job (mcx.testhooks)
+               test_hooks=testhooks.active() or {},  # non-empty: a test job (mcx.testhooks)
+               init=_init(stage, planned))
+
+
+def _init(stage: str, planned: PlanResult):
+    """The full stage's source of weights ([init] from, as the fingerprint resolved it); None: random."""
+    from mcx.train.job import InitFrom
+
+    source = planned.record.init
+    if stage != "full" or source is None:
+        return None
+    init = planned.spec.init
+    return InitFrom(kind=source["id"]["kind"], path=source["info"]["path"], format=source["info"]["format"],
+                    load_optimizer=init.load_optimizer, reset_step=init.reset_step)
 
 
 def smoke_limit(planned: PlanResult, data_dir: Path, job_spec: ExperimentSpec | None = None) -> int:

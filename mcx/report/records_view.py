@@ -84,3 +84,41 @@ def render_run(record: dict[str, Any]) -> Any:
     for k, v in sorted((record.get("tags") or {}).items()):
         tags.add_row(k, str(v))
     return Group(head, stages, tags)
+
+
+def render_lineage(chain: dict[str, Any]) -> Any:
+    """`mcx lineage`: the first source at the top, then each ancestor, the run, and its descendants indented."""
+    from rich.table import Table
+
+    t = Table(title=f"lineage of {chain['run']['run_id']}", title_justify="left")
+    for col in ("", "run ID / source", "name", "status", "started from"):
+        t.add_column(col, no_wrap=col != "name")
+    ancestors = chain["ancestors"]
+    rows = []
+    for i, a in enumerate(ancestors):  # nearest first; each started from the next one
+        if a["kind"] != "run":
+            rows.append(["source", f"{a['kind']}:{a.get('path') or '?'}", "-", "-",
+                         f"content {str(a.get('content'))[:12]}"])
+            continue
+        older = ancestors[i + 1] if i + 1 < len(ancestors) else None
+        rows.append(["ancestor", a["run_id"], str(a.get("name") or "-"),
+                     str(a.get("status") or "-") if a["here"] else "not in this project",
+                     _from(older) if (older or a["here"]) else "?"])
+    rows.reverse()
+    run = chain["run"]
+    rows.append(["this run", run["run_id"], str(run.get("name") or "-"), str(run.get("status") or "-"),
+                 _from(ancestors[0] if ancestors else None)])
+    for d in chain["descendants"]:
+        rows.append(["  " * (d["depth"] - 1) + "descendant", d["run_id"], str(d.get("name") or "-"),
+                     str(d.get("status") or "-"), f"{d['parent']} step {d.get('step')}"])
+    for row in rows:
+        t.add_row(*row)
+    return t
+
+
+def _from(source: dict[str, Any] | None) -> str:
+    if source is None:
+        return "random weights"
+    if source["kind"] == "run":
+        return f"{source['run_id']} step {source.get('step')}"
+    return f"{source['kind']}:{source.get('path') or '?'}"

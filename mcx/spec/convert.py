@@ -76,10 +76,15 @@ def _strict_str(v: Any, _: type) -> str:
     return v
 
 
+def _renames(cl: type) -> dict[str, Any]:
+    """Fields whose TOML key is not a Python name (``[init] from``): ``field(metadata={"key": "from"})``."""
+    return {f.name: cattrs.gen.override(rename=f.metadata["key"]) for f in attrs.fields(cl) if "key" in f.metadata}
+
+
 def _table_hook_factory(c: cattrs.Converter):
     def factory(cl: type):
         inner = cattrs.gen.make_dict_structure_fn(cl, c, _cattrs_forbid_extra_keys=True,
-                                                  _cattrs_detailed_validation=True)
+                                                  _cattrs_detailed_validation=True, **_renames(cl))
 
         def hook(v: Any, t: type) -> Any:
             if not isinstance(v, dict):
@@ -147,11 +152,14 @@ def converter() -> cattrs.Converter:
     c.register_structure_hook_factory(_is_tuple, _tuple_hook_factory(c))
     c.register_structure_hook_factory(attrs.has, _table_hook_factory(c))
     c.register_unstructure_hook(tuple, list)
+    c.register_unstructure_hook_factory(
+        lambda t: attrs.has(t) and bool(_renames(t)),
+        lambda cl: cattrs.gen.make_dict_unstructure_fn(cl, c, _cattrs_omit_if_default=False, **_renames(cl)))
     return c
 
 
 def _field_names(cl: type) -> list[str]:
-    return [a.name for a in attrs.fields(cl)]
+    return [a.metadata.get("key", a.name) for a in attrs.fields(cl)]
 
 
 def _join(path: str, name: str | int) -> str:

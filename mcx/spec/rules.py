@@ -158,8 +158,44 @@ def _divisors(n: int) -> str:
     return ", ".join(map(str, divisors(n)))
 
 
+INIT_KINDS = ("run", "hf", "megatron")
+_RUN_ID = re.compile(r"^[0-9a-f]{12}$")
+
+
+def init_source(text: str) -> tuple[str, str] | None:
+    """``init.from`` as (kind, rest): ("run", "<run-id>"), ("hf", "<dir>"), ("megatron", "<dir>"); None if malformed."""
+    kind, sep, rest = text.partition(":")
+    if not sep or kind not in INIT_KINDS or not rest.strip() or (kind == "run" and not _RUN_ID.fullmatch(rest)):
+        return None
+    return kind, rest
+
+
+def _init_rules(spec: ExperimentSpec) -> Problems:
+    init, out = spec.init, []
+    if init.source is None:
+        for key, value, default in (("step", init.step, None), ("load_optimizer", init.load_optimizer, False),
+                                    ("reset_step", init.reset_step, True)):
+            if value != default:
+                out.append((f"init.{key}", "needs init.from (the run or model to start from)"))
+        return out
+    parsed = init_source(init.source)
+    if parsed is None:
+        return [("init.from", f"{init.source!r} is not a source; write \"run:<run-id>\" (12 hex digits, see `mcx ls`), "
+                              "\"hf:<dir>\" (a Hugging Face model directory) or \"megatron:<dir>\"")]
+    kind = parsed[0]
+    if init.step is not None and kind != "run":
+        out.append(("init.step", f"names a step of a run; a {kind}: source has one checkpoint (unset init.step)"))
+    if init.step is not None and init.step < 1:
+        out.append(("init.step", f"must be a step >= 1, got {init.step}"))
+    if kind == "hf" and init.load_optimizer:
+        out.append(("init.load_optimizer", "a Hugging Face model has no optimizer state; set it to false"))
+    if kind == "hf" and not init.reset_step:
+        out.append(("init.reset_step", "a Hugging Face model has no step to continue from; set it to true"))
+    return out
+
+
 def check_spec(spec: ExperimentSpec) -> Problems:
-    return _range_rules(spec) + _model_rules(spec) + _train_rules(spec)
+    return _range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _init_rules(spec)
 
 
 def divisors(n: int) -> list[int]:

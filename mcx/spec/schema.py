@@ -215,6 +215,16 @@ class BaselineSpec:
 
 
 @frozen(kw_only=True)
+class InitSpec:
+    """Where the weights start: random (unset), another run's checkpoint, or a model directory."""
+
+    source: str | None = field(default=None, metadata={"key": "from"})  # run:<id>, hf:<dir>, megatron:<dir>
+    step: int | None = None  # run:<id> only: that step's checkpoint; None: the run's final checkpoint
+    load_optimizer: bool = False  # also the optimizer state (run: and megatron: sources)
+    reset_step: bool = True  # count steps, schedule and data from 0; false: continue from the source's step
+
+
+@frozen(kw_only=True)
 class BudgetSpec:
     max_gpu_hours: float | None = None  # None: no gate
     assumed_mfu: float = 0.40  # used for time and cost estimates before anything ran
@@ -230,6 +240,7 @@ class ExperimentSpec:
     train: TrainSpec
     data: DataSpec
     checkpoint: CheckpointSpec = field(factory=CheckpointSpec)
+    init: InitSpec = field(factory=InitSpec)
     smoke: SmokeSpec = field(factory=SmokeSpec)
     hardware: HardwareSpec = field(factory=HardwareSpec)
     launch: LaunchSpec = field(factory=LaunchSpec)

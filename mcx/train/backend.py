@@ -20,6 +20,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from mcx.errors import SpecError
 from mcx.spec.schema import ExperimentSpec
+from mcx.train.job import InitFrom
 
 Batch = dict[str, torch.Tensor]  # tokens, labels, loss_mask, position_ids [, attention_mask]
 
@@ -49,6 +50,7 @@ class Backend(Protocol):
     def evaluate(self, microbatches: list[Batch]) -> tuple[float, int]: ...  # (loss sum, tokens), global
     def save(self, directory: Path, on_done) -> None: ...  # on_done() runs when every rank's files are written
     def load(self, directory: Path) -> None: ...
+    def start_from(self, init: InitFrom, step: int) -> None: ...  # a fresh stage's weights from [init] (warmstart.py)
     def finalize_saves(self, blocking: bool) -> None: ...
     def prepare_saves(self, scratch: Path) -> None: ...  # once, after the first step of a stage that saves
     def state_tensors(self) -> dict[str, torch.Tensor]: ...

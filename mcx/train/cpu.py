@@ -38,11 +38,11 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 from megatron.core.transformer.moe.router import Router, router_gating_linear
 
-from mcx.errors import SpecError
+from mcx.errors import InputError, SpecError
 from mcx.train import checksums
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
-from mcx.train.job import Job
+from mcx.train.job import InitFrom, Job
 from mcx.train.runtime import World, seed_everything
 
 STATE_FILE = "state.pt"
@@ -231,6 +231,27 @@ class CpuBackend:
         self.scheduler = make_scheduler(self.optimizer, self.spec)
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(torch.load(directory / f"rng_rank{self.world.rank}.pt", weights_only=True))
+
+    @torch.no_grad()
+    def start_from(self, init: InitFrom, step: int) -> None:
+        """The source's weights (warmstart.py), its optimizer state with ``init.load_optimizer``, and the
+        schedule advanced to ``step`` (0 with ``init.reset_step``)."""
+        from mcx.train import warmstart
+
+        own = self.model.state_dict()
+        weights = warmstart.canonical_weights(init, own)
+        warmstart.check_fits(weights, own, init.path)
+        self.model.load_state_dict({**{k: v for k, v in own.items() if k.endswith("_extra_state")},
+                                    **{k: v for k, v in weights.items() if not k.endswith("_extra_state")}}, strict=True)
+        if init.load_optimizer:
+            if init.format != "torch":
+                raise InputError(f"init.load_optimizer: the CPU backend reads optimizer state from a CPU run's "
+                                 f"checkpoint only, and {init.path} is a {init.format} checkpoint;",
+                                 "set init.load_optimizer = false (the weights still load).")
+            state = torch.load(Path(init.path) / STATE_FILE, map_location="cpu", weights_only=True)
+            self.optimizer.load_state_dict(state["optimizer"])
+        if step:
+            self.scheduler.step(increment=step)
 
     def finalize_saves(self, blocking: bool) -> None:
         """Saves are synchronous on CPU."""

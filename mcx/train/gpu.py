@@ -46,11 +46,12 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank, unwrap_model
 
+from mcx.errors import InputError
 from mcx.plan.memory import ALLOCATOR_ENV
 from mcx.train import model as model_lib
 from mcx.train import writer
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
-from mcx.train.job import Job
+from mcx.train.job import InitFrom, Job
 from mcx.train.runtime import World, seed_everything
 
 log = logging.getLogger("mcx.train")
@@ -262,7 +263,8 @@ class GpuBackend:
         torch.cuda.set_rng_state(state["cuda"])
         tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
 
-    def _sharded_state_dict(self, is_loading: bool) -> dict[str, Any]:
+    def _model_sharded_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The model chunks' sharded state dicts ("model", or "model0", "model1", ... with VPP) and the metadata."""
         metadata = {"distrib_optim_sharding_type": _SHARDING, "singleton_local_shards": False,
                     "chained_optim_avoid_prefix": True,
                     "dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
@@ -273,6 +275,10 @@ class GpuBackend:
             sd["model" if len(self.model) == 1 else f"model{i}"] = unwrap_model(m).sharded_state_dict(metadata=metadata)
         if len(self.model) > 1:
             parallel_state.set_virtual_pipeline_model_parallel_rank(0)
+        return sd, metadata
+
+    def _sharded_state_dict(self, is_loading: bool) -> dict[str, Any]:
+        sd, metadata = self._model_sharded_state_dict()
         sd["optimizer"] = self.optimizer.sharded_state_dict(sd, is_loading=is_loading, metadata=metadata)
         sd["opt_param_scheduler"] = self.scheduler.state_dict()
         # Every rank's RNG states (ranks of one DP group differ, e.g. by expert-parallel rank).
@@ -372,6 +378,52 @@ class GpuBackend:
         self.scheduler = make_scheduler(self.optimizer, self.spec)  # MCore's load adds to num_steps
         self.scheduler.load_state_dict(loaded["opt_param_scheduler"])
         self._set_rng_state(loaded["rng_state"])
+
+    @torch.no_grad()
+    def start_from(self, init: InitFrom, step: int) -> None:
+        """A fresh stage's weights from ``init`` (warmstart.py). A distributed checkpoint of the same layer
+        spec loads with dist_checkpointing (any layout; with ``init.load_optimizer`` its optimizer too);
+        anything else goes through the canonical full tensors (fullstate.load_full). The optimizer's main
+        params are then refreshed from the model's, and the schedule advanced to ``step``."""
+        from megatron.core.dist_checkpointing.core import CheckpointingException
+
+        loaded = None
+        if init.format == "dist":
+            try:
+                loaded = self._load_dist_source(Path(init.path), init.load_optimizer)
+            except (CheckpointingException, KeyError, RuntimeError) as exc:
+                if init.load_optimizer:
+                    raise InputError(f"init.load_optimizer: the optimizer state of {init.path} does not load into "
+                                     f"this model ({type(exc).__name__}: {exc});",
+                                     "set init.load_optimizer = false: the weights alone load across layer specs.") from None
+                log.info("init: %s is not this layer spec's checkpoint (%s); loading its full tensors", init.path, exc)
+        if loaded is None:
+            from mcx.train import fullstate, warmstart
+
+            weights = warmstart.canonical_weights(init, {})
+            fullstate.load_full([unwrap_model(m) for m in self.model], weights)
+        self.optimizer.reload_model_params()
+        if step:
+            self.scheduler.step(increment=step)
+
+    def _load_dist_source(self, directory: Path, with_optimizer: bool) -> dict[str, Any]:
+        if with_optimizer:
+            for opt in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                if isinstance(opt, DistributedOptimizer) and len(opt.optimizer.state) == 0:
+                    opt._init_optimizer_states_with_dummy_values()  # as in load()
+            sd = {k: v for k, v in self._sharded_state_dict(is_loading=True).items()
+                  if k not in ("opt_param_scheduler", "rng_state")}  # the child's own schedule and RNG
+        else:
+            sd = self._model_sharded_state_dict()[0]
+        with _own_te_extra_state():
+            loaded = dist_checkpointing.load(sd, str(directory),
+                                             sharded_strategy=get_default_load_sharded_strategy(str(directory)))
+            for i, m in enumerate(self.model):
+                unwrap_model(m).load_state_dict(loaded["model" if len(self.model) == 1 else f"model{i}"], strict=True)
+        if with_optimizer:
+            self.optimizer.load_state_dict(loaded["optimizer"])
+            self._restore_adam_steps(loaded["optimizer"])
+        return loaded
 
     def _restore_adam_steps(self, loaded_optimizer: Any) -> None:
         """Give every parameter its own Adam step count, equal to the checkpoint's.

@@ -36,6 +36,19 @@ class Checks:
 
 
 @frozen(kw_only=True)
+class InitFrom:
+    """Where a full stage's weights start when it has no checkpoint of its own (the spec's [init], resolved
+    by the control plane: mcx.fingerprint.init). ``format``: what ``path`` holds: "torch" (the CPU
+    backend's state.pt), "dist" (a Megatron-Core distributed checkpoint), "hf" (a Hugging Face model)."""
+
+    kind: Literal["run", "hf", "megatron"]
+    path: str
+    format: Literal["torch", "dist", "hf"]
+    load_optimizer: bool = False
+    reset_step: bool = True
+
+
+@frozen(kw_only=True)
 class Job:
     run_id: str
     stage: Stage
@@ -48,6 +61,7 @@ class Job:
     device: Device = "cpu"
     output: Output = "bar"
     test_hooks: dict[str, str] = field(factory=dict)  # non-empty only in a test job (mcx.testhooks)
+    init: InitFrom | None = None  # the full stage of a run with [init] from; the smoke stage starts at random
 
 
 # The spec's [parallel] degrees and the layout field that carries each in the job file.
@@ -96,7 +110,10 @@ def job_to_dict(job: Job) -> dict[str, Any]:
             "checks": {"resume_check_iters": job.checks.resume_check_iters, "loss_window": job.checks.loss_window,
                        "min_loss_drop": job.checks.min_loss_drop},
             "device": job.device, "output": job.output,
-            **({"test_hooks": dict(job.test_hooks)} if job.test_hooks else {})}
+            **({"test_hooks": dict(job.test_hooks)} if job.test_hooks else {}),
+            **({"init": {"kind": job.init.kind, "path": job.init.path, "format": job.init.format,
+                         "load_optimizer": job.init.load_optimizer, "reset_step": job.init.reset_step}}
+               if job.init else {})}
 
 
 def read_job(stage_dir: Path) -> Job:

@@ -48,6 +48,7 @@ from mcx.train.guard import DivergenceGuard, advice
 from mcx.train.job import Job, num_microbatches
 from mcx.train.metrics import MetricsFile
 from mcx.train.progress import Progress
+from mcx.train import warmstart
 from mcx.train.runtime import World
 
 log = logging.getLogger("mcx.train")
@@ -243,7 +244,13 @@ class Trainer:
         if latest is None:
             self.metrics.truncate_after(0, final=False)
             self.step = 0
-            return 0, 0
+            if self.job.init is None:
+                return 0, 0
+            step, consumed = warmstart.source_position(self.job.init)  # (0, 0) unless init.reset_step = false
+            self.backend.start_from(self.job.init, step)
+            self.step = step
+            log.info("started from %s (%s), at step %d", self.job.init.path, self.job.init.format, step)
+            return step, consumed
         latest = self._intact(latest)
         meta = self.store.read_meta(latest)
         want = self.meta(meta["step"], meta["consumed_samples"])

@@ -98,3 +98,30 @@ def test_mcx_reproduce_of_the_gpu_run_is_bitwise(run, reproduced):
     assert v["verdict"] == "bitwise" and v["first_difference"] is None and v["divergence"] is None, v
     assert v["steps"] == 40 and "train/loss" in v["compared"], v
     assert v["data_identical"] is True and v["hardware_drift"] == [], v
+
+
+def _test_loss(run_dir) -> float:
+    lines = (run_dir / "full" / "metrics.jsonl").read_text().splitlines()
+    return next(json.loads(x)["loss"] for x in lines if json.loads(x)["kind"] == "test")
+
+
+@pytest.mark.parametrize("impl", ["transformer_engine", "local"])
+def test_a_child_run_starts_from_the_gpu_runs_checkpoint(project, run, impl):
+    """[init] from = "run:<id>" on the GPU (docs/lineage.md): the parent's distributed checkpoint loads into
+    the child, whose lr 0 keeps it, so the child's test loss (the same first test samples) is the parent's:
+    bit for bit with the parent's layer spec (dist_checkpointing), within bf16 rounding of other kernels
+    with the local spec (the full tensors, mcx.train.fullstate)."""
+    pid = run["summary"]["run_id"]
+    res = mcx(project, "run", "experiments/tiny.toml", "--set", 'hardware.gpu="H200"', "--set", 'train.precision="bf16"',
+              "--set", "train.train_iters=5", "--set", "train.lr=0.0", "--set", "train.min_lr=0.0",
+              "--set", "train.lr_warmup_iters=1", "--set", f'model.transformer_impl="{impl}"',
+              "--set", f'init.from="run:{pid}"', "--skip-smoke", "--yes", "--json")
+    assert res.code == 0, res
+    child = project / ".mcx" / "runs" / res.json()["run_id"]
+    init = json.loads((child / "fingerprint.json").read_text())["init"]
+    assert init["id"]["run_id"] == pid and init["info"]["format"] == "dist", init
+    parent_loss, child_loss = _test_loss(run["dir"]), _test_loss(child)
+    if impl == "transformer_engine":
+        assert child_loss == parent_loss
+    else:
+        assert abs(child_loss - parent_loss) < 0.01 * parent_loss, (child_loss, parent_loss)
