@@ -87,6 +87,7 @@ def collect(
     require_data: bool = True,
     allow_absent: bool = False,
     rehash_data: bool = False,
+    state_root: Path | None = None,
 ) -> FingerprintRecord:
     """Fingerprint ``spec`` as it would run from ``project_root`` on this machine.
 
@@ -97,6 +98,8 @@ def collect(
     record (for planning and explaining); training needs the default. ``allow_absent``: a missing
     untracked path is recorded as absent instead of raising (``mcx plan`` away from the data).
     ``rehash_data``: read every data file, trusting no kept hash (``mcx run --verify-data``).
+    ``state_root``: the project whose runs (``.mcx/runs``) and relative paths ``[init] from`` names, when
+    the code is fingerprinted elsewhere (a reproduction's worktree); default ``project_root``.
 
     Raises DataError for missing or modified data, InputError for a bad lockfile name, and
     EnvironmentProblem when git cannot read the repository.
@@ -109,7 +112,7 @@ def collect(
         "data": collect_data(spec, root, require_data, allow_absent, rehash_data),
         "hardware": collect_hardware(spec, probe_hardware),
     }
-    init = collect_init(spec, root, rehash_data)
+    init = collect_init(spec, Path(state_root).resolve() if state_root else root, rehash_data)
     if init is not None:
         parts[INIT] = init
     warnings = tuple(f"{name}: {w}" for name, part in parts.items() for w in part["warnings"])
