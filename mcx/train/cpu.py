@@ -42,6 +42,7 @@ from mcx.errors import InputError, SpecError
 from mcx.train import checksums
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
+from mcx.train.canonical import check_fits, is_extra_state
 from mcx.train.job import InitFrom, Job
 from mcx.train.runtime import World, seed_everything
 
@@ -147,6 +148,7 @@ class CpuBackend:
         seed_everything(spec.train.seed)  # Megatron's _set_random_seed (one pipeline stage on CPU)
         self.config = model_lib.transformer_config(spec, job.layout, "cpu", "local")
         padded = model_lib.padded_vocab_size(vocab_size, spec.model.make_vocab_size_divisible_by, job.layout.tp)
+        self.vocab_size, self.padded_vocab = vocab_size, padded
         self.model = model_lib.build_model_chunk(spec, self.config, model_lib.gpt_layer_spec(spec, "local"), padded)
         self.patched = adapt_model(self.model)
         if world.size > 1:  # identical start on every data-parallel rank
@@ -239,10 +241,11 @@ class CpuBackend:
         from mcx.train import warmstart
 
         own = self.model.state_dict()
-        weights = warmstart.canonical_weights(init, own)
-        warmstart.check_fits(weights, own, init.path)
-        self.model.load_state_dict({**{k: v for k, v in own.items() if k.endswith("_extra_state")},
-                                    **{k: v for k, v in weights.items() if not k.endswith("_extra_state")}}, strict=True)
+        weights = warmstart.canonical_weights(init, self.padded_vocab, self.vocab_size)
+        check_fits(weights, {k: tuple(v.shape) for k, v in own.items() if isinstance(v, torch.Tensor)}, init.path)
+        for name, tensor in own.items():  # one source tensor read at a time
+            if not is_extra_state(name):
+                tensor.copy_(weights[name])
         if init.load_optimizer:
             if init.format != "torch":
                 raise InputError(f"init.load_optimizer: the CPU backend reads optimizer state from a CPU run's "

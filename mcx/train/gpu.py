@@ -98,6 +98,7 @@ class GpuBackend:
         self.layer_spec = model_lib.choose_layer_spec(spec, lay, "cuda")
         self.config = model_lib.transformer_config(spec, lay, "cuda", self.layer_spec)
         padded = model_lib.padded_vocab_size(vocab_size, spec.model.make_vocab_size_divisible_by, lay.tp)
+        self.vocab_size, self.padded_vocab = vocab_size, padded
         # Megatron's _set_random_seed: a different seed per pipeline stage, then MCore's CUDA RNG tracker.
         seed = t.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
         seed_everything(seed)
@@ -400,7 +401,7 @@ class GpuBackend:
         if loaded is None:
             from mcx.train import fullstate, warmstart
 
-            weights = warmstart.canonical_weights(init, {})
+            weights = warmstart.canonical_weights(init, self.padded_vocab, self.vocab_size)
             fullstate.load_full([unwrap_model(m) for m in self.model], weights)
         self.optimizer.reload_model_params()
         if step:

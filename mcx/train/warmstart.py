@@ -5,27 +5,26 @@ The canonical form between backends and formats is the state_dict of mcx's CPU m
 GPTModel with the local layer spec, one chunk, no parallelism), full tensors by name:
 
 * ``torch``: a CPU run's checkpoint, state.pt's "model" (already canonical);
-* ``dist``: a GPU run's (or a Megatron-Core) distributed checkpoint, read tensor by tensor (fullstate.py);
-* ``hf``: a Hugging Face model directory, mapped by mcx.hf.
+* ``dist``: a GPU run's, or Megatron-LM's, distributed checkpoint of any layout (fullstate.read_full);
+* ``hf``: a Hugging Face model directory (mcx.hf.read).
 
-The GPU backend loads a ``dist`` source of its own kind with dist_checkpointing directly (any layout).
+Each is read tensor by tensor (canonical.Weights). The GPU backend loads a ``dist`` source of its own
+layer spec with dist_checkpointing directly (any layout), anything else with fullstate.load_full.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from mcx.errors import InputError
+from mcx.train.canonical import Weights, with_vocab_rows
 from mcx.train.job import InitFrom
 
 STATE_FILE = "state.pt"
 META = "meta.json"
-SHOWN = 8  # tensors named in one error, then a count
 
 
 def source_position(init: InitFrom) -> tuple[int, int]:
@@ -41,31 +40,19 @@ def source_position(init: InitFrom) -> tuple[int, int]:
                          "start from an mcx run's checkpoint, or set init.reset_step = true.") from None
 
 
-def canonical_weights(init: InitFrom, model_state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The source's weights as the canonical state_dict, for the tensors ``model_state`` names."""
+def canonical_weights(init: InitFrom, rows: int, vocab: int) -> Weights:
+    """The source's weights in canonical form (mcx.train.canonical), read tensor by tensor, with the
+    vocabulary tensors padded or cut to this model's ``rows`` (``vocab``: the true vocabulary size)."""
     path = Path(init.path)
     if init.format == "torch":
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
-        return state["model"]
-    if init.format == "hf":
-        from mcx.hf.weights import read_hf_as_mcore
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
+        weights = Weights.of(state["model"], str(path))
+    elif init.format == "hf":
+        from mcx.hf.read import hf_weights
 
-        return read_hf_as_mcore(path, model_state)
-    from mcx.train.fullstate import read_full
+        weights = hf_weights(path)
+    else:
+        from mcx.train.fullstate import read_full
 
-    return dict(read_full(path))
-
-
-def check_fits(weights: Mapping[str, Any], model_state: Mapping[str, torch.Tensor], source: str) -> None:
-    """InputError naming every tensor the model has and the source lacks, has extra, or shapes otherwise."""
-    want = {k: v for k, v in model_state.items() if not k.endswith("_extra_state")}
-    have = {k: v for k, v in weights.items() if not k.endswith("_extra_state")}
-    problems = [f"{k}: missing" for k in want if k not in have]
-    problems += [f"{k}: not in this model" for k in have if k not in want]
-    problems += [f"{k}: shape {tuple(have[k].shape)}, this model's is {tuple(want[k].shape)}"
-                 for k in want if k in have and tuple(have[k].shape) != tuple(want[k].shape)]
-    if problems:
-        listed = "; ".join(problems[:SHOWN]) + (f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else "")
-        raise InputError(f"init.from: the weights in {source} do not fit this spec's model ({listed});",
-                         "start from a source with the same [model] shapes (num_layers, hidden_size, heads, "
-                         "query groups, ffn and vocabulary sizes, experts).")
+        weights = read_full(path)
+    return with_vocab_rows(weights, rows, vocab)
