@@ -302,6 +302,38 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    from mcx.ops.hf import import_hf
+
+    result = import_hf(args.directory, _project(args), out=args.output, extends=args.extends, name=args.name,
+                       seq_length=args.seq_length, overrides=args.overrides)
+    err = _console(stderr=True)
+    if not args.output:
+        sys.stdout.write(result.text)
+    else:
+        err.print(f"wrote {args.output}", markup=False, soft_wrap=True)
+    for note in result.notes:
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
+    return 0
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from mcx.ops.hf import export_hf
+
+    err = _console(stderr=True)
+    result = export_hf(args.run_id, _project(args), args.output, step=args.step, dtype=args.dtype,
+                       max_shard_size=args.max_shard_size,
+                       progress=lambda msg: err.print(f"export-hf: {msg}", markup=False, soft_wrap=True))
+    if args.json:
+        _emit_json(result)
+    else:
+        _console().print(f"{result['out']}: {result['architecture']} from run {result['run_id']} step {result['step']}, "
+                         f"{result['tensors']} tensors in {result['shards']} safetensors file(s), {result['dtype']}, "
+                         f"{_size(result['bytes'])}; tokenizer: {', '.join(result['tokenizer']) or 'none (dataset not here)'}",
+                         markup=False, soft_wrap=True)
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from mcx.ops.tune import tune
 
@@ -454,6 +486,28 @@ def build_parser() -> argparse.ArgumentParser:
     _spec_args(s)
     s.add_argument("--megatron-args", action="store_true", help="only the pretrain_gpt.py arguments")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("import-hf", help="Hugging Face model directory -> spec that starts from its weights")
+    s.add_argument("directory", help="config.json + *.safetensors (LlamaForCausalLM, MistralForCausalLM, "
+                   "MixtralForCausalLM)")
+    _output_option(s, "-o", "--output", kind="file", help="write the spec here (default: stdout)")
+    s.add_argument("--extends", metavar="SPEC", help="take [train], [data] and the rest from this spec")
+    s.add_argument("--name", help="the spec's name (default: the directory's)")
+    s.add_argument("--seq-length", type=int, help="model.seq_length (default: the model's context, at most 4096)")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="any other spec value (repeatable), e.g. --set train.lr=1e-5")
+    s.set_defaults(func=cmd_import_hf)
+
+    s = sub.add_parser("export-hf", help="a run's checkpoint -> Hugging Face model directory (config.json, "
+                       "safetensors, tokenizer)")
+    s.add_argument("run_id")
+    _output_option(s, "-o", "--output", kind="dir", help="the directory to create (must not exist)")
+    s.add_argument("--step", type=int, help="that step's checkpoint instead of the final one")
+    s.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
+                   help="the tensors' type (default: the run's parameters': fp32 for fp32 runs, else bf16 or fp16)")
+    s.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB; e.g. 500MB)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=cmd_export_hf)
 
     s = sub.add_parser("gc", help="remove what mcx no longer needs from .mcx/ (intermediate checkpoints, archived "
                        "attempts, stale worktrees...); print what it frees")

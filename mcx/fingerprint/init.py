@@ -15,6 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from mcx.errors import InputError, RunIdError, SpecError
 from mcx.fingerprint.data import tree_sha256
 from mcx.fingerprint.filehashes import FileHashes
@@ -23,12 +25,16 @@ from mcx.jsonfile import read_json
 from mcx.spec import ExperimentSpec, loads_spec
 from mcx.spec.schema import ModelSpec
 from mcx.spec.rules import init_source
+from mcx.weights.sources import STATE_FILE
 
 RUNS_DIR = Path(".mcx") / "runs"
 POINTERS = Path(".mcx") / "checkpoints"  # <id>/<stage>.dvc: the committed pointers of a run's final checkpoints
 CHECKSUMS = "checksums.json"
 META = "meta.json"
-STATE_FILE = "state.pt"  # the CPU backend's checkpoint (mcx.train.cpu); anything else is a dist checkpoint
+MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's save directory names its newest iteration
+LATEST = "latest"  # mcx's checkpoint directory names its newest iteration (mcx.train.checkpoint)
+DIST_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata: what makes a torch_dist checkpoint
+EXPORT_RECORD = "mcx.json"  # what `mcx export-hf` records of a directory's origin (mcx.ops.hf)
 
 
 def collect_init(spec: ExperimentSpec, project_root: Path, rehash: bool = False) -> dict[str, Any] | None:
@@ -57,66 +63,117 @@ def collect_init(spec: ExperimentSpec, project_root: Path, rehash: bool = False)
     if not path.is_dir():
         raise InputError(f"init.from: {rest!r} is not a directory (looked at {path});",
                          f"point init.from at the {'Hugging Face model' if kind == 'hf' else 'checkpoint'} directory.")
+    info: dict[str, Any] = {}
+    if kind == "hf":
+        info = _hf_source(spec, root, path)
+    else:
+        path = megatron_checkpoint(path)
     hashes = FileHashes.for_project(root, full=rehash)
     content, files, size = tree_sha256(path, hashes)
     hashes.save()
     return {"id": {"kind": kind, "content": content},
-            "info": {"path": str(path), "format": "hf" if kind == "hf" else "dist", "files": files, "bytes": size},
+            "info": {"path": str(path), "format": "hf" if kind == "hf" else "dist", "files": files, "bytes": size,
+                     **info},
             "warnings": []}
 
 
-def run_source(root: Path, run_id: str, step: int | None) -> dict[str, Any]:
-    """The checkpoint of run ``run_id`` (its final one, or ``step``'s) as an init component."""
+def _hf_source(spec: ExperimentSpec, root: Path, path: Path) -> dict[str, Any]:
+    """Check a Hugging Face source against the spec's model (SpecError naming every differing key); what
+    an export by mcx recorded of its origin (``mcx.json``), for the lineage."""
+    from mcx.data.vocab import tokenizer_vocab_size
+    from mcx.weights.hfconfig import as_model_spec, read_config
+
+    hf = read_config(path)
+    model = spec.model
+    # unknown here: the worker's strict load names a vocabulary that does not fit
+    vocab = model.vocab_size or tokenizer_vocab_size(spec.data, root) or hf.vocab_size
+    model = attrs.evolve(model, vocab_size=vocab)
+    problems = model_mismatches(as_model_spec(hf, model.seq_length), model, f"hf:{path.name} (config.json)")
+    if hf.sliding_window is not None and hf.sliding_window < model.seq_length:
+        problems.append(("model.seq_length", f"{model.seq_length} is longer than the source's sliding_window "
+                         f"({hf.sliding_window}), and mcx's attention is full causal attention; use at most "
+                         f"{hf.sliding_window}"))
+    if problems:
+        raise SpecError(problems)
+    origin = read_json(path / EXPORT_RECORD)
+    return {"exported_from": origin} if isinstance(origin, dict) else {}
+
+
+def megatron_checkpoint(path: Path) -> Path:
+    """The checkpoint directory a ``megatron:`` source names: Megatron-LM's save directory (its
+    ``latest_checkpointed_iteration.txt`` names the iteration), mcx's checkpoint directory (its ``latest``
+    file), or an iteration directory itself; InputError unless it is a torch_dist checkpoint."""
+    for tracker, name in ((MEGATRON_TRACKER, lambda t: f"iter_{int(t):07d}" if t.isdigit() else t),
+                          (LATEST, lambda t: t)):
+        if (path / tracker).is_file():
+            text = (path / tracker).read_text(encoding="utf-8").strip()
+            path = path / name(text)
+            break
+    if (path / DIST_METADATA).is_file():
+        return path
+    legacy = sorted(p.name for p in path.glob("mp_rank_*")) if path.is_dir() else []
+    if legacy:
+        raise InputError(f"init.from: {path} is a legacy Megatron-LM checkpoint ({', '.join(legacy[:2])}), not a "
+                         "distributed (torch_dist) one;", "convert it with Megatron-LM (load it with --ckpt-format "
+                         "torch and save with --ckpt-format torch_dist), then point init.from at the result.")
+    raise InputError(f"init.from: {path} is not a Megatron-Core distributed checkpoint (no {DIST_METADATA});",
+                     "name a Megatron-LM save directory, one of its iter_* directories, or an mcx checkpoint.")
+
+
+def run_source(root: Path, run_id: str, step: int | None, key: str = "init.from",
+               step_key: str = "init.step") -> dict[str, Any]:
+    """The checkpoint of run ``run_id`` (its final one, or ``step``'s) as an init component; messages name
+    ``key`` and ``step_key``, the input that asked for it."""
     run_dir = root / RUNS_DIR / run_id
     pointer = root / POINTERS / run_id / "full.dvc"
     if not run_dir.is_dir() and pointer.is_file():  # a clone: the run's final checkpoint, by its committed pointer
-        return _pointed(run_id, pointer, step)
+        return _pointed(run_id, pointer, step, key, step_key)
     if not run_dir.is_dir():
-        raise RunIdError(f"init.from: no run {run_id} in this project (no {run_dir});",
+        raise RunIdError(f"{key}: no run {run_id} in this project (no {run_dir});",
                          "train it first, or start from a run of this project (`mcx ls`).")
     job = read_json(run_dir / "full" / "job.json")
     if not isinstance(job, dict) or not isinstance(job.get("checkpoint_dir"), str):
-        raise InputError(f"init.from: run {run_id} has no full stage (it stopped at the smoke stage or never "
+        raise InputError(f"{key}: run {run_id} has no full stage (it stopped at the smoke stage or never "
                          "started);", "start from a run whose full stage finished (`mcx ls`).")
     checkpoints = Path(job["checkpoint_dir"])
     if step is None:
         status = (read_json(run_dir / "run.json") or {}).get("status")
         latest = checkpoints / "latest"
         if status != "finished" or not latest.is_file():
-            raise InputError(f"init.from: run {run_id} never finished (status {status or 'unknown'}), so it has no "
+            raise InputError(f"{key}: run {run_id} never finished (status {status or 'unknown'}), so it has no "
                              "final checkpoint;", f"finish it (`mcx run` of its spec resumes it), or start from a step "
-                             f"it saved with init.step ({_saved_steps(checkpoints)}).")
+                             f"it saved with {step_key} ({_saved_steps(checkpoints)}).")
         path = checkpoints / latest.read_text(encoding="utf-8").strip()
     else:
         path = checkpoints / f"iter_{step:07d}"
         if not path.is_dir():
-            raise InputError(f"init.step: run {run_id} has no checkpoint of step {step};",
+            raise InputError(f"{step_key}: run {run_id} has no checkpoint of step {step};",
                              f"name a step it saved ({_saved_steps(checkpoints)}).")
-    return _checkpoint(run_id, path)
+    return _checkpoint(run_id, path, key)
 
 
-def _pointed(run_id: str, pointer: Path, step: int | None) -> dict[str, Any]:
+def _pointed(run_id: str, pointer: Path, step: int | None, key: str, step_key: str) -> dict[str, Any]:
     """The final checkpoint of a run recorded in another clone, where its committed DVC pointer says."""
     import yaml  # PyYAML, a dvc dependency
 
     if step is not None:
-        raise InputError(f"init.step: run {run_id} was trained in another clone, and only its final checkpoint "
+        raise InputError(f"{step_key}: run {run_id} was trained in another clone, and only its final checkpoint "
                          "travels (its DVC pointer);", "unset init.step, or start from it where it was trained.")
     try:
         path = (pointer.parent / yaml.safe_load(pointer.read_text(encoding="utf-8"))["outs"][0]["path"]).resolve()
     except (OSError, yaml.YAMLError, KeyError, IndexError, TypeError) as exc:
-        raise InputError(f"init.from: {pointer} is not a checkpoint pointer mcx wrote ({exc});",
+        raise InputError(f"{key}: {pointer} is not a checkpoint pointer mcx wrote ({exc});",
                          "restore it from git (git checkout -- it).") from None
     if not path.is_dir():
-        raise InputError(f"init.from: run {run_id}'s final checkpoint is in DVC but not in this clone ({path});",
+        raise InputError(f"{key}: run {run_id}'s final checkpoint is in DVC but not in this clone ({path});",
                          f"`mcx pull {run_id}` fetches it.")
-    return _checkpoint(run_id, path)
+    return _checkpoint(run_id, path, key)
 
 
-def _checkpoint(run_id: str, path: Path) -> dict[str, Any]:
+def _checkpoint(run_id: str, path: Path, key: str = "init.from") -> dict[str, Any]:
     checks = read_json(path / CHECKSUMS)
     if not (isinstance(checks, dict) and isinstance(checks.get("files"), dict)):
-        raise InputError(f"init.from: {path} has no {CHECKSUMS}, so its content cannot be identified;",
+        raise InputError(f"{key}: {path} has no {CHECKSUMS}, so its content cannot be identified;",
                          f"`mcx pull {run_id}` restores the checkpoint from DVC, or train the run again.")
     meta = read_json(path / META) or {}
     files = {name: entry for name, entry in checks["files"].items() if name != META}
@@ -128,18 +185,33 @@ def _checkpoint(run_id: str, path: Path) -> dict[str, Any]:
 
 
 # [model] keys that shape the weights: a source and the run it starts must agree on each. Others (the
-# sequence length and RoPE base of a long-context extension, dropout, the MoE router's settings) may change.
+# sequence length and RoPE base of a long-context extension, dropout, the MoE router's settings) may change,
+# and so may make_vocab_size_divisible_by: the padding rows are added or cut (mcx.weights.canonical).
 SHAPE_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-              "kv_channels", "vocab_size", "make_vocab_size_divisible_by", "normalization", "swiglu",
-              "position_embedding_type", "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias",
-              "num_experts", "moe_ffn_hidden_size")
+              "kv_channels", "vocab_size", "normalization", "swiglu", "position_embedding_type",
+              "untie_embeddings_and_output_weights", "add_bias_linear", "add_qkv_bias", "num_experts",
+              "moe_ffn_hidden_size")
 
 
 def model_mismatches(source: ModelSpec, model: ModelSpec, what: str) -> list[tuple[str, str]]:
-    """(model.key, problem) for every weight-shaping key where ``model`` differs from the source's."""
-    return [(f"model.{key}", f"{getattr(model, key)!r} here, {getattr(source, key)!r} in {what} (init.from); "
+    """(model.key, problem) for every weight-shaping key where ``model`` differs from the source's, each
+    compared as it resolves (an unset num_query_groups is the number of heads, and so on)."""
+    a, b = _resolved(source), _resolved(model)
+    return [(f"model.{key}", f"{b[key]!r} here, {a[key]!r} in {what} (init.from); "
                              "the weights only load into the same shapes")
-            for key in SHAPE_KEYS if getattr(source, key) != getattr(model, key)]
+            for key in SHAPE_KEYS if a[key] != b[key]]
+
+
+def _resolved(m: ModelSpec) -> dict[str, Any]:
+    """The SHAPE_KEYS of ``m`` with unset sizes replaced by what Megatron-Core derives for them."""
+    out = {key: getattr(m, key) for key in SHAPE_KEYS}
+    out["num_query_groups"] = m.num_query_groups or m.num_attention_heads
+    out["kv_channels"] = m.kv_channels or m.hidden_size // max(m.num_attention_heads, 1)
+    out["ffn_hidden_size"] = m.ffn_hidden_size or 4 * m.hidden_size
+    out["moe_ffn_hidden_size"] = (m.moe_ffn_hidden_size or out["ffn_hidden_size"]) if m.num_experts else None
+    if m.num_experts:  # every MLP is the experts' (Mixtral style): the dense size shapes nothing
+        out["ffn_hidden_size"] = None
+    return out
 
 
 def _saved_steps(checkpoints: Path) -> str:

@@ -125,6 +125,11 @@ FLAGS: tuple[Row, ...] = (
     _r("model.rotary_base", "value", "--rotary-base", 10000, "RoPE base (theta).", when="rope"),
     _r("model.rotary_percent", "value", "--rotary-percent", 1.0, "Fraction of each head's dimensions that RoPE rotates.",
        when="rope"),
+    _r("model.rope_scaling", "switch", "--use-rope-scaling", False,
+       "LLaMA 3.x RoPE scaling: low frequencies divided by model.rope_scaling_factor (low/high frequency factors 1 "
+       "and 4, original context 8192, as Megatron-Core implements it).", when="rope"),
+    _r("model.rope_scaling_factor", "value", "--rope-scaling-factor", 8.0,
+       "LLaMA 3.x RoPE scaling factor (8 for LLaMA 3.1 and 3.3, 32 for 3.2), with model.rope_scaling.", when="rope"),
     _r("model.untie_embeddings_and_output_weights", "switch", "--untie-embeddings-and-output-weights", False,
        "Separate output projection instead of reusing the input embedding."),
     _r("model.add_bias_linear", "negated", "--disable-bias-linear", True, "Biases in all linear layers."),

@@ -124,8 +124,6 @@ DROPPED: dict[str, str] = {
     "--openai-gelu": "mcx's MLP is GeLU or SwiGLU (model.swiglu)",
     "--squared-relu": "mcx's MLP is GeLU or SwiGLU (model.swiglu)",
     "--quick-geglu": "mcx's MLP is GeLU or SwiGLU (model.swiglu)",
-    "--use-rope-scaling": "mcx applies plain RoPE (model.rotary_base, model.rotary_percent)",
-    "--rope-scaling-factor": "mcx applies plain RoPE (model.rotary_base, model.rotary_percent)",
     "--rotary-seq-len-interpolation-factor": "mcx applies plain RoPE (model.rotary_base, model.rotary_percent)",
     "--window-size": "mcx has full causal attention only",
     "--multi-latent-attention": "mcx has multi-head and grouped-query attention only",

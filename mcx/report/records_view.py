@@ -97,8 +97,10 @@ def render_lineage(chain: dict[str, Any]) -> Any:
     rows = []
     for i, a in enumerate(ancestors):  # nearest first; each started from the next one
         if a["kind"] != "run":
+            origin = a.get("exported_from") or {}
             rows.append(["source", f"{a['kind']}:{a.get('path') or '?'}", "-", "-",
-                         f"content {str(a.get('content'))[:12]}"])
+                         f"exported from {origin.get('run_id')} step {origin.get('step')}" if origin.get("run_id")
+                         else f"content {str(a.get('content'))[:12]}"])
             continue
         older = ancestors[i + 1] if i + 1 < len(ancestors) else None
         rows.append(["ancestor", a["run_id"], str(a.get("name") or "-"),
@@ -110,7 +112,8 @@ def render_lineage(chain: dict[str, Any]) -> Any:
                  _from(ancestors[0] if ancestors else None)])
     for d in chain["descendants"]:
         rows.append(["  " * (d["depth"] - 1) + "descendant", d["run_id"], str(d.get("name") or "-"),
-                     str(d.get("status") or "-"), f"{d['parent']} step {d.get('step')}"])
+                     str(d.get("status") or "-"), f"{d['parent']} step {d.get('step')}"
+                     + (f" via {d['via']}" if d.get("via") else "")])
     for row in rows:
         t.add_row(*row)
     return t

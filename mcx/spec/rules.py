@@ -81,6 +81,12 @@ def _range_rules(spec: ExperimentSpec) -> Problems:
         out.append(("train.loss_spike_factor", f"must be above 1.0 (a multiple of the recent mean loss), got {spec.train.loss_spike_factor}"))
     if not 0.0 < spec.model.rotary_percent <= 1.0:
         out.append(("model.rotary_percent", f"must be in (0, 1], got {spec.model.rotary_percent}"))
+    if spec.model.rope_scaling and spec.model.rope_scaling_factor < 1.0:
+        out.append(("model.rope_scaling_factor", f"must be at least 1 (a factor the low frequencies are divided by), "
+                                                 f"got {spec.model.rope_scaling_factor}"))
+    if spec.model.rope_scaling and spec.model.position_embedding_type != "rope":
+        out.append(("model.rope_scaling", f"scales RoPE, and model.position_embedding_type is "
+                                          f"\"{spec.model.position_embedding_type}\"; set it to false"))
     every = spec.tracking.system_metrics_interval_s
     if every != 0 and not 1.0 <= every <= 86400.0:
         out.append(("tracking.system_metrics_interval_s", f"must be 0 (off) or 1 to 86400 seconds, got {every}"))

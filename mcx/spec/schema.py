@@ -46,6 +46,8 @@ class ModelSpec:
     position_embedding_type: PositionEmbedding = "rope"
     rotary_base: int = 10000
     rotary_percent: float = 1.0
+    rope_scaling: bool = False  # LLaMA 3.x: low frequencies divided by rope_scaling_factor
+    rope_scaling_factor: float = 8.0
     untie_embeddings_and_output_weights: bool = True
     add_bias_linear: bool = False
     add_qkv_bias: bool = False

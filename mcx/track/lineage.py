@@ -1,5 +1,7 @@
 """Which runs start from which: each run's init component (fingerprint.json) names its parent run, or
-the model directory it started from; the chain is read from the project's run directories."""
+the model directory it started from; the chain is read from the project's run directories. A Hugging Face
+directory that `mcx export-hf` wrote names the run it came from (its mcx.json, recorded as
+``exported_from``), so a chain continues through an export and back."""
 
 from __future__ import annotations
 
@@ -15,7 +17,18 @@ def _node(run_dir: Path) -> dict[str, Any]:
     init = fp.get("init") or {}
     return {"run_id": run_dir.name, "name": run.get("name") or (run.get("summary") or {}).get("name"),
             "status": run.get("status"), "started": run.get("started"),
-            "source": {**(init.get("id") or {}), "path": (init.get("info") or {}).get("path")} if init else None}
+            "source": {**(init.get("id") or {}), "path": (init.get("info") or {}).get("path"),
+                       "exported_from": (init.get("info") or {}).get("exported_from")} if init else None}
+
+
+def _parent(source: dict[str, Any] | None) -> tuple[str | None, int | None]:
+    """(run ID, step) a source's weights come from: the run itself, or the run a directory was exported from."""
+    if not source:
+        return None, None
+    if source.get("kind") == "run":
+        return source.get("run_id"), source.get("step")
+    origin = source.get("exported_from") or {}
+    return origin.get("run_id"), origin.get("step")
 
 
 def nodes(project_root: Path) -> dict[str, dict[str, Any]]:
@@ -40,15 +53,16 @@ def lineage(project_root: Path, run_id: str) -> dict[str, Any]:
     ancestors, seen, node = [], {run_id}, here
     while node["source"] is not None:
         source = node["source"]
+        parent_id, step = _parent(source)
         if source.get("kind") != "run":
-            ancestors.append({"kind": source.get("kind"), "content": source.get("content"), "path": source.get("path")})
-            break
-        parent_id = source.get("run_id")
-        if parent_id in seen:  # a content-addressed chain cannot loop; a hand-edited record could
+            ancestors.append({"kind": source.get("kind"), "content": source.get("content"), "path": source.get("path"),
+                              "exported_from": source.get("exported_from")})
+        if parent_id is None or parent_id in seen:  # a content-addressed chain cannot loop; a hand-edited one could
             break
         seen.add(parent_id)
         parent = runs.get(parent_id)
-        entry = {"kind": "run", "run_id": parent_id, "step": source.get("step"), "checkpoint": source.get("checkpoint"),
+        entry = {"kind": "run", "run_id": parent_id, "step": step,
+                 "checkpoint": source.get("checkpoint") or (source.get("exported_from") or {}).get("checkpoint"),
                  "here": parent is not None}
         if parent is None:
             ancestors.append(entry)
@@ -57,8 +71,9 @@ def lineage(project_root: Path, run_id: str) -> dict[str, Any]:
         node = parent
     children: dict[str, list[str]] = {}
     for rid, n in runs.items():
-        if n["source"] and n["source"].get("kind") == "run":
-            children.setdefault(n["source"].get("run_id"), []).append(rid)
+        parent_id, _ = _parent(n["source"])
+        if parent_id is not None:
+            children.setdefault(parent_id, []).append(rid)
     descendants: list[dict[str, Any]] = []
 
     def walk(parent_id: str, depth: int) -> None:
@@ -67,8 +82,9 @@ def lineage(project_root: Path, run_id: str) -> dict[str, Any]:
                 continue
             seen.add(child)
             n = runs[child]
+            via = None if n["source"].get("kind") == "run" else f"{n['source'].get('kind')}:{n['source'].get('path')}"
             descendants.append({"run_id": child, "name": n["name"], "status": n["status"], "depth": depth,
-                                "parent": parent_id, "step": n["source"].get("step")})
+                                "parent": parent_id, "step": _parent(n["source"])[1], "via": via})
             walk(child, depth + 1)
 
     walk(run_id, 1)

@@ -42,11 +42,10 @@ from mcx.errors import InputError, SpecError
 from mcx.train import checksums
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
-from mcx.train.canonical import check_fits, is_extra_state
 from mcx.train.job import InitFrom, Job
 from mcx.train.runtime import World, seed_everything
-
-STATE_FILE = "state.pt"
+from mcx.weights.canonical import check_fits, is_extra_state
+from mcx.weights.sources import STATE_FILE
 
 
 def check_cpu_job(job: Job) -> None:

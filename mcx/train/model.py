@@ -213,6 +213,8 @@ def build_model_chunk(spec: ExperimentSpec, config: TransformerConfig, layer_spe
         position_embedding_type=m.position_embedding_type,
         rotary_percent=m.rotary_percent,
         rotary_base=m.rotary_base,
+        rope_scaling=m.rope_scaling,
+        rope_scaling_factor=m.rope_scaling_factor,
         vp_stage=vp_stage,
     )
 

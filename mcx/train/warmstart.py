@@ -17,13 +17,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from mcx.errors import InputError
-from mcx.train.canonical import Weights, with_vocab_rows
 from mcx.train.job import InitFrom
+from mcx.weights.canonical import Weights, with_vocab_rows
+from mcx.weights.sources import open_weights
 
-STATE_FILE = "state.pt"
 META = "meta.json"
 
 
@@ -41,18 +39,6 @@ def source_position(init: InitFrom) -> tuple[int, int]:
 
 
 def canonical_weights(init: InitFrom, rows: int, vocab: int) -> Weights:
-    """The source's weights in canonical form (mcx.train.canonical), read tensor by tensor, with the
-    vocabulary tensors padded or cut to this model's ``rows`` (``vocab``: the true vocabulary size)."""
-    path = Path(init.path)
-    if init.format == "torch":
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
-        weights = Weights.of(state["model"], str(path))
-    elif init.format == "hf":
-        from mcx.hf.read import hf_weights
-
-        weights = hf_weights(path)
-    else:
-        from mcx.train.fullstate import read_full
-
-        weights = read_full(path)
-    return with_vocab_rows(weights, rows, vocab)
+    """The source's weights in canonical form (mcx.weights), read tensor by tensor, with the vocabulary
+    tensors padded or cut to this model's ``rows`` (``vocab``: the true vocabulary size)."""
+    return with_vocab_rows(open_weights(Path(init.path), init.format), rows, vocab)
