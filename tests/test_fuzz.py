@@ -502,7 +502,7 @@ VERB_MODULES = {
     "ls": ["mcx.ops.records", "mcx.report.records_view"], "show": ["mcx.ops.records", "mcx.report.records_view"],
     "sync": ["mcx.ops.records"], "baseline": ["mcx.ops.records"], "reproduce": ["mcx.ops.reproduce"],
     "compare": ["mcx.ops.compare"], "import": ["mcx.ops.interop"], "export": ["mcx.ops.interop"],
-    "tune": ["mcx.ops.tune"],
+    "tune": ["mcx.ops.tune"], "import-hf": ["mcx.ops.hf"], "export-hf": ["mcx.ops.hf"],
 }
 
 
@@ -510,7 +510,7 @@ READY = sorted(VERB_MODULES)
 # Verbs that train, prepare data or write files on good input: fuzzed only with bad positionals below.
 SIDE_EFFECTS = {"run", "tune", "data"}
 # Verbs that never write into the project, even when they succeed.
-READ_ONLY = ("plan", "explain", "export", "show", "compare", "reproduce", "import")
+READ_ONLY = ("plan", "explain", "export", "show", "compare", "reproduce", "import", "import-hf")
 
 BAD_RUN_IDS = ["../../etc/passwd", "abc;rm -rf /", "$(reboot)", "`id`", "0123456789ab", "0123456789AB",
                "0123456789abc", "012345", "", " ", "-", "..", "/", "ab\ncd", "x" * 300, "run id", "ünï", "%s%n",
@@ -589,6 +589,12 @@ def verb_argv(ws: Workspace, verb: str) -> st.SearchStrategy:
         "ls": st.tuples(st.lists(st.sampled_from(["--json", "--experiment=../../x", "--experiment=;rm"]), max_size=2)),
         "sync": st.tuples(common),
         "import": st.tuples(st.sampled_from(missing)),
+        "import-hf": st.tuples(st.sampled_from([*missing, str(ws.specs / "tiny.toml"), str(ws.specs)]),
+                               st.lists(st.sampled_from(["--extends=nope.toml", "--seq-length=0", "--seq-length=x",
+                                                         "--name=", "--set=train.lr=fast"]), max_size=2)),
+        "export-hf": st.tuples(ids, st.just("-o=hf-out"),
+                               st.lists(st.sampled_from(["--step=0", "--step=x", "--dtype=int8", "--json",
+                                                         "--max-shard-size=big", "--max-shard-size=0"]), max_size=2)),
     }
 
     def flatten(parts: tuple) -> list[str]:

@@ -39,10 +39,10 @@ def _spec_args(p: argparse.ArgumentParser) -> None:
                    help="override a spec value (repeatable), e.g. --set train.lr=3e-4")
 
 
-def _output_option(p: argparse.ArgumentParser, *flags: str, kind: str, help: str) -> None:
+def _output_option(p: argparse.ArgumentParser, *flags: str, kind: str, help: str, required: bool = False) -> None:
     """An option naming a path mcx writes (``kind``: "file" or "dir"). main() checks every one before the
     command starts (mcx.ops.outputs), and tests/test_fuzz.py finds them all through ``OUTPUTS``."""
-    action = p.add_argument(*flags, help=help, metavar="FILE" if kind == "file" else "DIR")
+    action = p.add_argument(*flags, help=help, metavar="FILE" if kind == "file" else "DIR", required=required)
     p.set_defaults(**{OUTPUTS: [*(p.get_default(OUTPUTS) or []), (action.dest, flags[0], kind)]})
 
 
@@ -501,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export-hf", help="a run's checkpoint -> Hugging Face model directory (config.json, "
                        "safetensors, tokenizer)")
     s.add_argument("run_id")
-    _output_option(s, "-o", "--output", kind="dir", help="the directory to create (must not exist)")
+    _output_option(s, "-o", "--output", kind="dir", help="the directory to create (must not exist)", required=True)
     s.add_argument("--step", type=int, help="that step's checkpoint instead of the final one")
     s.add_argument("--dtype", choices=["bf16", "fp16", "fp32"],
                    help="the tensors' type (default: the run's parameters': fp32 for fp32 runs, else bf16 or fp16)")

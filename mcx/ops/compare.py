@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from mcx.errors import InputError
 
 
@@ -38,6 +40,8 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
     cmp = build(runs, base)
     if seeds := _seed_groups(project, cmp):
         cmp = build(runs, base, seeds=seeds)
+    if chains := _chains(project, [h.run_id for h in cmp.runs]):
+        cmp = attrs.evolve(cmp, lineage=chains)
     if fmt == "table":
         from mcx.report.table import to_table
 
@@ -74,6 +78,22 @@ def _seed_groups(project: Path, cmp: Any) -> dict[str, list[Any]]:
         if len(found) >= 2:
             groups[run_id] = [s.data for s in found]
     return groups
+
+
+def _chains(project: Path, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
+    """Each run's sources, oldest first (mcx lineage), for runs that started from other weights."""
+    from mcx.track.lineage import describe_source, lineage
+
+    out = {}
+    for run_id in run_ids:
+        try:
+            ancestors = lineage(project, run_id)["ancestors"]
+        except InputError:  # a run known only to the tracking store
+            continue
+        if ancestors:
+            first = [] if ancestors[-1]["kind"] != "run" or not ancestors[-1].get("here") else ["random weights"]
+            out[run_id] = tuple(first + [describe_source(a) for a in reversed(ancestors)])
+    return out
 
 
 def _looks_like_run_id(text: str) -> bool:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from attrs import frozen
+from attrs import field, frozen
 
 from mcx.errors import InputError
 from mcx.metrics.curves import Curve
@@ -109,6 +109,9 @@ class Comparison:
     plots: tuple[Plot, ...]
     notes: tuple[str, ...] = ()  # what loading skipped, per run
     summary: Summary | None = None  # what differs, which run is better on the held-out metric, against noise
+    # run ID -> where its weights came from, oldest first ("random weights", "run X step N", "hf:DIR ..."):
+    # only for runs that started from another run or a model ([init] from); empty when none did
+    lineage: Mapping[str, tuple[str, ...]] = field(factory=dict)
 
 
 # key, title, y label, curve, y axis from zero, view

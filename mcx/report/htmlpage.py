@@ -155,6 +155,16 @@ def _runs_section(cmp: Comparison, palette: Sequence[str]) -> str:
             f"</tr></thead><tbody>{''.join(rows)}</tbody></table></div>")
 
 
+def _lineage_section(cmp: Comparison, color_of: dict[str, str]) -> str:
+    """Where each run's weights came from: its chain of sources, oldest first, then the run."""
+    items = []
+    for h in cmp.runs:
+        steps = [*cmp.lineage.get(h.run_id, ("random weights",)), h.run_id]
+        chain = " → ".join(f"<code>{escape(x)}</code>" for x in steps)
+        items.append(f'<li><span class="sw" style="background:{color_of[h.run_id]}"></span>{chain}</li>')
+    return f'<section id="lineage"><h2>Lineage</h2><ul class="summary">{"".join(items)}</ul></section>'
+
+
 def _summary_section(cmp: Comparison, color_of: dict[str, str]) -> str:
     """The summary's sentences, run IDs with their colour swatch and the seed command as code."""
     items = []
@@ -226,6 +236,8 @@ def to_html(cmp: Comparison) -> str:
         _summary_section(cmp, color_of) if cmp.summary is not None else "",
         _runs_section(cmp, palette),
     ]
+    if cmp.lineage:
+        parts.append(_lineage_section(cmp, color_of))
     if cmp.regressions:
         items = "".join(f"<li>{escape(r.describe())}</li>" for r in cmp.regressions[:REGRESSIONS_LISTED])
         if len(cmp.regressions) > REGRESSIONS_LISTED:

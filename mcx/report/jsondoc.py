@@ -96,6 +96,7 @@ def to_json(cmp: Comparison, *, curves: bool = False) -> dict[str, Any]:
         "config_diff": _diff(cmp, cmp.config_diff),
         "fingerprint_diff": {name: _diff(cmp, rows) for name, rows in cmp.fingerprint_diff.items()},
         "fingerprint_same": list(cmp.fingerprint_same),
+        "lineage": {run_id: list(steps) for run_id, steps in cmp.lineage.items()},
         "notes": list(cmp.notes),
         "summary": _summary(cmp),
         "definitions": {key: {"term": term, "definition": text} for key, term, text in definitions(cmp)},

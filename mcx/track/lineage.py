@@ -90,3 +90,12 @@ def lineage(project_root: Path, run_id: str) -> dict[str, Any]:
     walk(run_id, 1)
     return {"run": {"run_id": run_id, "name": here["name"], "status": here["status"]},
             "ancestors": ancestors, "descendants": descendants}
+
+
+def describe_source(ancestor: dict[str, Any]) -> str:
+    """One ancestor in a line: "run ID step N" or "hf:DIR (exported from run ID step N)"."""
+    if ancestor["kind"] == "run":
+        return f"{ancestor['run_id']} step {ancestor.get('step')}"
+    origin = ancestor.get("exported_from") or {}
+    where = f"{ancestor['kind']}:{ancestor.get('path') or '?'}"
+    return f"{where} (exported from {origin['run_id']} step {origin.get('step')})" if origin.get("run_id") else where

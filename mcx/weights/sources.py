@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from mcx.weights.canonical import Weights
+if TYPE_CHECKING:
+    from mcx.weights.canonical import Weights
 
 STATE_FILE = "state.pt"  # the CPU backend's checkpoint: {"model", "optimizer", "scheduler"} (mcx.train.cpu)
 Format = Literal["torch", "dist", "hf"]
@@ -17,6 +18,8 @@ def open_weights(path: Path, format: Format) -> Weights:
     path = Path(path)
     if format == "torch":
         import torch
+
+        from mcx.weights.canonical import Weights
 
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
         return Weights.of(state["model"], str(path))
