@@ -92,9 +92,9 @@ def canonical_name(key: str, index: Sequence[int]) -> str:
 # -- where a checkpoint is --------------------------------------------------------------------------
 
 def checkpoint_dir(path: Path) -> Path:
-    """The iteration directory ``path`` means: a Megatron-LM save directory (its ``latest_checkpointed_
-    iteration.txt`` names the iteration), an mcx checkpoint directory (its ``latest`` file), or the
-    iteration directory itself."""
+    """The iteration directory ``path`` means: a Megatron-LM save directory (its TRACKER file names the
+    iteration, or "release"), an mcx checkpoint directory (its ``latest`` file), or the iteration
+    directory itself."""
     path = Path(path)
     if (path / TRACKER).is_file():
         text = (path / TRACKER).read_text(encoding="utf-8").strip()
@@ -267,6 +267,7 @@ def _shards(chunks: list[GPTModel]) -> tuple[list[_Shard], dict[str, Shape]]:
 
     shards: list[_Shard] = []
     shapes: dict[str, Shape] = {}
+    spanned: set[str] = set()
     for chunk in chunks:
         sd = chunk.sharded_state_dict(metadata={"singleton_local_shards": False})
         apply_factories(sd)
@@ -275,13 +276,15 @@ def _shards(chunks: list[GPTModel]) -> tuple[list[_Shard], dict[str, Shape]]:
             if not isinstance(sh, ShardedTensor) or is_extra_state(sh.key):
                 continue
             axes = sh.prepend_axis_num
-            if axes != prepended_axes(sh.key) or sh.flattened_range is not None:
+            if axes != prepended_axes(sh.key):  # the table above no longer says what Megatron-Core does
                 raise RuntimeError(f"{sh.key}: {axes} prepended axes, fullstate expects {prepended_axes(sh.key)}")
             if sh.data.untyped_storage().data_ptr() not in owned:  # a copy: writing it would not reach the model
                 raise RuntimeError(f"{sh.key}: the sharded state dict's tensor is not the model's own storage")
             full = tuple(sh.global_shape[axes:])
-            for index in itertools.product(*(range(n) for n in sh.global_shape[:axes])):
-                shapes[canonical_name(sh.key, index)] = full
+            if sh.key not in spanned:  # once a key: an MoE rank holds thousands of its (layer, expert) shards
+                spanned.add(sh.key)
+                shapes.update((canonical_name(sh.key, index), full)
+                              for index in itertools.product(*(range(n) for n in sh.global_shape[:axes])))
             region = tuple(slice(o, o + n) for o, n in zip(sh.global_offset[axes:], sh.local_shape))
             shards.append(_Shard(canonical_name(sh.key, sh.global_offset[:axes]), region, sh.data))
     return shards, shapes
