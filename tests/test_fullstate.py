@@ -5,7 +5,10 @@ canonical weights bit for bit, a CPU stage started from one, and every checkpoin
 The checkpoints are written once for the module by one torchrun of two gloo ranks
 (tests/fixtures/dist_checkpoint.py: mcx's model in each layout, filled by fullstate.load_full, saved by
 dist_checkpointing), from canonical weights made here: the CPU model's state dict, every tensor drawn
-afresh from a seeded generator so that no two tensors (norms included) are alike.
+afresh from a seeded generator so that no two tensors (norms included) are alike. A round trip through
+load_full and read_full alone would pass with any mapping and its inverse, so each variant also has a
+reference written without fullstate (torch's load_state_dict, canonical names), which read_full must read
+as the canonical weights and Megatron-Core's own load must put where load_full put them.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ CHECKPOINTS = {
     "layernorm_tp2": ("layernorm", {"tp": 2}, {}),
     "moe_ep2": ("moe", {"ep": 2}, {}),
     "moe_tp2": ("moe", {"tp": 2}, {}),
+    "moe_ep2_unstacked": ("moe", {"ep": 2}, {"metadata": {"non_homogeneous_layers": True}}),  # decoder.layers.N.*
     "dense_without_final_norm": ("dense", {}, {"drop": ["decoder.final_layernorm.weight"]}),
 }
 FULL = [name for name in CHECKPOINTS if name != "dense_without_final_norm"]
@@ -121,6 +125,12 @@ def test_a_checkpoint_of_any_layout_reads_back_as_the_canonical_weights_bitwise(
 
     if not CHECKPOINTS[name][2].get("fill"):  # load_full's shards, on every rank, against Megatron-Core's load
         assert json.loads(Path(f"{checkpoints[name]}.check.json").read_text()) == []
+    if name.endswith("unstacked"):  # one key a layer, the experts still on an axis
+        from torch.distributed.checkpoint import FileSystemReader
+
+        keys = FileSystemReader(str(checkpoints[name])).read_metadata().state_dict_metadata
+        assert "decoder.layers.3.mlp.experts.experts.linear_fc1.weight" in keys
+        assert "decoder.layers.mlp.router.weight" not in keys
     want = canonical[CHECKPOINTS[name][0]][1]
     weights = read_full(checkpoints[name])
     assert weights.shapes == {k: tuple(v.shape) for k, v in want.items()}  # names and shapes, before any read
