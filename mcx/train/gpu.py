@@ -390,8 +390,10 @@ class GpuBackend:
 
         loaded = None
         if init.format == "dist":
-            try:
-                loaded = self._load_dist_source(Path(init.path), init.load_optimizer)
+            from mcx.train.fullstate import checkpoint_dir
+
+            try:  # a Megatron-LM save directory names its iteration
+                loaded = self._load_dist_source(checkpoint_dir(Path(init.path)), init.load_optimizer)
             except (CheckpointingException, KeyError, RuntimeError) as exc:
                 if init.load_optimizer:
                     raise InputError(f"init.load_optimizer: the optimizer state of {init.path} does not load into "
