@@ -35,7 +35,7 @@ def _status_kib(field: str) -> int:
 
 
 def export_child(source: str, fmt: str, out: str, layers: int, heads: int, groups: int, hidden: int,
-                 shard_mb: int) -> dict:
+                 shard_mb: int, vocab: int) -> dict:
     """One export in this process, with its memory sampled."""
     import torch
 
@@ -55,7 +55,6 @@ def export_child(source: str, fmt: str, out: str, layers: int, heads: int, group
     thread.start()
     t0 = time.perf_counter()
     weights = open_weights(Path(source), fmt)
-    vocab = weights.shapes["embedding.word_embeddings.weight"][0]
     config = {"vocab_size": vocab, "architectures": ["LlamaForCausalLM"]}
     written = write_hf(weights, Shapes(layers, heads, groups, hidden // heads, None, False), Path(out), config,
                        torch.bfloat16, shard_mb * 10**6, {})
@@ -90,6 +89,25 @@ def make_state(path: Path, layers: int, heads: int, groups: int, hidden: int, ff
     return sum(t.numel() for t in model.values())
 
 
+def write_dist(work: Path, args: argparse.Namespace) -> None:
+    """The same weights as a Megatron-Core distributed checkpoint saved by two gloo ranks at TP 2 (the tests'
+    CPU fixture, tests/fixtures/dist_checkpoint.py: mcx's model for the layout, filled by fullstate.load_full)."""
+    import torch
+
+    canonical = work / "canonical.pt"
+    torch.save(torch.load(work / "torch" / "state.pt", weights_only=True)["model"], canonical)
+    shape = [f"model.num_layers={args.layers}", f"model.hidden_size={args.hidden}",
+             f"model.num_attention_heads={args.heads}", f"model.num_query_groups={args.groups}",
+             f"model.ffn_hidden_size={args.ffn}", f"model.vocab_size={args.vocab}"]
+    plan = work / "plan.json"
+    plan.write_text(json.dumps([{"out": str(work / "dist"), "spec": str(ROOT / "experiments" / "tiny.toml"),
+                                 "set": shape, "vocab": args.vocab, "canonical": str(canonical),
+                                 "layout": {"tp": 2}, "fill": "load_full"}]))
+    subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--nproc-per-node", "2", "--master-port", "29577",
+                    str(ROOT / "tests" / "fixtures" / "dist_checkpoint.py"), str(plan)], check=True, cwd=ROOT)
+    canonical.unlink()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=16)
@@ -100,24 +118,44 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--shard-mb", type=int, default=500)
     p.add_argument("--dir", default="/tmp/hf_export")
+    p.add_argument("--dist", action="store_true", help="also from a distributed checkpoint (TP 2)")
     p.add_argument("--out")
     p.add_argument("--child", nargs=3, metavar=("SOURCE", "FORMAT", "OUT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     shape = (args.layers, args.heads, args.groups, args.hidden)
     if args.child:
-        print(json.dumps(export_child(*args.child, *shape, args.shard_mb)))
+        print(json.dumps(export_child(*args.child, *shape, args.shard_mb, args.vocab)))
         return
     work = Path(args.dir)
     subprocess.run(["rm", "-rf", str(work)], check=True)
     params = make_state(work / "torch", args.layers, args.heads, args.groups, args.hidden, args.ffn, args.vocab)
+    sources = [("torch", work / "torch")]
+    if args.dist:
+        write_dist(work, args)
+        sources.append(("dist", work / "dist"))
     results = []
-    for fmt, source in (("torch", work / "torch"),):
+    for fmt, source in sources:
         proc = subprocess.run([sys.executable, __file__, "--child", str(source), fmt, str(work / f"hf-{fmt}"),
                                *sum(([f"--{k}", str(v)] for k, v in (("layers", args.layers), ("heads", args.heads),
-                                     ("groups", args.groups), ("hidden", args.hidden), ("shard-mb", args.shard_mb))),
+                                     ("groups", args.groups), ("hidden", args.hidden), ("shard-mb", args.shard_mb),
+                                     ("vocab", args.vocab))),
                                     [])], capture_output=True, text=True, check=True, cwd=ROOT)
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-    out = {"params": params, "model_fp32_gib": params * 4 / 2**30, "model_bf16_gib": params * 2 / 2**30,
+    identical = None
+    if len(results) > 1:  # every source exported to the same bytes, tensor by tensor
+        from safetensors import safe_open
+
+        def tensors(d: Path):
+            for f in sorted(d.glob("*.safetensors")):
+                with safe_open(str(f), "pt") as h:
+                    for k in h.keys():
+                        yield k, h.get_tensor(k)
+
+        import torch
+
+        theirs = dict(tensors(work / f"hf-{sources[1][0]}"))
+        identical = all(torch.equal(v, theirs.pop(k)) for k, v in tensors(work / f"hf-{sources[0][0]}")) and not theirs
+    out = {"params": params, "sources_export_identical": identical, "model_fp32_gib": params * 4 / 2**30, "model_bf16_gib": params * 2 / 2**30,
            "shard_mb": args.shard_mb, "cpu": os.cpu_count(), "results": results}
     for r in results:
         r["export_anon_over_model_bf16"] = round(r["export_anon_gib"] / out["model_bf16_gib"], 3)

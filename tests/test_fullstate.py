@@ -71,7 +71,7 @@ def cpu_backend(variant: str, overrides: list[str] = ()):
 
 
 def own_tensors(backend) -> dict:
-    from mcx.train.canonical import is_extra_state
+    from mcx.weights.canonical import is_extra_state
 
     return {k: v for k, v in backend.model.state_dict().items() if not is_extra_state(k)}
 
@@ -121,7 +121,7 @@ def checkpoints(canonical, tmp_path_factory) -> dict[str, Path]:
 def test_a_checkpoint_of_any_layout_reads_back_as_the_canonical_weights_bitwise(name, checkpoints, canonical):
     import torch
 
-    from mcx.train.fullstate import read_full
+    from mcx.weights.dist import read_full
 
     if not CHECKPOINTS[name][2].get("fill"):  # load_full's shards, on every rank, against Megatron-Core's load
         assert json.loads(Path(f"{checkpoints[name]}.check.json").read_text()) == []
@@ -180,7 +180,7 @@ def test_load_full_names_every_missing_extra_and_misshaped_tensor_before_copying
     import torch
 
     from mcx.errors import InputError
-    from mcx.train.canonical import Weights
+    from mcx.weights.canonical import Weights
     from mcx.train.fullstate import load_full
 
     tensors = dict(canonical["dense"][1])
@@ -205,7 +205,7 @@ def test_reading_one_tensor_reads_its_layer_not_the_stack(checkpoints):
     """Bytes the process reads (Linux's rchar) while one layer's fc1 is read: that layer's four stored chunks
     (two TP ranks, gate and up halves; each a torch.save record of ~40 KB beside its data), not the
     checkpoint's stacked (4, 768, 128) tensor."""
-    from mcx.train.fullstate import read_full
+    from mcx.weights.dist import read_full
 
     weights = read_full(checkpoints["dense_tp2"])  # the metadata is read here
     name = "decoder.layers.2.mlp.linear_fc1.weight"
@@ -225,7 +225,7 @@ def test_directories_that_are_not_torch_dist_checkpoints_are_named_with_what_to_
     import torch
 
     from mcx.errors import InputError
-    from mcx.train.fullstate import read_full
+    from mcx.weights.dist import read_full
 
     def refusal(path: Path) -> str:
         with pytest.raises(InputError) as caught:
@@ -262,7 +262,7 @@ def test_directories_that_are_not_torch_dist_checkpoints_are_named_with_what_to_
 
 
 def test_checkpoint_dir_follows_megatron_lm_and_mcx_pointers(tmp_path):
-    from mcx.train.fullstate import checkpoint_dir
+    from mcx.weights.paths import checkpoint_dir
 
     megatron, mcx = tmp_path / "save", tmp_path / "checkpoints"
     for root, name in ((megatron, "iter_0000500"), (megatron, "release"), (mcx, "iter_0000040")):
@@ -278,7 +278,7 @@ def test_checkpoint_dir_follows_megatron_lm_and_mcx_pointers(tmp_path):
 
 def test_sharded_keys_map_to_canonical_names():
     """The table fullstate's docstring gives, key by key (what the checkpoints above exercise as a whole)."""
-    from mcx.train.fullstate import canonical_name, prepended_axes
+    from mcx.weights.dist import canonical_name, prepended_axes
 
     cases = [
         ("decoder.layers.self_attention.linear_qkv.layer_norm_weight", (3,), "decoder.layers.3.input_layernorm.weight"),

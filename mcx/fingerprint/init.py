@@ -25,15 +25,12 @@ from mcx.jsonfile import read_json
 from mcx.spec import ExperimentSpec, loads_spec
 from mcx.spec.schema import ModelSpec
 from mcx.spec.rules import init_source
-from mcx.weights.sources import STATE_FILE
+from mcx.weights.paths import LATEST, STATE_FILE, checkpoint_dir, dist_directory_problem, iter_name
 
 RUNS_DIR = Path(".mcx") / "runs"
 POINTERS = Path(".mcx") / "checkpoints"  # <id>/<stage>.dvc: the committed pointers of a run's final checkpoints
 CHECKSUMS = "checksums.json"
 META = "meta.json"
-MEGATRON_TRACKER = "latest_checkpointed_iteration.txt"  # Megatron-LM's save directory names its newest iteration
-LATEST = "latest"  # mcx's checkpoint directory names its newest iteration (mcx.train.checkpoint)
-DIST_METADATA = ".metadata"  # torch.distributed.checkpoint's metadata: what makes a torch_dist checkpoint
 EXPORT_RECORD = "mcx.json"  # what `mcx export-hf` records of a directory's origin (mcx.ops.hf)
 
 
@@ -100,24 +97,13 @@ def _hf_source(spec: ExperimentSpec, root: Path, path: Path) -> dict[str, Any]:
 
 
 def megatron_checkpoint(path: Path) -> Path:
-    """The checkpoint directory a ``megatron:`` source names: Megatron-LM's save directory (its
-    ``latest_checkpointed_iteration.txt`` names the iteration), mcx's checkpoint directory (its ``latest``
-    file), or an iteration directory itself; InputError unless it is a torch_dist checkpoint."""
-    for tracker, name in ((MEGATRON_TRACKER, lambda t: f"iter_{int(t):07d}" if t.isdigit() else t),
-                          (LATEST, lambda t: t)):
-        if (path / tracker).is_file():
-            text = (path / tracker).read_text(encoding="utf-8").strip()
-            path = path / name(text)
-            break
-    if (path / DIST_METADATA).is_file():
-        return path
-    legacy = sorted(p.name for p in path.glob("mp_rank_*")) if path.is_dir() else []
-    if legacy:
-        raise InputError(f"init.from: {path} is a legacy Megatron-LM checkpoint ({', '.join(legacy[:2])}), not a "
-                         "distributed (torch_dist) one;", "convert it with Megatron-LM (load it with --ckpt-format "
-                         "torch and save with --ckpt-format torch_dist), then point init.from at the result.")
-    raise InputError(f"init.from: {path} is not a Megatron-Core distributed checkpoint (no {DIST_METADATA});",
-                     "name a Megatron-LM save directory, one of its iter_* directories, or an mcx checkpoint.")
+    """The checkpoint directory a ``megatron:`` source names (a save directory's newest iteration, or the
+    iteration directory itself); InputError unless it is a torch_dist checkpoint."""
+    path = checkpoint_dir(path)
+    problem = dist_directory_problem(path)
+    if problem is not None:
+        raise InputError(f"init.from: {problem[0]}", problem[1])
+    return path
 
 
 def run_source(root: Path, run_id: str, step: int | None, key: str = "init.from",
@@ -138,14 +124,14 @@ def run_source(root: Path, run_id: str, step: int | None, key: str = "init.from"
     checkpoints = Path(job["checkpoint_dir"])
     if step is None:
         status = (read_json(run_dir / "run.json") or {}).get("status")
-        latest = checkpoints / "latest"
+        latest = checkpoints / LATEST
         if status != "finished" or not latest.is_file():
             raise InputError(f"{key}: run {run_id} never finished (status {status or 'unknown'}), so it has no "
                              "final checkpoint;", f"finish it (`mcx run` of its spec resumes it), or start from a step "
                              f"it saved with {step_key} ({_saved_steps(checkpoints)}).")
         path = checkpoints / latest.read_text(encoding="utf-8").strip()
     else:
-        path = checkpoints / f"iter_{step:07d}"
+        path = checkpoints / iter_name(step)
         if not path.is_dir():
             raise InputError(f"{step_key}: run {run_id} has no checkpoint of step {step};",
                              f"name a step it saved ({_saved_steps(checkpoints)}).")

@@ -179,7 +179,8 @@ def _run(project: Path, run_path: Path, tally: _Tally, remote: RemoteCheck, seen
 
 def _stage(project: Path, stage_path: Path, recorded: dict[str, str], tally: _Tally, remote: RemoteCheck,
            seen: set[Path], *, keep_final: bool) -> None:
-    from mcx.train.checkpoint import LATEST, RETIRED, CheckpointStore
+    from mcx.train.checkpoint import RETIRED, CheckpointStore
+    from mcx.weights.paths import LATEST
 
     result = paths.read_json(stage_path / paths.RESULT_FILE)
     ended = isinstance(result, dict)  # the worker writes result.json last: without it, it may still run

@@ -38,20 +38,16 @@ from typing import Any
 from mcx.errors import InputError
 from mcx.jsonfile import write_json_atomic
 from mcx.train import checksums
+from mcx.weights.paths import LATEST, iter_name
 
 log = logging.getLogger("mcx.train")
 
-LATEST = "latest"
 META = "meta.json"
 FORMAT = 2  # 2: with checksums.json
 UNCHECKED_FORMAT = 1  # written before checkpoints carried checksums (D36): loaded with a warning
 RETIRED = ".retired"  # a pruned checkpoint, renamed out of the store while a thread deletes it
 DAMAGED = ".damaged"  # a checkpoint whose files do not match its checksums, set aside for the user
 _ITER = re.compile(r"^iter_(\d{7,})$")
-
-
-def iter_name(step: int) -> str:
-    return f"iter_{step:07d}"
 
 
 def _fsync_dir(path: Path) -> None:

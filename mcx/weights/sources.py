@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from mcx.weights.paths import STATE_FILE
+
 if TYPE_CHECKING:
     from mcx.weights.canonical import Weights
 
-STATE_FILE = "state.pt"  # the CPU backend's checkpoint: {"model", "optimizer", "scheduler"} (mcx.train.cpu)
 Format = Literal["torch", "dist", "hf"]
 
 

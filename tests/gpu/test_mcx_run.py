@@ -125,3 +125,29 @@ def test_a_child_run_starts_from_the_gpu_runs_checkpoint(project, run, impl):
         assert child_loss == parent_loss
     else:
         assert abs(child_loss - parent_loss) < 0.01 * parent_loss, (child_loss, parent_loss)
+
+
+GPU_CHILD = ["--set", 'hardware.gpu="H200"', "--set", 'train.precision="bf16"', "--set", "train.train_iters=5",
+             "--set", "train.lr=0.0", "--set", "train.min_lr=0.0", "--set", "train.lr_warmup_iters=1",
+             "--skip-smoke", "--yes", "--json"]
+
+
+def test_the_gpu_run_leaves_as_hugging_face_and_a_run_starts_from_the_export(project, run):
+    """`mcx export-hf` reads the GPU run's distributed checkpoint (Transformer Engine spec, bf16) layer by layer
+    (mcx.weights.dist); a run from the export (`mcx import-hf`, lr 0) loads it into the Transformer Engine model
+    through fullstate.load_full and computes the parent's test loss: the same bf16 weights in the same kernels,
+    so any difference beyond 1e-4 relative is a mapping error, not rounding (docs/huggingface.md)."""
+    pid = run["summary"]["run_id"]
+    made = mcx(project, "export-hf", pid, "-o", "hf/gpu", "--json")
+    assert made.code == 0, made
+    out = made.json()
+    assert (out["architecture"], out["dtype"], out["step"]) == ("LlamaForCausalLM", "bf16", 40), out
+    spec = mcx(project, "import-hf", "hf/gpu", "-o", "experiments/from_gpu.toml", "--extends", "experiments/tiny.toml")
+    assert spec.code == 0, spec
+    child = mcx(project, "run", "experiments/from_gpu.toml", *GPU_CHILD)
+    assert child.code == 0, child
+    child_dir = project / ".mcx" / "runs" / child.json()["run_id"]
+    init = json.loads((child_dir / "fingerprint.json").read_text())["init"]
+    assert init["id"]["kind"] == "hf" and init["info"]["exported_from"]["run_id"] == pid, init
+    parent_loss, child_loss = _test_loss(run["dir"]), _test_loss(child_dir)
+    assert abs(child_loss - parent_loss) <= 1e-4 * parent_loss, (child_loss, parent_loss)
