@@ -496,7 +496,7 @@ def test_cli_plan_exits_0_or_2(ws, data, overrides, as_json):
 
 # --- CLI argument vectors ---------------------------------------------------------------------------
 
-# The ops modules each verb imports (mcx/cli/main.py); every verb is fuzzed.
+# The ops modules each verb imports (mcx/cli/verbs.py); every verb is fuzzed.
 VERB_MODULES = {
     "plan": ["mcx.ops.plan"], "explain": ["mcx.ops.explain"], "run": ["mcx.ops.run"], "data": ["mcx.ops.data"],
     "ls": ["mcx.ops.records", "mcx.report.records_view"], "show": ["mcx.ops.records", "mcx.report.records_view"],

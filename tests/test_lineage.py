@@ -137,3 +137,37 @@ def test_init_keys_are_checked_with_the_spec() -> None:
         assert message in str(exc.value), (overrides, str(exc.value))
     spec = load_spec(root / "experiments" / "tiny.toml", ['init.from="run:0123456789ab"', "init.step=5"])
     assert spec.init.source == "run:0123456789ab" and spec.init.step == 5 and spec.init.reset_step
+
+
+def test_a_megatron_source_is_found_checked_and_identified_by_content(tmp_path: Path) -> None:
+    """init.from = "megatron:<dir>": Megatron-LM's save directory (its tracker names the iteration), mcx's
+    checkpoint directory (``latest``) or the iteration itself; a legacy or foreign directory is named with
+    what to do; the checkpoint's files are the child's identity (docs/lineage.md)."""
+    from mcx.errors import InputError
+    from mcx.fingerprint.init import collect_init, megatron_checkpoint
+    from mcx.spec.load import load_spec
+
+    save = tmp_path / "megatron" / "save"
+    it = save / "iter_0000300"
+    it.mkdir(parents=True)
+    (it / ".metadata").write_bytes(b"torch.distributed.checkpoint metadata")
+    (it / "__0_0.distcp").write_bytes(b"shard 0")
+    (save / "latest_checkpointed_iteration.txt").write_text("300\n")
+    assert megatron_checkpoint(save) == it and megatron_checkpoint(it) == it
+
+    spec_path = Path(__file__).resolve().parents[1] / "experiments" / "tiny.toml"
+    spec = load_spec(spec_path, ['init.from="megatron:megatron/save"'])
+    first = collect_init(spec, tmp_path)
+    assert first["id"]["kind"] == "megatron" and first["info"]["path"] == str(it) and first["info"]["format"] == "dist"
+    (it / "__0_0.distcp").write_bytes(b"shard 1")
+    assert collect_init(spec, tmp_path)["id"]["content"] != first["id"]["content"]
+
+    (save / "latest_checkpointed_iteration.txt").write_text("400\n")
+    with pytest.raises(InputError, match="names iter_0000400 as its newest checkpoint"):
+        megatron_checkpoint(save)
+    legacy = tmp_path / "legacy" / "iter_0000001"
+    (legacy / "mp_rank_00").mkdir(parents=True)
+    with pytest.raises(InputError, match=r"legacy Megatron-LM checkpoint.*--saver mcore"):
+        megatron_checkpoint(legacy)
+    with pytest.raises(InputError, match=r"not a torch_dist distributed checkpoint \(it has no .metadata\)"):
+        megatron_checkpoint(tmp_path / "legacy")

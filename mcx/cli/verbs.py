@@ -1,0 +1,329 @@
+"""The verbs: each parses nothing, calls one ops function, and prints what it returns (results on stdout,
+progress on stderr). mcx/cli/main.py declares their arguments and maps errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from mcx.cli.output import children_to_stderr, show_progress
+
+
+def _console(stderr: bool = False):
+    """Results go to stdout, progress and logs to stderr; off a terminal nothing is wrapped or coloured."""
+    from mcx.cli.output import console
+
+    return console(stderr=stderr)
+
+
+def _emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def project_root(args: argparse.Namespace) -> Path:
+    from mcx.ops.project import find_project
+
+    return find_project(getattr(args, "project", None))
+
+
+# -- verbs -------------------------------------------------------------------------------------
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from mcx.ops.plan import plan_spec
+
+    result = plan_spec(args.spec, args.overrides, project=project_root(args))
+    if args.json:
+        _emit_json(result.as_json())
+    else:
+        from mcx.report.plan_view import render_plan
+
+        _console().print(render_plan(result.plan_dict, result.run_id or "ID unknown here (its data is not on this machine)"))
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from mcx.ops.explain import explain
+
+    expl = explain(args.a, args.b, project=project_root(args), overrides=args.overrides)
+    if args.json:
+        from mcx.fingerprint.explain import explanation_to_dict
+
+        _emit_json(explanation_to_dict(expl))
+    else:
+        from mcx.fingerprint.explain import render_explanation
+
+        _console().print(render_explanation(expl))
+    return 0
+
+
+def _ask(question: str) -> bool:
+    """The budget gate's question on the terminal; anything but y/yes (or end of input) is no."""
+    sys.stderr.write(f"mcx: {question}\nRun it anyway? [y/N] ")
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from mcx.ops.run import RunOptions, run
+
+    interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
+    opts = RunOptions(stage=args.stage, force=args.force, yes=args.yes, dry_run=args.dry_run,
+                      skip_smoke=args.skip_smoke, output="json" if args.json else ("quiet" if args.quiet else "bar"),
+                      wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data)
+    project = project_root(args)
+    with children_to_stderr():  # the worker's lines (--json: its metrics as JSON lines) are progress
+        result = run(args.spec, args.overrides, project=project, options=opts, progress=show_progress)
+    _print_notes(result.notes)
+    summary = result.summary
+    if args.json:
+        _emit_json(summary)
+    else:
+        from mcx.report.run_view import render_dry_run, render_run_result
+
+        _console().print(render_dry_run(summary) if args.dry_run else render_run_result(summary))
+    return int(summary.get("exit_code", 0))
+
+
+def _print_notes(notes: Any) -> None:
+    """A run's notes (cached, its error, records left to sync) on stderr, before its result on stdout."""
+    from mcx.report.notes import render_note
+
+    err = _console(stderr=True)
+    for note in notes:
+        err.print(render_note(note))
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from mcx.ops.data import prepare
+
+    project = project_root(args)
+    with children_to_stderr():
+        manifest = prepare(project=project, source=args.source, out=args.out, tokenizer=args.tokenizer,
+                           tokenizer_kind=args.tokenizer_kind, merges=args.merges, vocab_size=args.vocab_size,
+                           json_key=args.json_key, force=args.force, inside_tracked=args.inside_tracked)
+    if args.json:
+        _emit_json(manifest)
+    else:
+        _console().print(f"prepared {manifest['out_dir']}: {manifest['documents']} documents, "
+                         f"{manifest['tokens']} tokens, vocab {manifest['vocab_size']}")
+        if manifest.get("dvc_add"):
+            _console().print(manifest["dvc_add"], markup=False, soft_wrap=True)  # a command to copy: never wrapped
+    return 0
+
+
+def _size(n: int | None) -> str:
+    return "size unknown" if n is None else f"{n / 2**20:.1f} MiB"
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from mcx.ops.pull import pull
+
+    project = project_root(args)
+    with children_to_stderr():  # DVC's own output is progress
+        result = pull(args.run_id, project=project, remote=args.remote)
+    if args.json:
+        _emit_json(result)
+        return 0
+    remote = result["remote"]
+    source = f"remote {remote['name']!r} ({remote['url']})"
+    out = _console()
+    for ck in result["checkpoints"]:
+        what = f"{ck['path']} ({ck['stage']} stage checkpoint, {ck['nfiles']} files, {_size(ck['size'])})"
+        out.print(f"fetched {what} from {source}" if ck["fetched"] else f"already here: {what}", markup=False,
+                  soft_wrap=True)
+    for d in result["data"]:
+        what = f"{d['spec']} = {d['path']}: version {d['md5']} of {d['output']}"
+        out.print(f"fetched {what} from {source}" if d["fetched"] else f"already here: {d['path']} ({d['spec']}), "
+                  "not fetched", markup=False, soft_wrap=True)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from mcx.ops.records import list_runs
+
+    rows = list_runs(project=project_root(args), experiment=args.experiment, all_runs=args.all)
+    if args.json:
+        _emit_json(rows)
+        return 0
+    from mcx.cli.output import is_terminal
+    from mcx.report.records_view import render_runs
+
+    if is_terminal(sys.stdout):
+        _console().print(render_runs(rows))
+    else:  # a pipe or a file: a header line, then one run a line, tab-separated (mcx ls | cut -f1)
+        sys.stdout.write(render_runs(rows, plain=True))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from mcx.ops.records import show_run
+
+    shown = show_run(args.run_id, project=project_root(args))
+    if args.json:
+        _emit_json(shown)
+    else:
+        from mcx.report.records_view import render_run
+
+        _console().print(render_run(shown))
+    return 0
+
+
+def cmd_lineage(args: argparse.Namespace) -> int:
+    from mcx.ops.records import lineage
+
+    chain = lineage(args.run_id, project=project_root(args))
+    if args.json:
+        _emit_json(chain)
+    else:
+        from mcx.report.records_view import render_lineage
+
+        _console().print(render_lineage(chain))
+    return 0
+
+
+def cmd_sync(args: argparse.Namespace) -> int:
+    from mcx.ops.records import sync
+
+    project = project_root(args)
+    with children_to_stderr():
+        report = sync(project=project)
+    if args.json:
+        _emit_json(report)
+    else:
+        _console().print(report.get("summary", report), markup=False)
+    return 0 if report.get("ok", True) else 1  # records still pending: not done, run it again later
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from mcx.ops.reproduce import reproduce
+
+    project = project_root(args)
+    with children_to_stderr():  # the rerun's progress; the verdict is the result
+        result = reproduce(args.run_id, project=project, output="json" if args.json else "bar",
+                           progress=show_progress)
+    if args.json:
+        _emit_json(result)
+    else:
+        from mcx.report.run_view import render_verdict
+
+        _console().print(render_verdict(result))
+    if result.get("status") == "interrupted":
+        return 130
+    return 0 if result["verdict"] in ("bitwise", "equivalent") else 1
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from mcx.ops.compare import compare
+
+    text = compare(args.run_ids, project=project_root(args), experiment=args.experiment, baseline=args.baseline,
+                   fmt=args.format, out=args.output)
+    if text is not None:
+        if args.format == "table":
+            _console().print(text)
+        else:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return 0
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    from mcx.ops.records import baseline_list, baseline_set
+
+    if args.baseline_cmd == "set":
+        res = baseline_set(args.name, args.run_id, project=project_root(args))
+        _emit_json(res) if args.json else _console().print(f"baseline {args.name} -> {args.run_id}")
+    else:
+        rows = baseline_list(project=project_root(args))
+        if args.json:
+            _emit_json(rows)
+        else:
+            for r in rows:
+                _console().print(f"{r['name']}\t{r['run_id']}")
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from mcx.ops.interop import import_script
+
+    text, report = import_script(args.script, out=args.output, overrides=args.overrides)
+    if args.output:
+        _console(stderr=True).print(report)
+    else:
+        sys.stdout.write(text)
+        _console(stderr=True).print(report)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from mcx.ops.interop import export_spec
+
+    sys.stdout.write(export_spec(args.spec, args.overrides, script=not args.megatron_args))
+    return 0
+
+
+def cmd_import_hf(args: argparse.Namespace) -> int:
+    from mcx.ops.hf import import_hf
+
+    result = import_hf(args.directory, project_root(args), out=args.output, extends=args.extends, name=args.name,
+                       seq_length=args.seq_length, overrides=args.overrides)
+    err = _console(stderr=True)
+    if not args.output:
+        sys.stdout.write(result.text)
+    else:
+        err.print(f"wrote {args.output}", markup=False, soft_wrap=True)
+    for note in result.notes:
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
+    return 0
+
+
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from mcx.ops.hf import export_hf
+
+    err = _console(stderr=True)
+    result = export_hf(args.run_id, project_root(args), args.output, step=args.step, dtype=args.dtype,
+                       max_shard_size=args.max_shard_size,
+                       progress=lambda msg: err.print(f"export-hf: {msg}", markup=False, soft_wrap=True))
+    if args.json:
+        _emit_json(result)
+    else:
+        _console().print(f"{result['out']}: {result['architecture']} from run {result['run_id']} step {result['step']}, "
+                         f"{result['tensors']} tensors in {result['shards']} safetensors file(s), {result['dtype']}, "
+                         f"{_size(result['bytes'])}; tokenizer: {', '.join(result['tokenizer']) or 'none (dataset not here)'}",
+                         markup=False, soft_wrap=True)
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from mcx.ops.tune import tune
+
+    project = project_root(args)
+    with children_to_stderr():
+        result = tune(args.spec, args.overrides, project=project, out=args.output, max_mbs=args.max_micro_batch,
+                      steps=args.steps, progress=show_progress)
+    if args.json:
+        _emit_json(result)
+    else:
+        from mcx.report.run_view import render_tune
+
+        _console().print(render_tune(result))
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from mcx.ops.gc import gc
+
+    err = _console(stderr=True)
+    project = project_root(args)
+    with children_to_stderr():
+        result = gc(project, dry_run=args.dry_run, keep_final=args.keep_final,
+                    progress=lambda msg: err.print(f"gc: {msg}", markup=False, soft_wrap=True))
+    if args.json:
+        _emit_json(result.to_dict())
+    else:
+        from mcx.report.gc_view import render_gc
+
+        _console().print(render_gc(result, project))
+    return 0
