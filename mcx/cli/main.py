@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     _record_verbs(sub)
     _report_verbs(sub)
     _interop_verbs(sub)
+    _sweep_verbs(sub)
     _upkeep_verbs(sub)
     return p
 
@@ -154,6 +155,8 @@ def _report_verbs(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("compare", help="compare runs: config and fingerprint diffs, metrics, loss curves")
     s.add_argument("run_ids", nargs="*")
     s.add_argument("--experiment", help="compare every finished run of this experiment")
+    s.add_argument("--sweep", metavar="NAME", help="compare a sweep's best trials, with its objective against each "
+                   "parameter and every trial")
     s.add_argument("--baseline", help="run ID or baseline name to compute deltas against")
     s.add_argument("--format", choices=["table", "md", "json", "html"], default="table")
     _output_option(s, "-o", "--output", kind="file", help="write the report here instead of stdout")
@@ -164,7 +167,7 @@ def _report_verbs(sub: argparse._SubParsersAction) -> None:
     bsub.required = True
     s = bsub.add_parser("set", help="name a run as a baseline")
     s.add_argument("name")
-    s.add_argument("run_id")
+    s.add_argument("run_id", help="a run ID, or sweep:NAME for a sweep's best trial")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=verbs.cmd_baseline)
     s = bsub.add_parser("ls", help="list baselines")
@@ -207,6 +210,22 @@ def _interop_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-shard-size", default="5GB", help="largest safetensors file (default 5GB; e.g. 500MB)")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=verbs.cmd_export_hf)
+
+
+def _sweep_verbs(sub: argparse._SubParsersAction) -> None:
+    """Sweep: many runs as one experiment."""
+    s = sub.add_parser("sweep", help="run a spec's [sweep]: plan every trial and the GPU-hours, then train each "
+                       "(`mcx sweep show NAME`: its trials; `mcx sweep ls`: the sweeps)")
+    s.add_argument("spec", help="the spec with a [sweep] table; or show, ls")
+    s.add_argument("name", nargs="?", help="with show: the sweep's name")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a spec value (repeatable), e.g. --set sweep.max_trials=4")
+    s.add_argument("--yes", action="store_true",
+                   help="confirm a sweep above the spec's GPU-hour budget (on a terminal mcx asks instead)")
+    s.add_argument("--dry-run", action="store_true", help="plan every trial and the whole sweep; train nothing")
+    s.add_argument("--verify-data", action="store_true", help="read every data file again (as mcx run --verify-data)")
+    s.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+    s.set_defaults(func=verbs.cmd_sweep)
 
 
 def _upkeep_verbs(sub: argparse._SubParsersAction) -> None:

@@ -220,7 +220,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from mcx.ops.compare import compare
 
     text = compare(args.run_ids, project=project_root(args), experiment=args.experiment, baseline=args.baseline,
-                   fmt=args.format, out=args.output)
+                   fmt=args.format, out=args.output, sweep=args.sweep)
     if text is not None:
         if args.format == "table":
             _console().print(text)
@@ -234,7 +234,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     if args.baseline_cmd == "set":
         res = baseline_set(args.name, args.run_id, project=project_root(args))
-        _emit_json(res) if args.json else _console().print(f"baseline {args.name} -> {args.run_id}")
+        _emit_json(res) if args.json else _console().print(f"baseline {args.name} -> {res['run_id']}")
     else:
         rows = baseline_list(project=project_root(args))
         if args.json:
@@ -294,6 +294,36 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
                          f"{_size(result['bytes'])}; tokenizer: {', '.join(result['tokenizer']) or 'none (dataset not here)'}",
                          markup=False, soft_wrap=True)
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from mcx.ops import sweep as sweeps
+
+    project = project_root(args)
+    if args.spec in ("show", "ls"):
+        if args.spec == "ls":
+            names = sweeps.list_sweeps(project)
+            _emit_json(names) if args.json else sys.stdout.write("".join(n + "\n" for n in names))
+            return 0
+        if not args.name:
+            from mcx.errors import InputError
+
+            raise InputError("mcx sweep show needs the sweep's name;", "`mcx sweep ls` lists them.")
+        result = sweeps.show(args.name, project)
+    else:
+        interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
+        options = sweeps.SweepOptions(yes=args.yes, dry_run=args.dry_run, verify_data=args.verify_data,
+                                      output="json" if args.json else "bar", confirm=_ask if interactive else None)
+        with children_to_stderr():
+            result = sweeps.sweep(args.spec, args.overrides, project=project, options=options, progress=show_progress)
+        _print_notes(result.notes)
+    if args.json:
+        _emit_json(result.to_json())
+    else:
+        from mcx.report.sweep_view import render_sweep
+
+        _console().print(render_sweep(result.to_json()))
+    return result.exit_code
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

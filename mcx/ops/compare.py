@@ -10,9 +10,13 @@ import attrs
 from mcx.errors import InputError
 
 
+BEST_COMPARED = 5  # `--sweep`: the best complete trials whose runs are compared
+
+
 def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseline: str | None, fmt: str,
-            out: str | None) -> Any:
-    """The report in ``fmt``; written to ``out`` (and None returned) when given."""
+            out: str | None, sweep: str | None = None) -> Any:
+    """The report in ``fmt``; written to ``out`` (and None returned) when given. ``sweep``: that sweep's best
+    trials are compared, and the report shows its objective against each parameter and every trial."""
     import json
 
     from mcx.ops.records import run_dirs
@@ -25,6 +29,11 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
         if fmt == "table":
             raise InputError("-o needs --format md, json or html;", "the table format prints to the terminal.")
         check_output_file(out, "-o")
+    section = None
+    if sweep is not None:
+        section = _sweep_section(project, sweep)
+        best = [t.run_id for t in section.trials if t.state == "complete" and t.run_id][:BEST_COMPARED]
+        run_ids = [*run_ids, *(r for r in best if r not in run_ids)]
     dirs = run_dirs(project, run_ids, experiment)
     base = None
     if baseline:
@@ -42,6 +51,8 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
         cmp = build(runs, base, seeds=seeds)
     if chains := _chains(project, [h.run_id for h in cmp.runs]):
         cmp = attrs.evolve(cmp, lineage=chains)
+    if section is not None:
+        cmp = attrs.evolve(cmp, sweep=section)
     if fmt == "table":
         from mcx.report.table import to_table
 
@@ -78,6 +89,20 @@ def _seed_groups(project: Path, cmp: Any) -> dict[str, list[Any]]:
         if len(found) >= 2:
             groups[run_id] = [s.data for s in found]
     return groups
+
+
+def _sweep_section(project: Path, name: str) -> Any:
+    from mcx.ops.sweep import show
+    from mcx.report.sweep_report import SweepSection, SweepTrial
+
+    result = show(name, project)
+    if result.best is None:
+        raise InputError(f"sweep {name} has no complete trial to compare;", f"run it first (`mcx sweep SPEC`), or see "
+                         f"`mcx sweep show {name}`.")
+    return SweepSection(name=name, objective=result.objective, direction=result.direction,
+                        parameters=result.parameters,
+                        trials=tuple(SweepTrial(number=t.number, params=t.params, state=t.state, value=t.value,
+                                                run_id=t.run_id) for t in result.trials))
 
 
 def _chains(project: Path, run_ids: list[str]) -> dict[str, tuple[str, ...]]:

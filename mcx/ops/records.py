@@ -69,8 +69,13 @@ def sync(*, project: Path) -> dict[str, Any]:
 
 
 def baseline_set(name: str, run_id: str, *, project: Path) -> dict[str, Any]:
+    """``run_id``: a run ID, or ``sweep:NAME`` for that sweep's best complete trial."""
     from mcx.track.baseline import set_baseline
 
+    if run_id.startswith("sweep:"):
+        from mcx.ops.sweep import best_run
+
+        run_id = best_run(run_id[len("sweep:"):], project)
     b = set_baseline(project, name, _require_known(project, run_id), tracking_uri=_uri(project))
     return {"name": b.name, "run_id": b.run_id, "set_at": b.set_at}
 

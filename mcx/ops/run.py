@@ -19,7 +19,7 @@ from attrs import frozen
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, PlanShown, Progress
-from mcx.ops.stage import explain_failure, run_stage, smoke_limit, stage_device
+from mcx.ops.stage import Watch, explain_failure, run_stage, smoke_limit, stage_device
 from mcx.spec import ExperimentSpec, dump_spec, load_spec
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ class RunOptions:
     # Asked when the full stage is over budget.max_gpu_hours and --yes was not given (the CLI asks
     # on a terminal); gets the gate's message, returns whether to go on. None: refuse.
     confirm: Callable[[str], bool] | None = None
+    # Asked every few seconds while a stage trains (a sweep's pruner): a Stop ends the stage, the workers
+    # saving a checkpoint first, and the run with the Stop's status. None: nothing watches.
+    watch: Watch | None = None
 
 
 @frozen(kw_only=True)
@@ -276,13 +279,13 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     try:
         for stage in stages:
             result = run_stage(stage, planned, project=project, run_path=run_path, data_dir=data_dir, recorder=recorder,
-                                output=options.output, progress=progress, code_path=code_path)
+                                output=options.output, progress=progress, code_path=code_path, watch=options.watch)
             results[stage] = result
             if not result.ok:
-                status = result.status if result.status in ("diverged", "preempted") else "failed"
-                error = explain_failure(stage, result, planned)
+                status = result.status if result.status in ("diverged", "preempted", "pruned", "interrupted") else "failed"
+                error = result.error if status in ("pruned", "interrupted") else explain_failure(stage, result, planned)
                 # 2: the worker found bad input where it runs (a node without Transformer Engine, say)
-                exit_code = 0 if status == "preempted" else (2 if result.exit_code == 2 else 1)
+                exit_code = {"preempted": 0, "pruned": 0, "interrupted": 130}.get(status, 2 if result.exit_code == 2 else 1)
                 break
     except KeyboardInterrupt:
         status, error, exit_code = "interrupted", "interrupted by the user; run again to resume", 130
@@ -300,7 +303,7 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     run_json.update({"status": status if (done or status != "finished") else "smoke-passed",
                      "ended": time.time(), "summary": summary})
     write_json_atomic(run_path / "run.json", run_json)
-    recorder.finish(status if status in ("finished", "failed", "diverged", "preempted", "interrupted") else "failed",
+    recorder.finish(status if status in ("finished", "failed", "diverged", "preempted", "interrupted", "pruned") else "failed",
                tags={"mcx.baseline.verdict": str((summary.get("baseline") or {}).get("verdict", "none"))})
     entry = recorder.close()
     summary["tracking"] = {"target": entry.target, "state": entry.state, "error": entry.error,

@@ -4,10 +4,11 @@ the control plane adds (the checkpoint in DVC, the memory prediction, the explan
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrs import evolve
+from attrs import evolve, frozen
 
 from mcx import testhooks
 from mcx.errors import McxError
@@ -17,9 +18,24 @@ from mcx.ops.progress import Note, Progress
 from mcx.spec import ExperimentSpec
 
 if TYPE_CHECKING:
+    from mcx.launch.base import Handle, LaunchOutcome
     from mcx.launch.result import StageResult
     from mcx.plan.degrees import Layout
     from mcx.train.job import Job
+
+WATCH_S = 2.0  # how often a watched stage is asked about
+
+
+@frozen
+class Stop:
+    """What a watch returns to end a stage early: the workers save a checkpoint and stop, and the stage and
+    its run end with ``status`` ("pruned": a sweep's pruner; "interrupted": the sweep was interrupted)."""
+
+    status: str
+    detail: str
+
+
+Watch = Callable[[str, Path], "Stop | None"]  # (stage, stage directory) -> Stop to end it, None to go on
 
 
 def stage_device(spec: ExperimentSpec, planned: PlanResult) -> str:
@@ -72,7 +88,7 @@ def smoke_limit(planned: PlanResult, data_dir: Path, job_spec: ExperimentSpec | 
 
 
 def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: Any,
-               output: str, progress: Progress, code_path: Path | None = None) -> StageResult:
+               output: str, progress: Progress, code_path: Path | None = None, watch: Watch | None = None) -> StageResult:
     from mcx.launch import launcher_for, placement, worker_env
     from mcx.launch.base import clear_result, latest_checkpoint
     from mcx.launch.result import StageResult, read_stage_result
@@ -107,14 +123,16 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
             forwarding = getattr(handle, "forwarding_signals", None)
             if forwarding is not None:
                 with forwarding():
-                    outcome = handle.wait()
+                    outcome, stopped = _wait(handle, watch, stage, stage_path)
             else:
-                outcome = handle.wait()
+                outcome, stopped = _wait(handle, watch, stage, stage_path)
     except BaseException:  # not started (sbatch refused it...) or interrupted: the stage's record ends too
         recorder.finish_stage(stage)
         raise
     result = read_stage_result(stage_path) or StageResult(
         status="failed", passed=False, error=f"the worker wrote no result ({outcome.state}: {outcome.detail})")
+    if stopped is not None and result.status != "finished":  # it ended because it was asked to
+        result = evolve(result, status=stopped.status, error=stopped.detail)
     if outcome.state not in ("finished", "failed") and result.status == "finished":
         result = evolve(result, status="failed", error=f"launch ended {outcome.state}: {outcome.detail}")
     if outcome.state == "preempted" and result.status != "preempted":
@@ -129,6 +147,20 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
                                                 "memory_prediction": memory_prediction(planned, result)})
     recorder.finish_stage(stage, checkpoint=checkpoint)
     return result
+
+
+def _wait(handle: Handle, watch: Watch | None, stage: str, stage_path: Path) -> tuple[LaunchOutcome, Stop | None]:
+    """The launch's outcome; with a watch, asked every WATCH_S seconds, and a Stop cancels the launch (the
+    workers checkpoint and stop)."""
+    if watch is None:
+        return handle.wait(), None
+    stopped = None
+    while True:
+        outcome = handle.wait(timeout=WATCH_S)
+        if outcome.done:
+            return outcome, stopped
+        if stopped is None and (stopped := watch(stage, stage_path)) is not None:
+            handle.cancel()
 
 
 def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, progress: Progress) -> dict[str, Any] | None:

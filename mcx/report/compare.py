@@ -21,6 +21,7 @@ from mcx.report.cells import ABSENT, MetricCell
 from mcx.report.fmt import value
 from mcx.report.heldout import Summary, summarize_comparison
 from mcx.report.rundata import RunData, flatten, run_spreads, summarize_run
+from mcx.report.sweep_report import SweepSection
 
 PlotView = Literal["plain", "smoothed", "spread"]
 
@@ -112,6 +113,7 @@ class Comparison:
     # run ID -> where its weights came from, oldest first ("random weights", "run X step N", "hf:DIR ..."):
     # only for runs that started from another run or a model ([init] from); empty when none did
     lineage: Mapping[str, tuple[str, ...]] = field(factory=dict)
+    sweep: SweepSection | None = None  # `mcx compare --sweep`: the sweep the runs are the best trials of
 
 
 # key, title, y label, curve, y axis from zero, view

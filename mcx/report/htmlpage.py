@@ -236,6 +236,10 @@ def to_html(cmp: Comparison) -> str:
         _summary_section(cmp, color_of) if cmp.summary is not None else "",
         _runs_section(cmp, palette),
     ]
+    if cmp.sweep is not None:
+        from mcx.report.sweep_report import to_html as sweep_html
+
+        parts.append(sweep_html(cmp.sweep, color_of))
     if cmp.lineage:
         parts.append(_lineage_section(cmp, color_of))
     if cmp.regressions:

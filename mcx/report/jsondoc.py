@@ -12,6 +12,7 @@ from typing import Any
 
 from mcx.report.compare import ABSENT, Comparison, DiffRow
 from mcx.report.outcome import MEASURE, SEED_SPREAD, definitions, lines
+from mcx.report.sweep_report import to_json as sweep_json
 
 SCHEMA = "mcx.compare/1"
 
@@ -97,6 +98,7 @@ def to_json(cmp: Comparison, *, curves: bool = False) -> dict[str, Any]:
         "fingerprint_diff": {name: _diff(cmp, rows) for name, rows in cmp.fingerprint_diff.items()},
         "fingerprint_same": list(cmp.fingerprint_same),
         "lineage": {run_id: list(steps) for run_id, steps in cmp.lineage.items()},
+        "sweep": sweep_json(cmp.sweep) if cmp.sweep is not None else None,
         "notes": list(cmp.notes),
         "summary": _summary(cmp),
         "definitions": {key: {"term": term, "definition": text} for key, term, text in definitions(cmp)},

@@ -54,6 +54,10 @@ def to_markdown(cmp: Comparison) -> str:
         out.append("")
     out += _table(["run", "name", "status", ""], run_rows, align_right_from=4)
     out.append("")
+    if cmp.sweep is not None:
+        from mcx.report.sweep_report import to_markdown as sweep_markdown
+
+        out += sweep_markdown(cmp.sweep)
     if cmp.baseline is not None:
         if cmp.regressions:
             out.append(f"**{len(cmp.regressions)} regression(s) against the baseline:**")

@@ -154,7 +154,8 @@ def _y_span(pooled: list[float], zero_based: bool) -> tuple[float, float, bool]:
     return y0, y1, clipped
 
 
-def _axes(f: _Frame, x_label: str, y_label: str) -> list[str]:
+def _axes(f: _Frame, x_label: str, y_label: str, x_marks: Sequence[tuple[float, str]] | None = None) -> list[str]:
+    """Grid, ticks and labels; ``x_marks``: the x ticks as (position, text), else numbers chosen here."""
     px0, kx, py0, ky = f.mapping()
     out = []
     y_ticks = ticks(f.y0, f.y1, 5)
@@ -162,8 +163,10 @@ def _axes(f: _Frame, x_label: str, y_label: str) -> list[str]:
         y = py0 - t * ky
         out.append(f'<line x1="{f.left}" x2="{f.right}" y1="{y:.1f}" y2="{y:.1f}" stroke="#e6e6e6"/>')
         out.append(f'<text x="{f.left - 7}" y="{y + 4:.1f}" font-size="11" fill="#555" text-anchor="end">{text}</text>')
-    x_ticks = ticks(f.x0, f.x1, 6, integer=True)
-    for t, text in zip(x_ticks, tick_labels(x_ticks)):
+    if x_marks is None:
+        x_ticks = ticks(f.x0, f.x1, 6, integer=True)
+        x_marks = list(zip(x_ticks, tick_labels(x_ticks)))
+    for t, text in x_marks:
         x = px0 + t * kx
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{f.top}" y2="{f.bottom}" stroke="#f0f0f0"/>')
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{f.bottom}" y2="{f.bottom + 5}" stroke="#888"/>')
@@ -292,3 +295,60 @@ def line_chart(lines: Sequence[Line], *, chart_id: str, title: str, x_label: str
     out += _legend(frame, lines, cols, fit)
     out.append("</svg>")
     return "\n".join(out)
+
+
+@frozen
+class Point:
+    """One trial on a scatter chart: ``x`` (a number, or a category's index), ``y``, its colour and tooltip."""
+
+    x: float
+    y: float
+    color: str
+    label: str
+    ring: bool = False  # drawn as a ring: the best trial
+
+
+def scatter_chart(points: Sequence[Point], *, chart_id: str, title: str, x_label: str, y_label: str,
+                  log_x: bool = False, categories: Sequence[str] | None = None, integer: bool = False,
+                  width: int = 420, plot_height: int = 220) -> str:
+    """Points over one parameter, as an ``<svg>`` element: ``log_x`` puts x on a log scale (ticks at powers
+    of ten and between); ``categories`` names the x positions 0, 1, ... instead of numbers; ``integer``: x
+    ticks at whole numbers."""
+    plot_w = width - MARGIN_L - MARGIN_R
+    xs = [math.log10(p.x) if log_x else p.x for p in points]
+    if categories is not None:
+        x0, x1 = -0.5, len(categories) - 0.5
+    else:
+        lo, hi = (min(xs), max(xs)) if xs else (0.0, 1.0)
+        pad = (hi - lo) * 0.08 or (abs(lo) * 0.1 or 1.0)
+        x0, x1 = lo - pad, hi + pad
+    y0, y1, _ = _y_span([p.y for p in points], False)
+    f = _Frame(MARGIN_L, MARGIN_T, plot_w, plot_height, x0, x1, y0, y1)
+    px0, kx, py0, ky = f.mapping()
+    out = [
+        f'<svg class="chart" id="{escape(chart_id)}" viewBox="0 0 {width} {f.bottom + MARGIN_B}" width="{width}" '
+        f'height="{f.bottom + MARGIN_B}" role="img" aria-label="{escape(title)}" '
+        'font-family="system-ui, -apple-system, \'Segoe UI\', Roboto, Helvetica, Arial, sans-serif">',
+        f'<text x="{f.left}" y="{f.top - 14}" font-size="14" font-weight="600" fill="#1a1a1a">{escape(title)}</text>',
+    ]
+    if categories is not None:
+        marks: list[tuple[float, str]] | None = [(float(i), str(c)) for i, c in enumerate(categories)]
+    elif log_x:
+        marks = [(t, _power_label(t)) for t in ticks(x0, x1, 5)]
+    else:
+        marks = list(zip(t := ticks(x0, x1, 5, integer=integer), tick_labels(t)))
+    out += _axes(f, x_label, y_label, marks)
+    for p, x in zip(points, xs):
+        cx, cy = px0 + x * kx, py0 - p.y * ky
+        if p.ring:
+            out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="8" fill="none" stroke="#111" stroke-width="1.5"/>')
+        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4.5" fill="{p.color}" fill-opacity="0.85">'
+                   f"<title>{escape(p.label)}</title></circle>")
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _power_label(t: float) -> str:
+    """A log-axis tick (its log10) as the value: 0.001, 0.003, 10, 3k."""
+    value = 10 ** t
+    return tick_labels([value])[0] if value >= 1 else f"{value:.2g}"

@@ -21,6 +21,7 @@ from cattrs.errors import (ClassValidationError, ForbiddenExtraKeysError, Iterab
                            IterableValidationNote)
 
 from mcx.errors import SpecError
+from mcx.spec.schema import SweepValue
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a table",
                tuple: "an array"}
@@ -141,6 +142,41 @@ def _literal_hook(t: Any):
     return hook
 
 
+def _is_sweep_values(t: Any) -> bool:
+    from mcx.spec.schema import SweepRange
+
+    return t == (tuple[SweepValue, ...] | SweepRange)
+
+
+def _sweep_values_hook(c: cattrs.Converter):
+    """A sweep parameter: an array of values (a grid's axis, choices) or a table (a range)."""
+    from mcx.spec.schema import SweepRange
+
+    def scalar(x: Any, _: Any) -> Any:
+        if isinstance(x, (bool, int, str)) or (isinstance(x, float) and math.isfinite(x)):
+            return x
+        raise ValueError(f"{_toml_repr(x)} is not a value a spec key takes (a string, number or true/false)")
+
+    def hook(v: Any, t: Any) -> Any:
+        if isinstance(v, dict):
+            return c.structure(v, SweepRange)
+        if not isinstance(v, list):
+            raise ValueError(f"expected an array of values or a range table {{low = ..., high = ...}}, got "
+                             f"{type(v).__name__} {_toml_repr(v)}")
+        problems, out = [], []
+        for i, x in enumerate(v):
+            try:
+                out.append(scalar(x, None))
+            except ValueError as exc:
+                exc.__notes__ = [*getattr(exc, "__notes__", []), IterableValidationNote(f"@ index {i}", i, Any)]
+                problems.append(exc)
+        if problems:
+            raise IterableValidationError(f"while structuring {t}", problems, t)
+        return tuple(out)
+
+    return hook
+
+
 @cache
 def converter() -> cattrs.Converter:
     c = cattrs.Converter(forbid_extra_keys=True, detailed_validation=True, omit_if_default=False)
@@ -149,6 +185,7 @@ def converter() -> cattrs.Converter:
     c.register_structure_hook(bool, _strict_bool)
     c.register_structure_hook(str, _strict_str)
     c.register_structure_hook_factory(_is_literal, _literal_hook)
+    c.register_structure_hook_func(_is_sweep_values, _sweep_values_hook(c))
     c.register_structure_hook_factory(_is_tuple, _tuple_hook_factory(c))
     c.register_structure_hook_factory(attrs.has, _table_hook_factory(c))
     c.register_unstructure_hook(tuple, list)

@@ -200,8 +200,46 @@ def _init_rules(spec: ExperimentSpec) -> Problems:
     return out
 
 
+def _sweep_rules(spec: ExperimentSpec) -> Problems:
+    """The [sweep] table's own shape (mcx.plan.sweep checks its keys and values against the spec)."""
+    sw, out = spec.sweep, []
+    if sw is None:
+        return out
+    if not sw.parameters:
+        out.append(("sweep.parameters", "is empty; name at least one spec key and its values, e.g. "
+                                        "\"train.lr\" = [1e-3, 3e-3]"))
+    for key, values in sw.parameters.items():
+        where = f'sweep.parameters."{key}"'
+        if isinstance(values, tuple):
+            if not values:
+                out.append((where, "has no values; list at least one"))
+            elif len(set(map(repr, values))) != len(values):
+                out.append((where, "lists a value twice; each trial would be run once anyway"))
+            continue
+        if sw.method == "grid":
+            out.append((where, "is a range, and a grid needs its values listed; list them, or set sweep.method = "
+                               "\"random\" or \"tpe\""))
+        if not values.low < values.high:
+            out.append((where, f"low = {values.low:g} must be below high = {values.high:g}"))
+        if values.log and values.low <= 0:
+            out.append((where, f"a log range needs low > 0, got {values.low:g}"))
+        if values.step is not None and (values.step <= 0 or values.log):
+            out.append((where, "step must be positive, and a log range has none"))
+    if sw.method != "grid" and sw.max_trials is None:
+        out.append(("sweep.max_trials", f"method \"{sw.method}\" needs a number of trials; set it"))
+    for key, value, least in (("max_trials", sw.max_trials, 1), ("parallel", sw.parallel, 1),
+                              ("prune_startup_trials", sw.prune_startup_trials, 0),
+                              ("prune_warmup_evals", sw.prune_warmup_evals, 0)):
+        if value is not None and value < least:
+            out.append((f"sweep.{key}", f"must be at least {least}, got {value}"))
+    if sw.name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", sw.name):
+        out.append(("sweep.name", f"{sw.name!r} must be 1-100 letters, digits, '.', '_' or '-', starting with a "
+                                  "letter or digit"))
+    return out
+
+
 def check_spec(spec: ExperimentSpec) -> Problems:
-    return _range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _init_rules(spec)
+    return _range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _init_rules(spec) + _sweep_rules(spec)
 
 
 def divisors(n: int) -> list[int]:

@@ -25,6 +25,9 @@ RecomputeMethod = Literal["uniform", "block"]
 LauncherKind = Literal["local", "torchrun", "slurm"]
 GpuModel = Literal["H200", "H100", "A100-80GB", "A100-40GB", "L40S", "B200", "cpu", "any"]
 TokenizerKind = Literal["bpe", "huggingface", "sentencepiece", "gpt2"]
+SweepMethod = Literal["grid", "random", "tpe"]
+Direction = Literal["minimize", "maximize"]
+SweepValue = bool | int | float | str
 
 
 @frozen(kw_only=True)
@@ -227,6 +230,35 @@ class InitSpec:
 
 
 @frozen(kw_only=True)
+class SweepRange:
+    """A parameter's range (methods random and tpe): ``low`` to ``high``, on a log scale with ``log``, in
+    steps of ``step``; a key whose values are integers gets integers."""
+
+    low: float
+    high: float
+    log: bool = False
+    step: float | None = None
+
+
+@frozen(kw_only=True)
+class SweepSpec:
+    """Many runs as one experiment (`mcx sweep`): each trial is the spec with its parameters' values set."""
+
+    method: SweepMethod = "grid"
+    # spec key -> its values (a grid's axis; choices for random and tpe) or a range
+    parameters: dict[str, tuple[SweepValue, ...] | SweepRange]
+    objective: str = "valid_loss"  # a summary metric (docs/metrics.md)
+    direction: Direction | None = None  # None: the metric's own (lower is better: minimize)
+    max_trials: int | None = None  # None: every grid point (grid only)
+    parallel: int = 1  # trials at once
+    seed: int = 0  # the search's own: the same sweep proposes the same trials
+    prune: bool = False  # stop trials whose validation objective trails the median of the others'
+    prune_startup_trials: int = 2  # trials that run whole before any is pruned
+    prune_warmup_evals: int = 1  # evaluations of a trial before it can be pruned
+    name: str | None = None  # None: the spec's name
+
+
+@frozen(kw_only=True)
 class BudgetSpec:
     max_gpu_hours: float | None = None  # None: no gate
     assumed_mfu: float = 0.40  # used for time and cost estimates before anything ran
@@ -249,3 +281,4 @@ class ExperimentSpec:
     tracking: TrackingSpec = field(factory=TrackingSpec)
     baseline: BaselineSpec = field(factory=BaselineSpec)
     budget: BudgetSpec = field(factory=BudgetSpec)
+    sweep: SweepSpec | None = None

@@ -127,6 +127,17 @@ class MlflowStore:
         found = self.find_runs(ids, {RUN_ID_TAG: run_id, RECORD_TAG: "run"})
         return found[-1] if found else None  # the latest attempt (`mcx run --force` adds one)
 
+    def adopt(self, experiment_id: str, parent_uuid: str, child_identity: dict[str, str], tags: dict[str, str]) -> None:
+        """Tag the run with ``child_identity`` (its latest attempt) and nest it under ``parent_uuid``, unless it
+        is nested elsewhere already (a trial two sweeps share stays under the first). LookupError while that
+        run is not in the store yet: the operation stays spooled until it is."""
+        found = self.find_runs([experiment_id], child_identity)
+        if not found:
+            raise LookupError(f"the run {child_identity} is not in the tracking store yet")
+        child = found[-1]
+        extra = {} if PARENT_TAG in child.data.tags else {PARENT_TAG: parent_uuid}
+        self.set_tags(child.info.run_id, {**tags, **extra})
+
     def children(self, parent: Run) -> list[Run]:
         return self.find_runs([parent.info.experiment_id], {PARENT_TAG: parent.info.run_id})
 
@@ -200,6 +211,8 @@ class MlflowStore:
             self.log_metrics(uuid, [(k, v, op["time_ms"], op["step"]) for k, v in sorted(op["metrics"].items())])
         elif kind == "status":
             self.set_status(uuid, op["status"], op.get("end_ms"))
+        elif kind == "adopt":  # another recorder's run becomes this record's child (a sweep's trial)
+            self.adopt(exp_id, uuid, op["child_identity"], op["tags"])
         else:
             raise ValueError(f"unknown journal operation {kind!r}")
         return learnt

@@ -52,7 +52,7 @@ LOCK_FILE = "lock"
 RUN = "run"
 # result.json / run status -> MLflow run status
 MLFLOW_STATUS = {"running": "RUNNING", "finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED",
-                 "preempted": "KILLED", "interrupted": "KILLED", "killed": "KILLED"}
+                 "preempted": "KILLED", "interrupted": "KILLED", "killed": "KILLED", "pruned": "KILLED"}
 _LABEL = re.compile(r"^[A-Za-z0-9._:\-]{1,64}$")
 
 
@@ -81,7 +81,7 @@ class RunRecorder:
         self.track_dir = self.run_dir / paths.TRACK_DIR
         self.target = target
         self.experiment = experiment
-        self.run_id = paths.check_run_id(run_id)
+        self.run_id = self._checked(run_id)
         self.reproduces = paths.check_run_id(reproduces) if reproduces is not None else None
         self.reproduction = reproduction
         self.attempt = attempt  # > 1 for `mcx run --force`: a new MLflow parent run beside the archived one's
@@ -91,6 +91,10 @@ class RunRecorder:
         self._last_send_error: str | None = None  # a failure is logged once at warning level, not per flush
         self._store: MlflowStore | None = None
         self._bind_target()
+
+    def _checked(self, run_id: str) -> str:
+        """The record's name, checked: a run ID here; a sweep's name for mcx.track.sweep_record."""
+        return paths.check_run_id(run_id)
 
     # construction ------------------------------------------------------------------------------
     @classmethod

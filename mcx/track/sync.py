@@ -20,6 +20,7 @@ from mcx.track import paths
 from mcx.track.forward import MetricsForwarder
 from mcx.track.recorder import RUN, TARGET_FILE, RunRecorder
 from mcx.track.send import SyncEntry, sync_recorder
+from mcx.track.sweep_record import SweepRecorder
 
 _NOT_RUN_DIRS = frozenset({"checkpoints", paths.TRACK_DIR, "plots"})
 
@@ -85,7 +86,16 @@ def sync(project_root: Path, *, tracking_uri: str | None = None, run_ids: list[s
         if wanted is not None and record.run_id not in wanted and record.reproduces not in wanted:
             continue
         entries.append(sync_recorder(record))
+    if wanted is None:  # after the runs: a sweep's record adopts its trials' runs
+        for sweep_dir in tracked_sweep_dirs(project_root):
+            entries.append(sync_recorder(SweepRecorder.load(project_root, sweep_dir, tracking_uri)))
     return SyncReport(tuple(entries), time.perf_counter() - t0)
 
 
-__all__ = ["RUN", "SyncEntry", "SyncReport", "sync", "sync_recorder", "tracked_run_dirs", "unsent"]
+def tracked_sweep_dirs(project_root: Path) -> list[Path]:
+    """Every sweep directory (.mcx/sweeps/<name>/) holding tracking state."""
+    root = paths.state_dir(project_root) / "sweeps"
+    return sorted(p for p in root.glob("*") if (p / paths.TRACK_DIR / TARGET_FILE).is_file()) if root.is_dir() else []
+
+
+__all__ = ["RUN", "SyncEntry", "SyncReport", "sync", "sync_recorder", "tracked_run_dirs", "tracked_sweep_dirs", "unsent"]
