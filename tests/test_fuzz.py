@@ -94,9 +94,18 @@ def time_limit(seconds: float):
 def _tables(cls: type, prefix: str = "") -> dict[str, type]:
     out = {prefix: cls}
     for name, tp in typing.get_type_hints(cls).items():
-        if attrs.has(tp):
-            out.update(_tables(tp, f"{prefix}.{name}" if prefix else name))
+        table = _table_type(tp)
+        if table is not None:
+            out.update(_tables(table, f"{prefix}.{name}" if prefix else name))
     return out
+
+
+def _table_type(tp: Any) -> type | None:
+    """The attrs class of a table field (``SweepSpec | None`` included: an optional table)."""
+    if attrs.has(tp):
+        return tp
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0] if len(args) == 1 and attrs.has(args[0]) else None
 
 
 TABLES: dict[str, type] = _tables(ExperimentSpec)  # "" -> ExperimentSpec, "data.tokenizer" -> TokenizerSpec, ...
@@ -117,7 +126,7 @@ def _kind(tp: Any) -> tuple[str, tuple]:
 
 FIELDS: dict[str, tuple[str, tuple]] = {  # "train.lr" -> ("float", ()), "train.precision" -> ("literal", (...))
     (f"{table}.{name}" if table else name): _kind(tp)
-    for table, cls in TABLES.items() for name, tp in typing.get_type_hints(cls).items() if not attrs.has(tp)
+    for table, cls in TABLES.items() for name, tp in typing.get_type_hints(cls).items() if _table_type(tp) is None
 }
 INT_FIELDS = sorted(k for k, (kind, _) in FIELDS.items() if kind == "int")
 KNOWN_PATHS: set[str] = set(TABLES) | set(FIELDS) | {"extends", "--set"}
@@ -502,13 +511,13 @@ VERB_MODULES = {
     "ls": ["mcx.ops.records", "mcx.report.records_view"], "show": ["mcx.ops.records", "mcx.report.records_view"],
     "sync": ["mcx.ops.records"], "baseline": ["mcx.ops.records"], "reproduce": ["mcx.ops.reproduce"],
     "compare": ["mcx.ops.compare"], "import": ["mcx.ops.interop"], "export": ["mcx.ops.interop"],
-    "tune": ["mcx.ops.tune"], "import-hf": ["mcx.ops.hf"], "export-hf": ["mcx.ops.hf"],
+    "tune": ["mcx.ops.tune"], "import-hf": ["mcx.ops.hf"], "export-hf": ["mcx.ops.hf"], "sweep": ["mcx.ops.sweep"],
 }
 
 
 READY = sorted(VERB_MODULES)
 # Verbs that train, prepare data or write files on good input: fuzzed only with bad positionals below.
-SIDE_EFFECTS = {"run", "tune", "data"}
+SIDE_EFFECTS = {"run", "tune", "data", "sweep"}
 # Verbs that never write into the project, even when they succeed.
 READ_ONLY = ("plan", "explain", "export", "show", "compare", "reproduce", "import", "import-hf")
 
@@ -592,6 +601,8 @@ def verb_argv(ws: Workspace, verb: str) -> st.SearchStrategy:
         "import-hf": st.tuples(st.sampled_from([*missing, str(ws.specs / "tiny.toml"), str(ws.specs)]),
                                st.lists(st.sampled_from(["--extends=nope.toml", "--seq-length=0", "--seq-length=x",
                                                          "--name=", "--set=train.lr=fast"]), max_size=2)),
+        "sweep": st.tuples(st.one_of(broken, st.just("show"), st.just("ls")), st.sampled_from(["", "nope", "../x"]),
+                           st.lists(st.sampled_from(["--json", "--dry-run", "--yes"]), max_size=2)),
         "export-hf": st.tuples(ids, st.just("-o=hf-out"),
                                st.lists(st.sampled_from(["--step=0", "--step=x", "--dtype=int8", "--json",
                                                          "--max-shard-size=big", "--max-shard-size=0"]), max_size=2)),

@@ -25,7 +25,7 @@ from mcx.interop import export_args, export_script, import_file, import_script, 
 from mcx.interop import flags as F
 from mcx.interop.docgen import DOC, update
 from mcx.interop.importer import ImportResult
-from mcx.interop.keys import flatten, spec_keys
+from mcx.spec.keys import flatten, spec_keys
 from mcx.interop.launcher import slurm_time
 from mcx.interop.script import Launch, Unknown, read_script
 from mcx.interop.unmapped import DROPPED, HANDLED, TORCHRUN_HANDLED, TORCHRUN_MAPPED, TORCHRUN_SWITCHES

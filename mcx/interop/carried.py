@@ -24,7 +24,7 @@ from typing import Any
 from mcx.hashing import canonical_json, digest
 from mcx.interop import flags as F
 from mcx.interop.expand import Partial
-from mcx.interop.keys import flatten, spec_keys
+from mcx.spec.keys import flatten, spec_keys
 from mcx.interop.pretrain_args import Ctx, Mapped
 from mcx.interop.script import Script
 from mcx.spec.presets import PRESETS

@@ -22,7 +22,7 @@ from mcx.errors import InputError
 from mcx.interop import carried
 from mcx.interop import flags as F
 from mcx.interop.importer import import_script
-from mcx.interop.keys import flatten, spec_keys
+from mcx.spec.keys import flatten, spec_keys
 from mcx.interop.script import read_script
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE
 from mcx.spec.schema import ExperimentSpec

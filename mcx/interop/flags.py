@@ -65,6 +65,7 @@ def _flat_get(flat: Mapping[str, Any], key: str, default: Any = None) -> Any:
 WHEN: dict[str, tuple[str, Callable[[Mapping[str, Any]], bool]]] = {
     "rope": ('model.position_embedding_type = "rope"',
              lambda f: _flat_get(f, "model.position_embedding_type", "rope") == "rope"),
+    "rope_scaling": ("model.rope_scaling = true", lambda f: _flat_get(f, "model.rope_scaling") is True),
     "moe": ("model.num_experts is set", lambda f: _flat_get(f, "model.num_experts") is not None),
     "dense": ("model.num_experts is not set", lambda f: _flat_get(f, "model.num_experts") is None),
     "fp8": ("train.precision is an fp8 precision", lambda f: str(_flat_get(f, "train.precision", "")).startswith("fp8")),
@@ -129,7 +130,8 @@ FLAGS: tuple[Row, ...] = (
        "LLaMA 3.x RoPE scaling: low frequencies divided by model.rope_scaling_factor (low/high frequency factors 1 "
        "and 4, original context 8192, as Megatron-Core implements it).", when="rope"),
     _r("model.rope_scaling_factor", "value", "--rope-scaling-factor", 8.0,
-       "LLaMA 3.x RoPE scaling factor (8 for LLaMA 3.1 and 3.3, 32 for 3.2), with model.rope_scaling.", when="rope"),
+       "LLaMA 3.x RoPE scaling factor (8 for LLaMA 3.1 and 3.3, 32 for 3.2), with model.rope_scaling.",
+       when="rope_scaling"),
     _r("model.untie_embeddings_and_output_weights", "switch", "--untie-embeddings-and-output-weights", False,
        "Separate output projection instead of reusing the input embedding."),
     _r("model.add_bias_linear", "negated", "--disable-bias-linear", True, "Biases in all linear layers."),
@@ -354,6 +356,11 @@ FLAGS: tuple[Row, ...] = (
     _r("budget.assumed_mfu", "mcx", (), NA, "MFU assumed for time and cost estimates before anything ran.",
        "budgets are mcx's"),
     _r("budget.gpu_hour_price", "mcx", (), NA, "Price per GPU-hour for the cost line.", "budgets are mcx's"),
+    # ---- sweep
+    _r("sweep", "mcx", (), NA, "Many runs as one experiment (`mcx sweep`): method (grid, random, tpe), parameters "
+       "(spec key -> values or a range), objective, direction, max_trials, parallel, seed, prune, "
+       "prune_startup_trials, prune_warmup_evals, name (docs/sweeps.md). Unset: not a sweep.",
+       "sweeps are mcx's; each trial is the spec with its values and no [sweep], not part of any run's ID"),
 )
 
 BY_KEY: dict[str, Row] = {row.key: row for row in FLAGS}

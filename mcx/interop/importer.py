@@ -23,7 +23,7 @@ from mcx.interop import carried
 from mcx.interop import flags as F
 from mcx.interop.corrections import apply_corrections
 from mcx.interop.expand import Unknown
-from mcx.interop.keys import nest, spec_keys
+from mcx.spec.keys import nest, spec_keys
 from mcx.interop.launcher import launcher_values
 from mcx.interop.notes import family_notes
 from mcx.interop.options import check_options

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from mcx.errors import InputError, SpecError
 from mcx.interop import flags as F
-from mcx.interop.keys import spec_keys
+from mcx.spec.keys import spec_keys
 from mcx.interop.pretrain_args import Ctx
 from mcx.spec.load import parse_override
 from mcx.spec.presets import PRESETS

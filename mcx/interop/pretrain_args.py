@@ -14,7 +14,7 @@ from typing import Any
 from attrs import define, field, frozen
 
 from mcx.interop import flags as F
-from mcx.interop.keys import spec_keys
+from mcx.spec.keys import spec_keys
 from mcx.interop.script import Field, Launch, Unknown
 from mcx.interop.unmapped import DROPPED, HANDLED
 

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable
 
 from mcx.interop import flags as F
-from mcx.interop.keys import spec_keys
+from mcx.spec.keys import spec_keys
 from mcx.interop.pretrain_args import Ctx, Mapped, toml_value
 from mcx.interop.script import Unknown
 

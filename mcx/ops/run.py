@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
@@ -44,6 +44,9 @@ class RunOptions:
     # Asked every few seconds while a stage trains (a sweep's pruner): a Stop ends the stage, the workers
     # saving a checkpoint first, and the run with the Stop's status. None: nothing watches.
     watch: Watch | None = None
+    # The GPUs of this machine the stages' workers see (CUDA_VISIBLE_DEVICES; a sweep's concurrent trials
+    # each get their own). None: what the environment shows. Slurm jobs get theirs from the scheduler.
+    devices: tuple[str, ...] | None = None
 
 
 @frozen(kw_only=True)
@@ -56,6 +59,10 @@ class RunResult:
 
 def run(spec_path: str, overrides: list[str], *, project: Path, options: RunOptions, progress: Progress) -> RunResult:
     spec = load_spec(spec_path, overrides)
+    if spec.sweep is not None:  # the base point: the run a trial with the spec's own values would be
+        progress(Note(lead="note", text=f": {spec_path} has a [sweep] table; `mcx run` trains its base point, "
+                      "`mcx sweep` runs the sweep"))
+        spec = evolve(spec, sweep=None)
     return run_spec(spec, project=project, options=options, progress=progress)
 
 
@@ -279,7 +286,8 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     try:
         for stage in stages:
             result = run_stage(stage, planned, project=project, run_path=run_path, data_dir=data_dir, recorder=recorder,
-                                output=options.output, progress=progress, code_path=code_path, watch=options.watch)
+                                output=options.output, progress=progress, code_path=code_path, watch=options.watch,
+                                devices=options.devices)
             results[stage] = result
             if not result.ok:
                 status = result.status if result.status in ("diverged", "preempted", "pruned", "interrupted") else "failed"

@@ -88,7 +88,8 @@ def smoke_limit(planned: PlanResult, data_dir: Path, job_spec: ExperimentSpec | 
 
 
 def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: Any,
-               output: str, progress: Progress, code_path: Path | None = None, watch: Watch | None = None) -> StageResult:
+               output: str, progress: Progress, code_path: Path | None = None, watch: Watch | None = None,
+               devices: tuple[str, ...] | None = None) -> StageResult:
     from mcx.launch import launcher_for, placement, worker_env
     from mcx.launch.base import clear_result, latest_checkpoint
     from mcx.launch.result import StageResult, read_stage_result
@@ -116,6 +117,8 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     try:
         with recorder.forwarder(stage):
             env = worker_env(job_spec)
+            if devices is not None and job_spec.launch.kind != "slurm":
+                env = {**env, "CUDA_VISIBLE_DEVICES": ",".join(devices)}
             if code_path is not None:  # a reproduction: the worker imports the recorded mcx first
                 path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
                 env = {**env, "PYTHONPATH": os.pathsep.join(path)}

@@ -15,9 +15,11 @@ results before it, and with ``parallel`` > 1 on which of them had finished).
 from __future__ import annotations
 
 import math
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
@@ -156,7 +158,8 @@ def distributions(spec: ExperimentSpec) -> dict[str, Any]:
     for a key that takes integers, else a float one."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    from mcx.plan.sweep import integer_key, spec_keys
+    from mcx.plan.sweep import integer_key
+    from mcx.spec.keys import spec_keys
 
     sw = spec.sweep
     assert sw is not None
@@ -179,21 +182,46 @@ class PlannedTrial:
     run_id: str | None
     gpu_hours: float | None
     cached: bool
+    local_gpus: int = 0  # the GPUs of this machine its full stage uses (0: CPU, or a Slurm job)
 
 
 def plan_trials(spec: ExperimentSpec, project: Path, options: SweepOptions) -> list[PlannedTrial]:
     """Each known trial's spec, run ID (None where its data is not here) and GPU-hours."""
     from mcx.ops.plan import plan_loaded
+    from mcx.ops.stage import stage_device
     from mcx.plan.sweep import trial_spec
     from mcx.track.runcache import lookup
 
     out = []
     for params in proposals(spec):
         tspec = trial_spec(spec, params)
-        planned = plan_loaded(tspec, project, require_data=False, verify_data=options.verify_data)
+        # at launch, what this machine lacks for a trial (its data...) is a problem before anything is written
+        planned = plan_loaded(tspec, project, require_data=False, at_launch=not options.dry_run,
+                              verify_data=options.verify_data)
         cached = planned.run_id is not None and lookup(project, planned.run_id).state == "finished"
-        out.append(PlannedTrial(params, tspec, planned.run_id, planned.plan.cost.gpu_hours, cached))
+        here = stage_device(tspec, planned) == "cuda" and tspec.launch.kind != "slurm"
+        out.append(PlannedTrial(params, tspec, planned.run_id, planned.plan.cost.gpu_hours, cached,
+                                planned.plan.layout.world_size if here else 0))
     return out
+
+
+def gpu_slots(spec: ExperimentSpec, planned: list[PlannedTrial], visible: list[str]) -> list[tuple[str, ...]] | None:
+    """The GPUs each trial running at once gets (CUDA_VISIBLE_DEVICES), ``parallel`` disjoint sets of this
+    machine's ``visible`` GPUs; None where the trials take none of them (CPU trials, Slurm jobs).
+    InputError when ``parallel`` trials do not fit."""
+    sw = spec.sweep
+    assert sw is not None
+    need = max((t.local_gpus for t in planned), default=0)
+    if need == 0:
+        return None
+    if sw.parallel == 1:
+        return [tuple(visible)]  # as `mcx run` would: whatever the environment shows
+    if sw.parallel * need > len(visible):
+        fits = len(visible) // need
+        raise InputError(f"sweep.parallel = {sw.parallel} runs {sw.parallel} trials of {need} GPU(s) at once, and "
+                         f"this machine shows {len(visible)} GPU(s);", f"set sweep.parallel to at most {max(fits, 1)}, "
+                         "or run the trials as Slurm jobs (launch.kind = \"slurm\").")
+    return [tuple(visible[i * need:(i + 1) * need]) for i in range(sw.parallel)]
 
 
 def estimate_gpu_hours(spec: ExperimentSpec, planned: list[PlannedTrial]) -> float | None:
@@ -233,8 +261,10 @@ def sweep(spec_path: str, overrides: list[str], *, project: Path, options: Sweep
     assert sw is not None
     name = sw.name or spec.name
     planned = plan_trials(spec, project, options)
+    slots = gpu_slots(spec, planned, _visible_gpus())
     gpu_hours = estimate_gpu_hours(spec, planned)
-    budget_gate(spec, gpu_hours, options)
+    if not options.dry_run:  # as `mcx run --dry-run`: the plan says the cost, nothing asks
+        budget_gate(spec, gpu_hours, options)
     if options.dry_run:
         trials = tuple(Trial(number=i, params=t.params, state="planned", run_id=t.run_id, cached=t.cached,
                              gpu_hours=t.gpu_hours) for i, t in enumerate(planned))
@@ -253,7 +283,7 @@ def sweep(spec_path: str, overrides: list[str], *, project: Path, options: Sweep
     with lock:
         _record_definition(directory, spec, name)
         recorder = _recorder(spec, name, directory, project)
-        runner = _Runner(spec, name, directory, project, options, progress, planned, recorder)
+        runner = _Runner(spec, name, directory, project, options, progress, planned, recorder, slots)
         status = runner.run()
         result = show(name, project)
         best = result.best
@@ -284,16 +314,37 @@ def _recorder(spec: ExperimentSpec, name: str, directory: Path, project: Path):
     return recorder
 
 
+def _visible_gpus() -> list[str]:
+    """This machine's GPUs as CUDA_VISIBLE_DEVICES names them (nvidia-smi's indices, the environment's
+    selection kept)."""
+    from mcx.fingerprint.hardware import probe
+
+    return [str(i) for i in probe()["visible"]]
+
+
 def _record_definition(directory: Path, spec: ExperimentSpec, name: str) -> None:
-    """sweep.json: the spec that defines the sweep. A sweep of this name defined otherwise is refused: its
-    trials and their states would not belong to this definition."""
-    definition = {"name": name, "spec": dump_spec(spec)}
+    """sweep.json: the spec that defines the sweep, the latest one. A sweep of this name defined otherwise is
+    refused (its trials would not belong to this definition); how many trials and how many at once may
+    change (a longer random search, more GPUs), and so may what no run's ID holds (descriptions, tracking)."""
+    identity = definition_identity(spec)
     found = read_json(directory / DEFINITION)
-    if isinstance(found, dict) and found.get("spec") != definition["spec"]:
+    if isinstance(found, dict) and found.get("identity") != identity:
         raise InputError(f"sweep {name} was started from another definition ({directory / DEFINITION});",
                          "give this one another sweep.name, or remove that directory to start it over.")
-    if not isinstance(found, dict):
-        write_json_atomic(directory / DEFINITION, {**definition, "created": time.time()})
+    created = found.get("created") if isinstance(found, dict) else None
+    write_json_atomic(directory / DEFINITION, {"name": name, "identity": identity, "spec": dump_spec(spec),
+                                               "created": created or time.time()})
+
+
+def definition_identity(spec: ExperimentSpec) -> str:
+    """What makes two sweeps the same: the trials' config (as a run ID hashes it) and how trials are chosen."""
+    from mcx.fingerprint.config import canonical_config
+    from mcx.spec.convert import unstructure
+
+    sw = spec.sweep
+    assert sw is not None
+    chosen = {k: v for k, v in unstructure(sw).items() if k not in ("max_trials", "parallel", "name")}
+    return digest({"config": canonical_config(evolve(spec, sweep=None)), "sweep": chosen})
 
 
 def open_study(directory: Path, name: str, spec: ExperimentSpec, *, create: bool):
@@ -318,9 +369,11 @@ class _Runner:
     """Runs a sweep's trials, ``parallel`` at a time, until it has its number of them."""
 
     def __init__(self, spec: ExperimentSpec, name: str, directory: Path, project: Path, options: SweepOptions,
-                 progress: Progress, planned: list[PlannedTrial], recorder: Any) -> None:
+                 progress: Progress, planned: list[PlannedTrial], recorder: Any,
+                 slots: list[tuple[str, ...]] | None) -> None:
         self.spec, self.name, self.directory, self.project = spec, name, directory, project
         self.recorder = recorder
+        self.slots = list(slots) if slots is not None else None  # free GPU sets; None: trials take no GPUs here
         self.options, self.progress = options, progress
         self.sweep = spec.sweep
         self.study = open_study(directory, name, spec, create=True)
@@ -329,9 +382,13 @@ class _Runner:
         self.lock = threading.Lock()
         self.notes: list[Note] = []
         self.smoke_passed: set[str] = set()
-        if self.sweep.method == "grid" and not self.study.trials:
+        self.planned_ids = {_params_key(t.params): t.run_id for t in planned}
+        if self.sweep.method == "grid":  # its points in the order written; those of a longer grid too
+            seen = {_params_key(t.params or t.system_attrs.get("fixed_params", {}))  # waiting: enqueued before
+                    for t in self.study.get_trials(deepcopy=False)}
             for t in planned:
-                self.study.enqueue_trial(t.params)
+                if _params_key(t.params) not in seen:
+                    self.study.enqueue_trial(t.params)
 
     def run(self) -> str:
         import optuna
@@ -341,7 +398,7 @@ class _Runner:
         self.smoke_passed = {t.user_attrs["smoke"] for t in self.study.trials if t.user_attrs.get("smoke_passed")}
         parallel = self.sweep.parallel
         futures: set[Future] = set()
-        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial") as pool:
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial") as pool, _term_interrupts():
             try:
                 while True:
                     while len(futures) < parallel and not self.stop.is_set():
@@ -375,6 +432,16 @@ class _Runner:
             return self.study.ask(distributions(self.spec))
 
     def _run_trial(self, trial) -> None:
+        with self.lock:  # a free set of GPUs for the trial's workers, given back when it ends
+            devices = self.slots.pop() if self.slots else None
+        try:
+            self._trial(trial, devices)
+        finally:
+            if devices is not None:
+                with self.lock:
+                    self.slots.append(devices)
+
+    def _trial(self, trial, devices: tuple[str, ...] | None) -> None:
         from mcx.ops.run import RunOptions, run_spec
         from mcx.plan.sweep import trial_spec
 
@@ -391,9 +458,16 @@ class _Runner:
 
         progress(Note(text=", ".join(f"{k} = {v!r}" for k, v in params.items())
                       + ("; smoke stage passed by an earlier trial of this sweep" if skip else "")))
+        planned_id = self.planned_ids.get(_params_key(params))
+        if planned_id is None:  # a trial not known up front (a Bayesian search's): planned now
+            from mcx.ops.plan import plan_loaded
+
+            planned_id = plan_loaded(trial_spec(self.spec, params), self.project, require_data=False).run_id
+        trial.set_user_attr("run_id", planned_id)  # `mcx sweep show` names the run while it trains
         watch = _PrunerWatch(trial, self.sweep, self.stop) if self.sweep.prune else _StopWatch(self.stop)
         options = RunOptions(yes=True, output=self.options.output if self.sweep.parallel == 1 else "quiet",
-                             skip_smoke=skip, verify_data=self.options.verify_data, watch=watch)
+                             skip_smoke=skip, verify_data=self.options.verify_data, watch=watch,
+                             devices=devices if self.sweep.parallel > 1 else None)
         try:
             result = run_spec(trial_spec(self.spec, params), project=self.project, options=options, progress=progress)
         except McxError as exc:
@@ -455,6 +529,28 @@ class _Runner:
         except McxError:
             return None
         return digest({"spec": unstructure(job_spec), "layout": layout.job_dict()})
+
+
+def _params_key(params: dict[str, Any]) -> str:
+    return digest({k: params[k] for k in sorted(params)})
+
+
+@contextmanager
+def _term_interrupts() -> Iterator[None]:
+    """While inside, SIGTERM interrupts the sweep as Ctrl-C does (a scheduler's or a user's kill): the trials
+    save a checkpoint and stop instead of being left to run on without their sweep. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _StopWatch:

@@ -9,11 +9,8 @@ point two sweeps share is one run.
 from __future__ import annotations
 
 import itertools
-import typing
 from collections.abc import Mapping
 from typing import Any
-
-import attrs
 
 from mcx.errors import SpecError
 from mcx.fingerprint.config import NOT_HASHED
@@ -21,6 +18,7 @@ from mcx.metrics.summary import BY_KEY, Metric
 from mcx.plan.hardware import peak_flops
 from mcx.spec import ExperimentSpec
 from mcx.spec.convert import structure, unstructure
+from mcx.spec.keys import Key, spec_keys
 from mcx.spec.rules import Problems, check_spec
 from mcx.spec.schema import SweepRange, SweepSpec
 
@@ -30,29 +28,14 @@ CONTENT_KEYS = ("data.path", "data.tokenizer.path", "data.tokenizer.merges", "in
 INTERMEDIATE = {"valid_loss": ("valid", "loss"), "valid_loss_best": ("valid", "loss"), "valid_ppl": ("valid", "ppl")}
 
 
-def spec_keys(cl: type = ExperimentSpec, prefix: str = "") -> dict[str, Any]:
-    """Every dotted key of the spec (tables walked) -> its type annotation."""
-    out: dict[str, Any] = {}
-    hints = typing.get_type_hints(cl)
-    for f in attrs.fields(cl):
-        key = prefix + f.metadata.get("key", f.name)
-        inner = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
-        if attrs.has(inner[0]) and len(inner) == 1:
-            out.update(spec_keys(inner[0], key + "."))
-        else:
-            out[key] = hints[f.name]
-    return out
-
-
-def integer_key(annotation: Any) -> bool:
+def integer_key(key: Key) -> bool:
     """Whether a key takes integers (``int`` or ``int | None``)."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    return annotation is int or args == [int]
+    return key.base is int
 
 
 def sweepable(key: str) -> str | None:
     """Why ``key`` cannot be swept (None: it can)."""
-    if key.startswith("sweep.") or key in ("name", "description"):
+    if key == "sweep" or key.startswith("sweep.") or key in ("name", "description"):
         return "names or describes the experiment; every trial would be the same run"
     for not_hashed, why in NOT_HASHED.items():
         if (key == not_hashed or key.startswith(not_hashed + ".")) and key not in CONTENT_KEYS:
