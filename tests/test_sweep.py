@@ -9,6 +9,8 @@ hopeless trial is pruned and keeps its checkpoint; every bad sweep is refused (e
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -296,3 +298,29 @@ def test_concurrent_trials_get_disjoint_gpus_or_are_refused():
     assert gpu_slots(spec, planned(0), ["0"]) is None
     with pytest.raises(InputError, match=r"sweep.parallel = 2 runs 2 trials of 2 GPU\(s\) at once.*at most 1"):
         gpu_slots(spec, planned(2), ["0", "1", "2"])
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+@pytest.mark.skipif(shutil.which("sbatch") is None and not os.environ.get("CI"),
+                    reason="no Slurm cluster here: start the local one with `bash .ci/slurm.sh start` (as root)")
+def test_on_slurm_each_trial_is_its_own_job_and_they_run_at_once(tmp_path):
+    """launch.kind = "slurm": the sweep submits `parallel` trials' jobs at once (the local test cluster: one node,
+    2 CPUs, each trial one CPU process) and waits on each."""
+    project = make_e2e_project(tmp_path / "project")
+    spec = write_sweep(project, "slurm", {"method": "grid", "parallel": 2, "parameters": {"train.seed": [1, 2]}},
+                       hardware={"gpu": "cpu"}, launch={"kind": "slurm", "slurm": {"partition": "debug",
+                                                                                 "time": "00:20:00"}})
+    subprocess.run(["git", "add", "-A"], cwd=project, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "sweep"], cwd=project, check=True)
+    res = mcx_subprocess(project, "sweep", spec, "--json")
+    assert res.code == 0, res.err[-3000:]
+    trials = res.json()["trials"]
+    assert [t["state"] for t in trials] == ["complete", "complete"]
+    spans = []
+    for t in trials:
+        full = project / ".mcx" / "runs" / t["run_id"] / "full"
+        assert (full / "sbatch.sh").is_file() and "#SBATCH --partition=debug" in (full / "sbatch.sh").read_text()
+        stamps = [json.loads(x)["time"] for x in (full / "metrics.jsonl").read_text().splitlines()]
+        spans.append((min(stamps), max(stamps)))
+    assert max(s[0] for s in spans) < min(s[1] for s in spans), spans  # both trained at the same time

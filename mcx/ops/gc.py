@@ -54,6 +54,8 @@ KEPT_STORES = {  # top-level entries of .mcx/ that are records, never garbage
                      "other clones, D38)"),
     CACHE_FILE: ("data file hashes", "each data file's hash by inode, mtime and size (D37); rebuilt if removed, at the "
                  "cost of reading the data once"),
+    paths.SWEEPS: ("sweeps", "each sweep's definition, Optuna study and records (docs/sweeps.md): what resumes it and "
+               "what `mcx sweep show` reads"),
 }
 
 

@@ -32,7 +32,6 @@ from mcx.jsonfile import read_json, write_json_atomic
 from mcx.ops.progress import Note, Progress
 from mcx.spec import ExperimentSpec, dump_spec, load_spec
 
-SWEEPS = "sweeps"  # .mcx/sweeps/<name>/
 DEFINITION = "sweep.json"
 STUDY = "study.db"
 TPE_STARTUP = 10  # Optuna's TPESampler default: random trials before the model proposes
@@ -89,7 +88,7 @@ class SweepResult:
 def sweep_dir(project: Path, name: str) -> Path:
     from mcx.track import paths
 
-    return paths.state_dir(project) / SWEEPS / name
+    return paths.sweeps_dir(project) / name
 
 
 # -- planning ----------------------------------------------------------------------------------------
@@ -305,7 +304,7 @@ def _recorder(spec: ExperimentSpec, name: str, directory: Path, project: Path):
     sw = spec.sweep
     assert sw is not None
     recorder = SweepRecorder.for_sweep(project, directory, name, spec.tracking.experiment or spec.name,
-                                       spec.tracking.uri)
+                                       spec.tracking.uri, definition_identity(spec))
     definition = {"method": sw.method, "objective": sw.objective, "direction": sw.direction or "",
                   "max_trials": total_trials(spec), "parallel": sw.parallel, "seed": sw.seed, "prune": sw.prune,
                   **{f"parameters.{k}": list(v) if isinstance(v, tuple) else asdict(v)
@@ -476,6 +475,10 @@ class _Runner:
             return
         summary = result.summary
         run_id, status = summary.get("run_id"), summary.get("status")
+        if planned_id is not None and run_id != planned_id:
+            progress(Note(level="warning", text=f"ran as run {run_id}, not {planned_id} as planned when the sweep "
+                                                "started: the project's code or data changed since (the run's ID "
+                                                "holds what it ran with)"))
         trial.set_user_attr("run_id", run_id)
         trial.set_user_attr("cached", bool(summary.get("cached")))
         smoke_passed = bool(((summary.get("stages") or {}).get("smoke") or {}).get("passed")) or skip

@@ -20,6 +20,7 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
 ENVELOPE_MAX = 3  # min/max bands only while they stay readable (bands of more runs blur together)
 LEGEND_MAX = 12  # beyond this the page's run list is the legend
 MARKERS_MAX = 40  # points per curve up to which each point gets a dot
+VALUE_TICKS_MAX = 8  # a scatter chart's x values up to which each gets its own tick
 ROBUST_MIN_POINTS = 50  # pooled points needed before outliers may be left off the y range
 
 MARGIN_L, MARGIN_R, MARGIN_T, MARGIN_B = 66, 18, 34, 48
@@ -331,10 +332,13 @@ def scatter_chart(points: Sequence[Point], *, chart_id: str, title: str, x_label
         'font-family="system-ui, -apple-system, \'Segoe UI\', Roboto, Helvetica, Arial, sans-serif">',
         f'<text x="{f.left}" y="{f.top - 14}" font-size="14" font-weight="600" fill="#1a1a1a">{escape(title)}</text>',
     ]
+    distinct = sorted({p.x for p in points})
     if categories is not None:
         marks: list[tuple[float, str]] | None = [(float(i), str(c)) for i, c in enumerate(categories)]
+    elif len(distinct) <= VALUE_TICKS_MAX:  # a grid's few values: a tick at each, labelled with it
+        marks = [(math.log10(v) if log_x else v, f"{v:g}") for v in distinct]
     elif log_x:
-        marks = [(t, _power_label(t)) for t in ticks(x0, x1, 5)]
+        marks = [(float(t), f"{10 ** t:g}") for t in ticks(x0, x1, 5, integer=True)]
     else:
         marks = list(zip(t := ticks(x0, x1, 5, integer=integer), tick_labels(t)))
     out += _axes(f, x_label, y_label, marks)
@@ -347,8 +351,3 @@ def scatter_chart(points: Sequence[Point], *, chart_id: str, title: str, x_label
     out.append("</svg>")
     return "\n".join(out)
 
-
-def _power_label(t: float) -> str:
-    """A log-axis tick (its log10) as the value: 0.001, 0.003, 10, 3k."""
-    value = 10 ** t
-    return tick_labels([value])[0] if value >= 1 else f"{value:.2g}"

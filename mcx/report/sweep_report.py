@@ -17,6 +17,7 @@ from mcx.report.svg import Point, scatter_chart
 
 OTHER = "#9a9a9a"  # trials that are not among the compared runs
 LOG_RATIO = 20.0  # a positive numeric parameter spanning this factor is drawn on a log scale
+FIGURE_MAX_PX = 560  # a sweep's chart stays this wide when it is the only one
 
 
 @frozen
@@ -84,7 +85,7 @@ def to_html(section: SweepSection, color_of: Mapping[str, str]) -> str:
                   if t.run_id in color_of else "")
         rows.append("<tr>" + "".join(f"<td>{swatch if j == 0 else ''}{escape(c)}</td>" for j, c in enumerate(cells))
                     + "</tr>")
-    figs = "".join(f"<figure>{c}</figure>" for c in charts(section, color_of))
+    figs = "".join(f'<figure style="max-width:{FIGURE_MAX_PX}px">{c}</figure>' for c in charts(section, color_of))
     return (f'<section id="sweep"><h2>Sweep {escape(section.name)}</h2>'
             f'<p class="sub">{len(section.trials)} trials; objective {escape(section.objective)} '
             f"({escape(section.direction)}); the best trial is ringed; compared below: the best complete "

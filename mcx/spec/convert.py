@@ -108,20 +108,25 @@ def _tuple_hook_factory(c: cattrs.Converter):
         def hook(v: Any, _: Any) -> tuple:
             if not isinstance(v, list):
                 raise _WrongType(v, tuple)
-            problems, out = [], []
-            for i, x in enumerate(v):
-                try:
-                    out.append(c.structure(x, item))
-                except Exception as exc:  # collected with its index, like cattrs' own iterables
-                    exc.__notes__ = [*getattr(exc, "__notes__", []), IterableValidationNote(f"@ index {i}", i, item)]
-                    problems.append(exc)
-            if problems:
-                raise IterableValidationError(f"while structuring {t}", problems, t)
-            return tuple(out)
+            return _each(v, lambda x: c.structure(x, item), t, item)
 
         return hook
 
     return factory
+
+
+def _each(values: list, structure_one: Any, t: Any, item: Any) -> tuple:
+    """Each value structured; every failure collected with its index, like cattrs' own iterables."""
+    problems, out = [], []
+    for i, x in enumerate(values):
+        try:
+            out.append(structure_one(x))
+        except Exception as exc:
+            exc.__notes__ = [*getattr(exc, "__notes__", []), IterableValidationNote(f"@ index {i}", i, item)]
+            problems.append(exc)
+    if problems:
+        raise IterableValidationError(f"while structuring {t}", problems, t)
+    return tuple(out)
 
 
 def _is_literal(t: Any) -> bool:
@@ -152,7 +157,7 @@ def _sweep_values_hook(c: cattrs.Converter):
     """A sweep parameter: an array of values (a grid's axis, choices) or a table (a range)."""
     from mcx.spec.schema import SweepRange
 
-    def scalar(x: Any, _: Any) -> Any:
+    def scalar(x: Any) -> Any:
         if isinstance(x, (bool, int, str)) or (isinstance(x, float) and math.isfinite(x)):
             return x
         raise ValueError(f"{_toml_repr(x)} is not a value a spec key takes (a string, number or true/false)")
@@ -163,16 +168,7 @@ def _sweep_values_hook(c: cattrs.Converter):
         if not isinstance(v, list):
             raise ValueError(f"expected an array of values or a range table {{low = ..., high = ...}}, got "
                              f"{type(v).__name__} {_toml_repr(v)}")
-        problems, out = [], []
-        for i, x in enumerate(v):
-            try:
-                out.append(scalar(x, None))
-            except ValueError as exc:
-                exc.__notes__ = [*getattr(exc, "__notes__", []), IterableValidationNote(f"@ index {i}", i, Any)]
-                problems.append(exc)
-        if problems:
-            raise IterableValidationError(f"while structuring {t}", problems, t)
-        return tuple(out)
+        return _each(v, scalar, t, Any)
 
     return hook
 

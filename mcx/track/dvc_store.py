@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -81,28 +82,34 @@ def _root(project_root: Path) -> Path:
     return root
 
 
+# DVC's repository lock is a file lock, which keeps other processes out but not this one's other threads (a
+# sweep's concurrent trials), and DVC keeps process-wide state (its logger, its UI): one thread at a time.
+_THREADS = threading.RLock()
+
+
 @contextmanager
 def _repo(root: Path, *, git_view: bool, config: dict[str, Any] | None = None) -> Iterator[Repo]:
     """The DVC repo at ``root``; without ``git_view`` it ignores git (for git-ignored .dvc files under .mcx/).
-    ``config`` is merged over the config files, in memory only."""
+    ``config`` is merged over the config files, in memory only. Held by one thread of this process at a time."""
     from dvc.lock import LockError
     from dvc.repo import Repo
     from dvc.scm import SCM
 
-    deadline = time.monotonic() + LOCK_RETRY_S
-    while True:
+    with _THREADS:
+        deadline = time.monotonic() + LOCK_RETRY_S
+        while True:
+            try:
+                scm = None if git_view else SCM(str(root), no_scm=True)
+                repo = Repo(str(root), scm=scm, config=config)
+                break
+            except LockError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         try:
-            scm = None if git_view else SCM(str(root), no_scm=True)
-            repo = Repo(str(root), scm=scm, config=config)
-            break
-        except LockError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-    try:
-        yield repo
-    finally:
-        repo.close()
+            yield repo
+        finally:
+            repo.close()
 
 
 def _locked(fn, *args: Any, **kwargs: Any) -> Any:
@@ -370,7 +377,7 @@ def restore_into(project_root: Path, checkout: Path, *, md5: str, path: Path, re
 
     config = {"cache": {"dir": cache_dir}, "remote": remotes, "core": {"remote": name}}
     missing = None
-    with Repo(str(dest), scm=SCM(str(dest), no_scm=True), config=config) as other, _quiet():
+    with _THREADS, Repo(str(dest), scm=SCM(str(dest), no_scm=True), config=config) as other, _quiet():
         try:
             _locked(other.fetch, targets=[str(pointer)], remote=name)
         except DvcException as exc:  # the remote cannot be read; the cache alone may still hold it

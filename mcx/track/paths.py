@@ -31,6 +31,7 @@ EMBEDDED_DB = "mlflow.db"
 EMBEDDED_ARTIFACTS = "mlartifacts"
 DVC_REMOTE_DIR = "dvc-remote"
 TRACK_DIR = "track"
+SWEEPS = "sweeps"
 CURSOR_FILE = "tracked.json"
 METRICS_FILE = "metrics.jsonl"
 RESULT_FILE = "result.json"
@@ -41,6 +42,11 @@ RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
 
 def state_dir(project_root: Path) -> Path:
     return Path(project_root) / STATE_DIR
+
+
+def sweeps_dir(project_root: Path) -> Path:
+    """Where each sweep keeps its definition, study and records (mcx.ops.sweep)."""
+    return state_dir(project_root) / SWEEPS
 
 
 def runs_dir(project_root: Path) -> Path:

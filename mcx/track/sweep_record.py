@@ -26,7 +26,11 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 class SweepRecorder(RunRecorder):
     """The MLflow record of one sweep directory."""
 
-    def __init__(self, project_root: Path, sweep_dir: Path, *, target, experiment: str, name: str) -> None:
+    def __init__(self, project_root: Path, sweep_dir: Path, *, target, experiment: str, name: str,
+                 definition: str | None = None) -> None:
+        # ``definition``: the sweep's identity (mcx.ops.sweep.definition_identity), so that a sweep started over
+        # under its name with another definition gets a parent run of its own
+        self.definition = definition
         super().__init__(project_root, sweep_dir, target=target, experiment=experiment, run_id=name)
 
     def _checked(self, run_id: str) -> str:
@@ -35,17 +39,18 @@ class SweepRecorder(RunRecorder):
         return run_id
 
     def _anchor_identity(self) -> dict[str, str]:
-        return {SWEEP_TAG: self.run_id, "mcx.record": "sweep"}
+        return {SWEEP_TAG: self.run_id, "mcx.record": "sweep", "mcx.sweep.definition": str(self.definition)[:16]}
 
     @classmethod
-    def for_sweep(cls, project_root: Path, sweep_dir: Path, name: str, experiment: str,
-                  tracking_uri: str | None) -> SweepRecorder:
+    def for_sweep(cls, project_root: Path, sweep_dir: Path, name: str, experiment: str, tracking_uri: str | None,
+                  definition: str) -> SweepRecorder:
         return cls(project_root, sweep_dir, target=resolve_target(project_root, tracking_uri),
-                   experiment=experiment, name=name)
+                   experiment=experiment, name=name, definition=definition)
 
     @classmethod
     def load(cls, project_root: Path, run_dir: Path, tracking_uri: str | None = None) -> SweepRecorder:
-        """The recorder a previous `mcx sweep` set up in ``run_dir`` (for ``mcx sync``)."""
+        """The recorder a previous `mcx sweep` set up in ``run_dir`` (for ``mcx sync``: its journal names the
+        parent run's identity, so the definition is not needed again)."""
         state = paths.read_json(Path(run_dir) / paths.TRACK_DIR / TARGET_FILE)
         if not isinstance(state, dict) or "target" not in state:
             raise InputError(f"{run_dir} has no tracking state", "it was never recorded; nothing to sync.")

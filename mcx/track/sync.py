@@ -94,7 +94,7 @@ def sync(project_root: Path, *, tracking_uri: str | None = None, run_ids: list[s
 
 def tracked_sweep_dirs(project_root: Path) -> list[Path]:
     """Every sweep directory (.mcx/sweeps/<name>/) holding tracking state."""
-    root = paths.state_dir(project_root) / "sweeps"
+    root = paths.sweeps_dir(project_root)
     return sorted(p for p in root.glob("*") if (p / paths.TRACK_DIR / TARGET_FILE).is_file()) if root.is_dir() else []
 
 
