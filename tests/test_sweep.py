@@ -284,7 +284,7 @@ def test_concurrent_trials_get_disjoint_gpus_or_are_refused():
     """sweep.parallel trials at once on this machine's GPUs: each its own CUDA_VISIBLE_DEVICES set; more than
     fit is bad input; CPU trials and Slurm jobs take none of them."""
     from mcx.errors import InputError
-    from mcx.ops.sweep import PlannedTrial, gpu_slots
+    from mcx.ops.sweep_plan import PlannedTrial, gpu_slots
     from mcx.spec import load_spec
 
     spec = load_spec(E2E_ROOT / "experiments" / "tiny.toml",

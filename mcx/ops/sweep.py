@@ -15,36 +15,28 @@ results before it, and with ``parallel`` > 1 on which of them had finished).
 from __future__ import annotations
 
 import math
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 from attrs import asdict, evolve, frozen
 
-from mcx.errors import InputError, McxError, SpecError
+from mcx.errors import InputError, McxError
 from mcx.hashing import digest
 from mcx.jsonfile import read_json, write_json_atomic
 from mcx.ops.progress import Note, Progress
-from mcx.spec import ExperimentSpec, dump_spec, load_spec
+from mcx.ops.sweep_plan import (PlannedTrial, SweepOptions, budget_gate, definition_identity, distributions,
+                                estimate_gpu_hours, gpu_slots, load_sweep, params_key, plan_trials, sampler_for,
+                                total_trials)
+from mcx.ops.sweep_watch import PrunerWatch, StopWatch, term_interrupts
+from mcx.spec import ExperimentSpec, dump_spec
 
 DEFINITION = "sweep.json"
 STUDY = "study.db"
-TPE_STARTUP = 10  # Optuna's TPESampler default: random trials before the model proposes
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running", "WAITING": "waiting"}
 
-
-@frozen(kw_only=True)
-class SweepOptions:
-    yes: bool = False  # confirm a sweep over budget.max_gpu_hours
-    dry_run: bool = False
-    output: str = "quiet"  # each trial's worker display (bar | quiet | json)
-    confirm: Callable[[str], bool] | None = None  # asked when over budget without --yes; None: refuse
-    verify_data: bool = False
 
 
 @frozen(kw_only=True)
@@ -89,164 +81,6 @@ def sweep_dir(project: Path, name: str) -> Path:
     from mcx.track import paths
 
     return paths.sweeps_dir(project) / name
-
-
-# -- planning ----------------------------------------------------------------------------------------
-
-def load_sweep(spec_path: str, overrides: list[str]) -> ExperimentSpec:
-    """The spec, its [sweep] checked against it (SpecError naming every problem)."""
-    from mcx.plan.sweep import check_sweep
-
-    spec = load_spec(spec_path, overrides)
-    if spec.sweep is None:
-        raise InputError(f"{spec_path} has no [sweep] table;", "add one (docs/sweeps.md), or train the spec with "
-                         "`mcx run`.")
-    problems = check_sweep(spec)
-    if problems:
-        raise SpecError(problems, spec_path)
-    return spec
-
-
-def total_trials(spec: ExperimentSpec) -> int:
-    from mcx.plan.sweep import grid_points
-
-    sw = spec.sweep
-    assert sw is not None
-    if sw.method == "grid":
-        points = len(grid_points(sw))
-        return points if sw.max_trials is None else min(points, sw.max_trials)
-    assert sw.max_trials is not None
-    return sw.max_trials
-
-
-def proposals(spec: ExperimentSpec) -> list[dict[str, Any]]:
-    """The trials known before any result: a grid's points, a random search's every trial, a Bayesian
-    search's random start-up; drawn exactly as the sweep itself draws them."""
-    from mcx.plan.sweep import grid_points
-
-    sw = spec.sweep
-    assert sw is not None
-    n = total_trials(spec)
-    if sw.method == "grid":
-        return grid_points(sw)[:n]
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize")
-    out = []
-    for number in range(n if sw.method == "random" else min(n, TPE_STARTUP)):
-        study.sampler = sampler_for(spec, number)
-        out.append(dict(study.ask(distributions(spec)).params))
-    return out
-
-
-def sampler_for(spec: ExperimentSpec, number: int):
-    """The sampler that draws trial ``number``: seeded with the sweep's seed and the number."""
-    import optuna
-
-    sw = spec.sweep
-    assert sw is not None
-    seed = int(digest({"seed": sw.seed, "trial": number})[:8], 16)
-    if sw.method == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=TPE_STARTUP)
-    return optuna.samplers.RandomSampler(seed=seed)
-
-
-def distributions(spec: ExperimentSpec) -> dict[str, Any]:
-    """Each parameter as an Optuna distribution: listed values are categorical; a range is an integer one
-    for a key that takes integers, else a float one."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
-    from mcx.plan.sweep import integer_key
-    from mcx.spec.keys import spec_keys
-
-    sw = spec.sweep
-    assert sw is not None
-    keys = spec_keys()
-    out: dict[str, Any] = {}
-    for key, values in sw.parameters.items():
-        if isinstance(values, tuple):
-            out[key] = CategoricalDistribution(values)
-        elif integer_key(keys[key]):
-            out[key] = IntDistribution(int(values.low), int(values.high), log=values.log, step=int(values.step or 1))
-        else:
-            out[key] = FloatDistribution(values.low, values.high, log=values.log, step=values.step)
-    return out
-
-
-@frozen
-class PlannedTrial:
-    params: dict[str, Any]
-    spec: ExperimentSpec
-    run_id: str | None
-    gpu_hours: float | None
-    cached: bool
-    local_gpus: int = 0  # the GPUs of this machine its full stage uses (0: CPU, or a Slurm job)
-
-
-def plan_trials(spec: ExperimentSpec, project: Path, options: SweepOptions) -> list[PlannedTrial]:
-    """Each known trial's spec, run ID (None where its data is not here) and GPU-hours."""
-    from mcx.ops.plan import plan_loaded
-    from mcx.ops.stage import stage_device
-    from mcx.plan.sweep import trial_spec
-    from mcx.track.runcache import lookup
-
-    out = []
-    for params in proposals(spec):
-        tspec = trial_spec(spec, params)
-        # at launch, what this machine lacks for a trial (its data...) is a problem before anything is written
-        planned = plan_loaded(tspec, project, require_data=False, at_launch=not options.dry_run,
-                              verify_data=options.verify_data)
-        cached = planned.run_id is not None and lookup(project, planned.run_id).state == "finished"
-        here = stage_device(tspec, planned) == "cuda" and tspec.launch.kind != "slurm"
-        out.append(PlannedTrial(params, tspec, planned.run_id, planned.plan.cost.gpu_hours, cached,
-                                planned.plan.layout.world_size if here else 0))
-    return out
-
-
-def gpu_slots(spec: ExperimentSpec, planned: list[PlannedTrial], visible: list[str]) -> list[tuple[str, ...]] | None:
-    """The GPUs each trial running at once gets (CUDA_VISIBLE_DEVICES), ``parallel`` disjoint sets of this
-    machine's ``visible`` GPUs; None where the trials take none of them (CPU trials, Slurm jobs).
-    InputError when ``parallel`` trials do not fit."""
-    sw = spec.sweep
-    assert sw is not None
-    need = max((t.local_gpus for t in planned), default=0)
-    if need == 0:
-        return None
-    if sw.parallel == 1:
-        return [tuple(visible)]  # as `mcx run` would: whatever the environment shows
-    if sw.parallel * need > len(visible):
-        fits = len(visible) // need
-        raise InputError(f"sweep.parallel = {sw.parallel} runs {sw.parallel} trials of {need} GPU(s) at once, and "
-                         f"this machine shows {len(visible)} GPU(s);", f"set sweep.parallel to at most {max(fits, 1)}, "
-                         "or run the trials as Slurm jobs (launch.kind = \"slurm\").")
-    return [tuple(visible[i * need:(i + 1) * need]) for i in range(sw.parallel)]
-
-
-def estimate_gpu_hours(spec: ExperimentSpec, planned: list[PlannedTrial]) -> float | None:
-    """The sweep's GPU-hours: the planned trials not yet trained, and each trial not known up front (a
-    Bayesian search's) at the most any planned trial costs. None where a trial's cost is unknown."""
-    hours = [t.gpu_hours for t in planned]
-    if not hours or any(h is None for h in hours):
-        return None
-    unknown = total_trials(spec) - len(planned)
-    return sum(h for t, h in zip(planned, hours) if not t.cached) + unknown * max(hours)
-
-
-def budget_gate(spec: ExperimentSpec, gpu_hours: float | None, options: SweepOptions) -> None:
-    """Over budget.max_gpu_hours: go on only with --yes or the user's confirmation; else BudgetError (exit 2),
-    before anything is written."""
-    from mcx.errors import BudgetError
-
-    limit = spec.budget.max_gpu_hours
-    if limit is None or gpu_hours is None or gpu_hours <= limit or options.yes:
-        return
-    message = (f"the sweep may use about {gpu_hours:,.1f} GPU-hours over {total_trials(spec)} trials, above "
-               f"budget.max_gpu_hours = {limit:,.1f}")
-    if options.confirm is not None and options.confirm(message + "."):
-        return
-    raise BudgetError(message + ";", "lower sweep.max_trials or the trials' size, raise budget.max_gpu_hours, or "
-                      "confirm with --yes.")
 
 
 # -- the sweep ---------------------------------------------------------------------------------------
@@ -335,17 +169,6 @@ def _record_definition(directory: Path, spec: ExperimentSpec, name: str) -> None
                                                "created": created or time.time()})
 
 
-def definition_identity(spec: ExperimentSpec) -> str:
-    """What makes two sweeps the same: the trials' config (as a run ID hashes it) and how trials are chosen."""
-    from mcx.fingerprint.config import canonical_config
-    from mcx.spec.convert import unstructure
-
-    sw = spec.sweep
-    assert sw is not None
-    chosen = {k: v for k, v in unstructure(sw).items() if k not in ("max_trials", "parallel", "name")}
-    return digest({"config": canonical_config(evolve(spec, sweep=None)), "sweep": chosen})
-
-
 def open_study(directory: Path, name: str, spec: ExperimentSpec, *, create: bool):
     import optuna
 
@@ -381,23 +204,25 @@ class _Runner:
         self.lock = threading.Lock()
         self.notes: list[Note] = []
         self.smoke_passed: set[str] = set()
-        self.planned_ids = {_params_key(t.params): t.run_id for t in planned}
+        self.planned_ids = {params_key(t.params): t.run_id for t in planned}
         if self.sweep.method == "grid":  # its points in the order written; those of a longer grid too
-            seen = {_params_key(t.params or t.system_attrs.get("fixed_params", {}))  # waiting: enqueued before
+            seen = {params_key(t.params or t.system_attrs.get("fixed_params", {}))  # waiting: enqueued before
                     for t in self.study.get_trials(deepcopy=False)}
             for t in planned:
-                if _params_key(t.params) not in seen:
+                if params_key(t.params) not in seen:
                     self.study.enqueue_trial(t.params)
 
     def run(self) -> str:
         import optuna
 
         running = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        resumed = [optuna.trial.Trial(self.study, t._trial_id) for t in running]  # left by an interrupted sweep
+        # trials an interrupted sweep left running, taken up again (Optuna keeps a trial's storage ID private;
+        # its own code rebuilds a Trial from it the same way)
+        resumed = [optuna.trial.Trial(self.study, t._trial_id) for t in running]
         self.smoke_passed = {t.user_attrs["smoke"] for t in self.study.trials if t.user_attrs.get("smoke_passed")}
         parallel = self.sweep.parallel
         futures: set[Future] = set()
-        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial") as pool, _term_interrupts():
+        with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial") as pool, term_interrupts():
             try:
                 while True:
                     while len(futures) < parallel and not self.stop.is_set():
@@ -416,6 +241,9 @@ class _Runner:
                                    "save a checkpoint and stop. `mcx sweep` of this spec again resumes them"))
                 wait(futures)
                 return "interrupted"
+            except BaseException:  # a trial's thread broke: the others stop too (checkpointed), then it is raised
+                self.stop.set()
+                raise
         return "interrupted" if self.stop.is_set() else "finished"
 
     def _ask(self):
@@ -457,13 +285,13 @@ class _Runner:
 
         progress(Note(text=", ".join(f"{k} = {v!r}" for k, v in params.items())
                       + ("; smoke stage passed by an earlier trial of this sweep" if skip else "")))
-        planned_id = self.planned_ids.get(_params_key(params))
+        planned_id = self.planned_ids.get(params_key(params))
         if planned_id is None:  # a trial not known up front (a Bayesian search's): planned now
             from mcx.ops.plan import plan_loaded
 
             planned_id = plan_loaded(trial_spec(self.spec, params), self.project, require_data=False).run_id
         trial.set_user_attr("run_id", planned_id)  # `mcx sweep show` names the run while it trains
-        watch = _PrunerWatch(trial, self.sweep, self.stop) if self.sweep.prune else _StopWatch(self.stop)
+        watch = PrunerWatch(trial, self.sweep, self.stop) if self.sweep.prune else StopWatch(self.stop)
         options = RunOptions(yes=True, output=self.options.output if self.sweep.parallel == 1 else "quiet",
                              skip_smoke=skip, verify_data=self.options.verify_data, watch=watch,
                              devices=devices if self.sweep.parallel > 1 else None)
@@ -532,89 +360,6 @@ class _Runner:
         except McxError:
             return None
         return digest({"spec": unstructure(job_spec), "layout": layout.job_dict()})
-
-
-def _params_key(params: dict[str, Any]) -> str:
-    return digest({k: params[k] for k in sorted(params)})
-
-
-@contextmanager
-def _term_interrupts() -> Iterator[None]:
-    """While inside, SIGTERM interrupts the sweep as Ctrl-C does (a scheduler's or a user's kill): the trials
-    save a checkpoint and stop instead of being left to run on without their sweep. Main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-class _StopWatch:
-    """Ends a trial's stage when the sweep is interrupted (Ctrl-C reaches the main thread only)."""
-
-    def __init__(self, stop: threading.Event) -> None:
-        self.stop = stop
-
-    def __call__(self, stage: str, stage_path: Path):
-        from mcx.ops.stage import Stop
-
-        if self.stop.is_set():
-            return Stop("interrupted", "the sweep was interrupted; `mcx sweep` again trains this trial on")
-        return None
-
-
-class _PrunerWatch(_StopWatch):
-    """Reports the full stage's validation objective at each evaluation to Optuna and stops the trial when
-    the median pruner says so (Optuna's MedianPruner: worse than the median of the earlier trials at the
-    same evaluation, after ``sweep.prune_warmup_evals`` evaluations and ``sweep.prune_startup_trials``
-    trials)."""
-
-    def __init__(self, trial, sweep, stop: threading.Event) -> None:
-        from mcx.plan.sweep import INTERMEDIATE
-
-        super().__init__(stop)
-        self.trial, self.kind, self.field = trial, *INTERMEDIATE[sweep.objective]
-        self.offset, self.evals = 0, 0
-
-    def __call__(self, stage: str, stage_path: Path):
-        from mcx.ops.stage import Stop
-
-        stopped = super().__call__(stage, stage_path)
-        if stopped is not None or stage != "full":
-            return stopped
-        for record in self._new_records(stage_path / "metrics.jsonl"):
-            if record.get("kind") != self.kind or not isinstance(record.get(self.field), (int, float)):
-                continue
-            self.evals += 1
-            value = float(record[self.field])
-            self.trial.report(value, self.evals)
-            if self.trial.should_prune():
-                return Stop("pruned", f"pruned at step {record.get('step')} (evaluation {self.evals}): {self.field} "
-                                      f"{value:.4f} trails the median of the earlier trials there")
-        return None
-
-    def _new_records(self, path: Path) -> list[dict[str, Any]]:
-        from mcx.metrics.curves import parse_records
-
-        try:
-            with open(path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        complete = data[: data.rfind(b"\n") + 1]  # a line being written waits for the next look
-        self.offset += len(complete)
-        try:
-            return parse_records(complete, str(path))[0]
-        except InputError:  # a damaged line: the run's own reading reports it; the pruner goes without
-            return []
 
 
 # -- reading a sweep ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwork import LAYOUTS, SPEC, TOLERANCE, WINDOW, Stage, run_together, tail_mean
+from gpuwork import DENSE, LAYOUTS, SPEC, TOLERANCE, WINDOW, Stage, run_together, tail_mean
 
 pytestmark = pytest.mark.gpu2
 

@@ -1,0 +1,95 @@
+"""What stops a sweep's trial early: the sweep interrupted (Ctrl-C, SIGTERM), or Optuna's median pruner.
+
+Each is a run's watch (mcx.ops.stage.Watch): asked every few seconds while a stage trains, a Stop ends it
+with the workers saving a checkpoint first.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mcx.errors import InputError
+
+
+@contextmanager
+def term_interrupts() -> Iterator[None]:
+    """While inside, SIGTERM interrupts the sweep as Ctrl-C does (a scheduler's or a user's kill): the trials
+    save a checkpoint and stop instead of being left to run on without their sweep. Main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class StopWatch:
+    """Ends a trial's stage when the sweep is interrupted (Ctrl-C reaches the main thread only)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+
+    def __call__(self, stage: str, stage_path: Path):
+        from mcx.ops.stage import Stop
+
+        if self.stop.is_set():
+            return Stop("interrupted", "the sweep was interrupted; `mcx sweep` again trains this trial on")
+        return None
+
+
+class PrunerWatch(StopWatch):
+    """Reports the full stage's validation objective at each evaluation to Optuna and stops the trial when
+    the median pruner says so (Optuna's MedianPruner: worse than the median of the earlier trials at the
+    same evaluation, after ``sweep.prune_warmup_evals`` evaluations and ``sweep.prune_startup_trials``
+    trials)."""
+
+    def __init__(self, trial, sweep, stop: threading.Event) -> None:
+        from mcx.plan.sweep import INTERMEDIATE
+
+        super().__init__(stop)
+        self.trial, self.kind, self.field = trial, *INTERMEDIATE[sweep.objective]
+        self.offset, self.evals = 0, 0
+
+    def __call__(self, stage: str, stage_path: Path):
+        from mcx.ops.stage import Stop
+
+        stopped = super().__call__(stage, stage_path)
+        if stopped is not None or stage != "full":
+            return stopped
+        for record in self._new_records(stage_path / "metrics.jsonl"):
+            if record.get("kind") != self.kind or not isinstance(record.get(self.field), (int, float)):
+                continue
+            self.evals += 1
+            value = float(record[self.field])
+            self.trial.report(value, self.evals)
+            if self.trial.should_prune():
+                return Stop("pruned", f"pruned at step {record.get('step')} (evaluation {self.evals}): {self.field} "
+                                      f"{value:.4f} trails the median of the earlier trials there")
+        return None
+
+    def _new_records(self, path: Path) -> list[dict[str, Any]]:
+        from mcx.metrics.curves import parse_records
+
+        try:
+            with open(path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]  # a line being written waits for the next look
+        self.offset += len(complete)
+        try:
+            return parse_records(complete, str(path))[0]
+        except InputError:  # a damaged line: the run's own reading reports it; the pruner goes without
+            return []
