@@ -46,7 +46,7 @@ from mcx.ops.plan import te_available
 from mcx.plan.planner import make_plan, plan_to_dict
 from mcx.spec import load_spec
 from mcx.spec.load import resolve_dict
-from mcx.spec.schema import ExperimentSpec
+from mcx.spec.schema import ExperimentSpec, SweepRange
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
@@ -343,7 +343,11 @@ def input_paths(*trees: Any, overrides: list[str] = ()) -> set[tuple[str, ...]]:
     out = {tuple(p.split(".")) for p in KNOWN_PATHS}
     for tree in trees:
         if isinstance(tree, dict):
-            out.update(tuple(map(str, p)) for p, _ in _walk(tree))
+            walked = [tuple(map(str, p)) for p, _ in _walk(tree)]
+            out.update(walked)
+            # a sweep parameter's own keys (any spec key) hold a range table, whose keys the schema knows
+            out.update((*p, f.name) for p in walked if p[:2] == ("sweep", "parameters") and len(p) == 3
+                       for f in attrs.fields(SweepRange))
     for item in overrides:
         parts = item.split("=", 1)[0].strip().split(".")
         out.update(tuple(parts[:i]) for i in range(1, len(parts) + 1))

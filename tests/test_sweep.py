@@ -52,7 +52,8 @@ SWEEPS = {
     "rand": ({"method": "random", "max_trials": 2, "seed": 7, "parameters": {
         "train.lr": {"low": 1e-4, "high": 1e-2, "log": True}, "train.seed": {"low": 1, "high": 50}}},
              {"train": {"min_lr": 1e-5}}),
-    "resume": ({"method": "grid", "parameters": {"train.lr": [1e-3, 2e-3, 3e-3]}}, {"train": {"train_iters": 30}}),
+    "resume": ({"method": "grid", "parameters": {"train.lr": [1e-3, 2e-3, 3e-3]}},
+               {"train": {"train_iters": 200, "eval_interval": 50}}),
     "prune": ({"method": "grid", "prune": True, "prune_startup_trials": 1, "prune_warmup_evals": 0,
                "parameters": {"train.lr": [3e-3, 0.5]}}, {"train": {"train_iters": 60}}),
 }
@@ -185,15 +186,19 @@ def test_an_interrupted_sweep_resumes_where_it_stopped(project):
     spec = "experiments/resume.toml"
     proc = subprocess.Popen([sys.executable, "-m", "mcx", "--project", str(project), "sweep", spec], cwd=project,
                             env=e2e_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
+    runs = project / ".mcx" / "runs"
+    before = set(runs.iterdir()) if runs.is_dir() else set()
+    deadline, reached = time.monotonic() + 600, False
     while time.monotonic() < deadline and proc.poll() is None:  # the first trial done, the second training
-        shown = mcx_subprocess(project, "sweep", "show", "resume", "--json")
-        states = [t["state"] for t in shown.json()["trials"]] if shown.code == 0 else []
-        running = [t for t in (shown.json()["trials"] if shown.code == 0 else []) if t["state"] == "running"]
-        if states.count("complete") == 1 and running and (
-                project / ".mcx" / "runs" / running[0]["run_id"] / "full" / "metrics.jsonl").is_file():
+        mine = [d for d in runs.iterdir() if d not in before] if runs.is_dir() else []
+        status = {d: json.loads((d / "run.json").read_text()).get("status") if (d / "run.json").is_file() else None
+                  for d in mine}
+        training = [d for d, s in status.items() if s == "running" and (d / "full" / "metrics.jsonl").is_file()]
+        if list(status.values()).count("finished") == 1 and training:
+            reached = True
             break
-        time.sleep(0.5)
+        time.sleep(0.2)
+    assert reached, "the sweep ended (or hung) before its second trial trained"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err[-3000:]

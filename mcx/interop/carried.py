@@ -32,6 +32,7 @@ from mcx.spec.schema import ExperimentSpec
 
 DIGEST = "arguments"
 _LABELS = ("name", "description")  # the import's own arguments give these
+_NOT_CARRIED = ("sweep",)  # a launch script is one run: a sweep's base point (its trials are `mcx sweep`'s)
 _LINE = re.compile(r"#\s*mcx:\s*(\S+)\s*=\s*(.*?)\s*")
 HEAD = ["#", "# Spec values no Megatron-LM argument carries, read back by `mcx import` (bash ignores them);",
         "# the ones the command also sets apply only while the command is as exported."]
@@ -59,7 +60,7 @@ def _same(a: Any, b: Any) -> bool:
 def lines(spec: ExperimentSpec, plain: ExperimentSpec, command: str) -> list[str]:
     """The ``# mcx:`` lines for ``spec``, whose exported command alone imports as ``plain``."""
     want, got = flatten(spec), flatten(plain)
-    keys = [k for k in want if k not in _LABELS and not _same(want[k], got[k])]
+    keys = [k for k in want if k not in (*_LABELS, *_NOT_CARRIED) and not _same(want[k], got[k])]
     if not keys:
         return []
     return [*HEAD, *[f"# mcx: {k} = {canonical_json(want[k])}" for k in keys], f'# mcx: {DIGEST} = "{command}"']

@@ -63,11 +63,13 @@ def spec_keys() -> dict[str, Key]:
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
-    """A spec (or any attrs instance) as {dotted.key: value}, values as the classes hold them."""
+    """A spec (or any attrs instance) as {dotted.key: value}, values as the classes hold them, with the keys
+    of spec_keys (an optional table such as ``sweep`` is one key, its value the table or None)."""
     out: dict[str, Any] = {}
+    hints = field_types(type(obj))
     for a in attrs.fields(type(obj)):
-        v, name = getattr(obj, a.name), a.metadata.get("key", a.name)
-        if attrs.has(type(v)):
+        v, name, t = getattr(obj, a.name), a.metadata.get("key", a.name), hints[a.name]
+        if isinstance(t, type) and attrs.has(t):
             out.update(flatten(v, f"{prefix}{name}."))
         else:
             out[f"{prefix}{name}"] = v
