@@ -18,8 +18,10 @@ from mcx.errors import InputError
 
 @contextmanager
 def term_interrupts() -> Iterator[None]:
-    """While inside, SIGTERM interrupts the sweep as Ctrl-C does (a scheduler's or a user's kill): the trials
-    save a checkpoint and stop instead of being left to run on without their sweep. Main thread only."""
+    """While inside, SIGINT and SIGTERM interrupt the sweep (KeyboardInterrupt in the main thread): the trials
+    save a checkpoint and stop instead of being left to run on without their sweep. Installed whatever the
+    process inherited (a sweep started in the background gets SIGINT ignored), as `mcx run` forwards them.
+    Main thread only."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -27,11 +29,12 @@ def term_interrupts() -> Iterator[None]:
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class StopWatch:

@@ -146,6 +146,9 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
         out.append(("data.tokenizer.path", f"kind = \"{tok.kind}\" needs a tokenizer file; set path, or use kind = \"bpe\""))
     if tok.kind == "gpt2" and not tok.merges:
         out.append(("data.tokenizer.merges", "kind = \"gpt2\" needs merges.txt beside vocab.json; set merges"))
+    if tok.kind != "gpt2" and tok.merges is not None:  # a file nothing reads would still be hashed into the ID
+        out.append(("data.tokenizer.merges", f"only kind = \"gpt2\" reads a merges file (kind is \"{tok.kind}\"); "
+                                             "remove it"))
     if spec.smoke.resume_check_iters >= spec.smoke.train_iters:
         out.append(("smoke.resume_check_iters", f"must be below smoke.train_iters={spec.smoke.train_iters}"))
     if 2 * spec.smoke.loss_window > spec.smoke.train_iters:
