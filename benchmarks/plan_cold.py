@@ -1,7 +1,7 @@
 """Cold `mcx plan`: a fresh process per call, for every shipped spec, next to a bare interpreter start.
 
-For each ``experiments/*.toml``, ``--repeats`` times (rounds interleaved with the baseline, so
-machine load hits both alike):
+For each ``experiments/*.toml`` and ``experiments/published/*.toml``, ``--repeats`` times (rounds
+interleaved with the baseline, so machine load hits both alike):
 
     plan      ``python -m mcx plan SPEC --json`` in a new process: interpreter start, imports,
               load, plan, fingerprint (git, DVC files, hardware probe) and run ID
@@ -97,11 +97,12 @@ def summary(runs: list[tuple[float, float]]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Cold `mcx plan` per shipped spec vs `python -c pass` (fresh processes).")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--specs", nargs="*", help="default: every experiments/*.toml")
+    p.add_argument("--specs", nargs="*", help="default: every experiments/*.toml and experiments/published/*.toml")
     p.add_argument("--python", default=sys.executable, help="the interpreter of the environment to measure")
     p.add_argument("--out", help="also write the JSON result here")
     args = p.parse_args(argv)
-    specs = args.specs or sorted(str(path.relative_to(ROOT)) for path in (ROOT / "experiments").glob("*.toml"))
+    shipped = (*(ROOT / "experiments").glob("*.toml"), *(ROOT / "experiments" / "published").glob("*.toml"))
+    specs = args.specs or sorted(str(path.relative_to(ROOT)) for path in shipped)
     py = args.python
 
     baseline: list[tuple[float, float]] = []

@@ -15,6 +15,7 @@ from mcx.spec import load_spec
 from mcx.spec.rules import check_spec
 
 EXPERIMENTS = sorted((Path(__file__).resolve().parent.parent / "experiments").glob("*.toml"))
+PUBLISHED = sorted((Path(__file__).resolve().parent.parent / "experiments" / "published").glob("*.toml"))
 GPU_SPECS = {"h200_1gpu", "h200_2gpu", "llama3_8b", "llama2_13b", "llama3_70b", "llama405b", "mixtral_8x7b"}
 
 
@@ -47,6 +48,18 @@ def test_recipe_loads_and_plans(path):
     assert resolve_layout(smoke, te_available=_te(spec))[0] == plan.smoke.layout
     assert smoke.model.hidden_size <= 256 and smoke.model.seq_length <= 256 and smoke.train.train_iters <= 50
     assert plan.smoke.layout.world_size <= layout.world_size
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=[p.stem for p in PUBLISHED])
+def test_published_configurations_plan_and_name_their_source(path):
+    """NVIDIA's rows the step-time model is checked on (docs/steptime.md): each plans with the model's step on
+    its GPUs, and its header cites where its figures come from."""
+    head = path.read_text().split("\n[", 1)[0]
+    assert "# Source:" in head and "tokens/s/GPU" in head
+    spec = load_spec(path)
+    plan = make_plan(spec, te_available=True)
+    assert plan.cost.mfu_source == "model" and plan.cost.predicted is not None and plan.cost.step_time_s > 0
+    assert spec.parallel.tensor is not None and spec.parallel.pipeline is not None
 
 
 def test_only_the_405b_recipe_needs_confirmation():

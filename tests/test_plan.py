@@ -23,6 +23,7 @@ from mcx.plan.memory import estimate_memory, verdict
 from mcx.plan.params import count_params
 from mcx.plan.planner import make_plan, plan_to_dict
 from mcx.plan.stages import stage_spec
+from mcx.plan.steptime import Features, predict
 from mcx.report.plan_view import render_plan
 from mcx.spec import load_spec, loads_spec
 from mcx.spec.load import deep_merge
@@ -538,8 +539,10 @@ def test_smoke_time_estimate_follows_the_predicted_step_time():
     sm = plan.smoke
     flops = flops_per_iteration(sm.spec.model, padded_vocab=count_params(sm.spec.model, 128256, sm.layout.tp).padded_vocab,
                                 global_batch_size=512)
-    step = flops / (8 * mfu_peak_flops("H100") * big.budget.assumed_mfu)
-    assert step > smoketime.MIN_STEP_S
+    model = predict(sm.spec, sm.layout, padded_vocab=count_params(sm.spec.model, 128256, sm.layout.tp).padded_vocab,
+                    features=Features(impl=plan.transformer_impl))
+    step = model.step_s  # the step-time model's, as the full stage's (budget.assumed_mfu unset)
+    assert step > smoketime.MIN_STEP_S and flops / (8 * mfu_peak_flops("H100") * model.mfu) == pytest.approx(step)
     steps = 300 + 3 + 4 / 3
     expected = 60 * math.ceil((smoketime.STARTUP_S + smoketime.SAFETY * steps * step) / 60)
     assert sm.time.seconds == expected > smoketime.FLOOR_S and sm.time.source == "estimate"

@@ -890,6 +890,42 @@ def test_list_show_and_metric_history(tmp_path: Path, mlflow_project: Path) -> N
         show_run(project, "fedcba987654")
 
 
+def test_the_step_time_check_reaches_mlflow_and_mcx_show(mlflow_project: Path) -> None:
+    """After a GPU run, `mcx run` records the model's step beside the measured one (mcx.ops.run._prediction):
+    in run.json's summary, and as the MLflow run's metrics and tag; `mcx show` prints it from either."""
+    import shutil
+
+    from rich.console import Console
+
+    from mcx.plan.steptime import PredictionCheck
+    from mcx.report.records_view import render_run
+
+    project = mlflow_project
+    rdir = make_run_dir(project, stages=())
+    check = PredictionCheck(gpu="H200", predicted_s=1.6, measured_s=1.7).to_dict()
+    rec = RunRecorder.for_run(project, rdir)
+    rec.start()
+    rec.record_prediction(check, step=60)
+    rec.finish("finished")
+    assert rec.close().state == "synced"
+    (rdir / "run.json").write_text(json.dumps({"status": "finished", "summary": {"step_time": check}}))
+
+    def shown_text(record: dict) -> str:
+        console = Console(width=120, record=True, force_terminal=False)
+        console.print(render_run(record))
+        return " ".join(console.export_text().split())
+
+    local = show_run(project, RID)
+    assert local["step_time"] == check
+    assert "1.7 s measured (median step), 1.6 s predicted on H200: the model is -5.9% off" in shown_text(local)
+    shutil.rmtree(rdir)
+    remote = show_run(project, RID)
+    assert remote["source"] == "tracking" and remote["step_time"]["gpu"] == "H200"
+    assert remote["step_time"]["predicted_s"] == pytest.approx(1.6) and remote["final"]["step_time_model_error"] == \
+        pytest.approx(1.6 / 1.7 - 1)
+    assert "the model is -5.9% off" in shown_text(remote)
+
+
 # --- redaction ------------------------------------------------------------------------------------------
 
 def test_redact_rules() -> None:

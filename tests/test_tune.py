@@ -47,7 +47,7 @@ def test_tune_retries_a_fragmented_out_of_memory_with_expandable_segments(tmp_pa
     speed = {1: 30_000.0, 2: 35_000.0, 4: 38_500.0, 8: 38_950.0}
     calls = []
 
-    def h200_trial(spec, mbs, steps, project, work, pr):
+    def h200_trial(spec, mbs, steps, project, work):
         on = spec.train.expandable_segments
         calls.append((mbs, on))
         if mbs == 16 or (mbs == 8 and not on):

@@ -238,11 +238,18 @@ def _upkeep_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=verbs.cmd_gc)
 
-    s = sub.add_parser("tune", help="micro-batch sweep on the real hardware; writes the best into a new spec")
+    s = sub.add_parser("tune", help="micro-batch sweep on the real hardware, or (--layouts) the parallel layouts "
+                       "ranked by the step-time model with the top ones measured; writes the best into a new spec")
     _spec_args(s)
     _output_option(s, "-o", "--output", kind="file", help="tuned spec path (default: <spec>.tuned.toml)")
     s.add_argument("--max-micro-batch", type=int, default=64)
     s.add_argument("--steps", type=int, default=6, help="measured steps per trial")
+    s.add_argument("--layouts", action="store_true",
+                   help="rank every layout that fits (TP, PP, VPP, CP, EP, micro-batch, recomputation) by predicted "
+                        "throughput; where the spec's GPUs are here (or on Slurm), measure the top ones")
+    s.add_argument("--top", type=int, default=3, help="with --layouts: how many of the ranking to measure")
+    s.add_argument("--show", type=int, default=10, help="with --layouts: how many of the ranking to print")
+    s.add_argument("--no-measure", action="store_true", help="with --layouts: print the ranking only")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=verbs.cmd_tune)
 

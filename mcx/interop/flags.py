@@ -353,7 +353,7 @@ FLAGS: tuple[Row, ...] = (
        "regression gates are mcx's"),
     _r("budget.max_gpu_hours", "mcx", (), NA, "Refuse plans above this many GPU-hours without confirmation.",
        "budgets are mcx's"),
-    _r("budget.assumed_mfu", "mcx", (), NA, "MFU assumed for time and cost estimates before anything ran.",
+    _r("budget.assumed_mfu", "mcx", (), NA, "An MFU for the time and cost estimates in place of the step-time model's (unset: the model).",
        "budgets are mcx's"),
     _r("budget.gpu_hour_price", "mcx", (), NA, "Price per GPU-hour for the cost line.", "budgets are mcx's"),
     # ---- sweep

@@ -306,6 +306,10 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     summary["run_dir"] = str(run_path)
     if status == "finished" and "full" in results:
         _judge(summary, project, planned, results["full"])
+        check = _prediction(planned, run_path, results["full"])
+        if check is not None:
+            summary["step_time"] = check.to_dict()
+            recorder.record_prediction(summary["step_time"], step=results["full"].steps or 0)
     run_json = _read_json(run_path / "run.json") or {}
     done = status == "finished" and "full" in results and results["full"].status == "finished"
     run_json.update({"status": status if (done or status != "finished") else "smoke-passed",
@@ -323,6 +327,28 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     if summary["exit_code"] and summary.get("error"):
         notes.append(Note(level="error", text=f"mcx: {summary['error']}"))
     return RunResult(summary=summary, notes=tuple(notes))
+
+
+def _prediction(planned: PlanResult, run_path: Path, full: StageResult) -> Any:
+    """The step-time model beside the full stage's median step, where it trained on a GPU (a PredictionCheck)."""
+    import statistics
+
+    from mcx.metrics.curves import read_metrics
+    from mcx.metrics.summary import steady
+    from mcx.plan.hardware import gpu_from_name
+    from mcx.plan.steptime import check_prediction
+    from mcx.track.paths import METRICS_FILE
+
+    if full.details.get("device") != "cuda":
+        return None
+    curve = read_metrics(run_path / "full" / METRICS_FILE)[0].get("train/step_time_s")
+    if curve is None or len(curve.values) < 2:
+        return None
+    plan = planned.plan
+    return check_prediction(plan.spec, plan.layout, padded_vocab=plan.params.padded_vocab,
+                            impl=full.layer_spec or plan.transformer_impl,
+                            gpu=gpu_from_name(str(full.details.get("gpu_name") or "")),
+                            measured_s=statistics.median(steady(list(curve.values))))
 
 
 def _judge(summary: dict[str, Any], project: Path, planned: PlanResult, full: StageResult) -> None:

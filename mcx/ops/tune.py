@@ -41,7 +41,17 @@ def _records(metrics: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, planned: Any) -> dict[str, Any]:
+def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path) -> dict[str, Any]:
+    """One micro-batch trial of the sweep."""
+    from attrs import evolve
+
+    trial = _measure(evolve(spec, train=evolve(spec.train, micro_batch_size=mbs)), steps, project, work / f"mbs{mbs}",
+                     f"micro_batch_size={mbs}")
+    return {"micro_batch_size": mbs, **trial}
+
+
+def _measure(spec: Any, steps: int, project: Path, stage_path: Path, label: str) -> dict[str, Any]:
+    """A few real optimizer steps of ``spec`` through its own launcher: its figures, or that it ran out of memory."""
     from attrs import evolve
 
     from mcx.launch import launcher_for, placement, worker_env
@@ -51,12 +61,11 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, planned: 
     from mcx.plan.stages import stage_spec
     from mcx.train.job import job_to_dict
 
-    tspec = evolve(spec, train=evolve(spec.train, micro_batch_size=mbs, train_iters=steps + 1,
-                                      eval_interval=10**9, lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
+    tspec = evolve(spec, train=evolve(spec.train, train_iters=steps + 1, eval_interval=10**9,
+                                      lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
                    checkpoint=evolve(spec.checkpoint, interval=0, async_save=False))
     tpr = plan_loaded(tspec, project, probe_hardware=True)
     job_spec, job_layout = stage_spec(tspec, tpr.plan.layout, "full", vocab_size=tpr.plan.vocab_size)
-    stage_path = work / f"mbs{mbs}"
     stage_path.mkdir(parents=True)
     job = stage_job("full", job_spec, job_layout, tpr, stage_path, ensure_dataset(project, spec.data), "quiet")
     (stage_path / "job.json").write_text(json.dumps(job_to_dict(job)), encoding="utf-8")
@@ -74,10 +83,10 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, planned: 
     if len(recs) < steps + 1:
         facts = _out_of_memory(stage_path)
         if facts is not None or _log_says_out_of_memory(stage_path):
-            return {"micro_batch_size": mbs, "fits": False, "reason": "out of memory",
-                    "expandable_segments": spec.train.expandable_segments, "out_of_memory": facts}
+            return {"fits": False, "reason": "out of memory", "expandable_segments": spec.train.expandable_segments,
+                    "out_of_memory": facts}
         # The trials' directory goes when tune ends: the log's last lines travel in the error instead.
-        raise TrainingFailed(f"the trial at micro_batch_size={mbs} stopped after {len(recs)} steps "
+        raise TrainingFailed(f"the trial at {label} stopped after {len(recs)} steps "
                              f"({outcome.state}: {outcome.detail}); the last lines of its worker.log:\n"
                              + _log_tail(stage_path), "fix what it names and run mcx tune again.")
     # The trial's figures as docs/metrics.md defines them (the first of its few steps is the warm-up left out).
@@ -86,7 +95,7 @@ def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path, planned: 
     def summary(key: str) -> float | None:
         return reduce_values(BY_KEY[key].reduce, [r[key] for r in recs if r.get(key) is not None])
 
-    return {"micro_batch_size": mbs, "fits": True, "expandable_segments": spec.train.expandable_segments,
+    return {"fits": True, "expandable_segments": spec.train.expandable_segments,
             **{key: summary(key) for key in ("tokens_per_s_per_gpu", "mfu", "mem_peak_bytes", "step_time_s")}}
 
 
@@ -173,14 +182,14 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
     try:
         for mbs in candidates:
             progress(Note(lead="tune", text=f": micro_batch_size={mbs}, {steps} measured steps"))
-            trial = _trial(spec, mbs, steps, project, work, planned)
+            trial = _trial(spec, mbs, steps, project, work)
             unused = None if trial["fits"] else fragments(trial.get("out_of_memory") or {})
             if unused is not None:
                 progress(Note(text=f"  micro_batch_size={mbs}: out of memory with {unused / 2**30:.1f} GiB reserved but "
                                    f"unallocated; again with {ALLOCATOR_SETTING}"))
                 trials.append(trial)
                 spec = evolve(spec, train=evolve(spec.train, expandable_segments=True))
-                trial = _trial(spec, mbs, steps, project, work / "expandable", planned)
+                trial = _trial(spec, mbs, steps, project, work / "expandable")
             trials.append(trial)
             if not trial["fits"]:
                 progress(Note(text=f"  micro_batch_size={mbs}: out of memory; stopping the sweep"))

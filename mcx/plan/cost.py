@@ -1,10 +1,11 @@
-"""Time and money: step time at an MFU, wall time, GPU-hours, cost, and the budget gate.
+"""Time and money: step time, wall time, GPU-hours, cost, and the budget gate.
 
-step time = model FLOPs per step / (GPUs x bf16 dense peak x MFU). The MFU is a measured one when
-the caller has it (``mcx tune``, a finished run), else ``budget.assumed_mfu``. Evaluation adds
-``eval_iters`` forward-only steps (a third of a training step's FLOPs) every ``eval_interval``.
-Without a known peak (``hardware.gpu = "any"`` or ``"cpu"``) there is no time, no GPU-hours and
-no budget check: "unknown" rather than a guess.
+The step time is, first to last: one at a measured MFU when the caller has it; one at
+``budget.assumed_mfu`` when the spec sets it (model FLOPs per step / (GPUs x bf16 dense peak x MFU));
+else the step-time model's (mcx.plan.steptime), which prices the layout's compute, communication and
+pipeline bubble. Evaluation adds ``eval_iters`` forward-only steps (a third of a training step) every
+``eval_interval``. Without a known GPU (``hardware.gpu = "any"`` or ``"cpu"``) there is no time, no
+GPU-hours and no budget check: "unknown" rather than a guess.
 """
 
 from __future__ import annotations
@@ -15,13 +16,17 @@ from attrs import frozen
 
 from mcx.errors import BudgetError
 from mcx.plan.hardware import mfu_peak_flops
+from mcx.plan.steptime import StepTime
 from mcx.spec.schema import ExperimentSpec
+
+SOURCES = {"measured": "a measured MFU", "assumed": "budget.assumed_mfu", "model": "the step-time model"}
 
 
 @frozen(kw_only=True)
 class CostEstimate:
-    mfu: float
-    mfu_source: str  # "assumed" (budget.assumed_mfu) or "measured"
+    mfu: float | None
+    mfu_source: str  # "measured", "assumed" (budget.assumed_mfu) or "model" (mcx.plan.steptime)
+    predicted: StepTime | None  # the model's step, shown beside an override too
     peak_flops_per_gpu: float | None  # bf16 dense
     step_time_s: float | None
     train_time_s: float | None
@@ -38,25 +43,29 @@ class CostEstimate:
         return self.gpu_hours > self.max_gpu_hours
 
 
-def estimate_cost(spec: ExperimentSpec, *, flops_per_step: int, world_size: int,
-                  mfu: float | None = None) -> CostEstimate:
+def estimate_cost(spec: ExperimentSpec, *, flops_per_step: int, world_size: int, mfu: float | None = None,
+                  predicted: StepTime | None = None) -> CostEstimate:
     t, b = spec.train, spec.budget
-    used_mfu = mfu if mfu is not None else b.assumed_mfu
     peak = mfu_peak_flops(spec.hardware.gpu)
-    if peak is None or used_mfu <= 0:
-        return CostEstimate(mfu=used_mfu, mfu_source="measured" if mfu is not None else "assumed",
-                            peak_flops_per_gpu=peak, step_time_s=None, train_time_s=None, eval_time_s=None,
-                            wall_time_h=None, gpu_hours=None, cost=None, max_gpu_hours=b.max_gpu_hours)
-    step = flops_per_step / (world_size * peak * used_mfu)
+    source = "measured" if mfu is not None else "assumed" if b.assumed_mfu is not None else "model"
+    used_mfu = mfu if mfu is not None else b.assumed_mfu if b.assumed_mfu is not None else (
+        predicted.mfu if predicted is not None else None)
+    step = None
+    if peak is not None and used_mfu:
+        step = predicted.step_s if source == "model" and predicted is not None else \
+            flops_per_step / (world_size * peak * used_mfu)
+    if step is None:
+        return CostEstimate(mfu=used_mfu, mfu_source=source, predicted=predicted, peak_flops_per_gpu=peak,
+                            step_time_s=None, train_time_s=None, eval_time_s=None, wall_time_h=None, gpu_hours=None,
+                            cost=None, max_gpu_hours=b.max_gpu_hours)
     train = step * t.train_iters
     evaluations = t.train_iters // t.eval_interval if t.eval_interval else 0
     evaluate = evaluations * t.eval_iters * step / 3
     wall_h = (train + evaluate) / 3600
     gpu_hours = wall_h * world_size
-    return CostEstimate(mfu=used_mfu, mfu_source="measured" if mfu is not None else "assumed",
-                        peak_flops_per_gpu=peak, step_time_s=step, train_time_s=train, eval_time_s=evaluate,
-                        wall_time_h=wall_h, gpu_hours=gpu_hours,
-                        cost=gpu_hours * b.gpu_hour_price if b.gpu_hour_price is not None else None,
+    return CostEstimate(mfu=used_mfu, mfu_source=source, predicted=predicted, peak_flops_per_gpu=peak,
+                        step_time_s=step, train_time_s=train, eval_time_s=evaluate, wall_time_h=wall_h,
+                        gpu_hours=gpu_hours, cost=gpu_hours * b.gpu_hour_price if b.gpu_hour_price is not None else None,
                         max_gpu_hours=b.max_gpu_hours)
 
 
@@ -75,6 +84,6 @@ def check_budget(plan: Costed, confirmed: bool) -> None:
         return
     price = f" (about {c.cost:,.0f} at budget.gpu_hour_price)" if c.cost is not None else ""
     raise BudgetError(
-        f"the full stage needs about {c.gpu_hours:,.0f} GPU-hours{price} at {c.mfu:.0%} MFU, above "
-        f"budget.max_gpu_hours = {c.max_gpu_hours:,.0f};",
+        f"the full stage needs about {c.gpu_hours:,.0f} GPU-hours{price} at {c.step_time_s:.3g} s a step "
+        f"({c.mfu:.0%} MFU, from {SOURCES[c.mfu_source]}), above budget.max_gpu_hours = {c.max_gpu_hours:,.0f};",
         "pass --yes to run it anyway, or raise budget.max_gpu_hours in the spec.")

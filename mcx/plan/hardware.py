@@ -31,6 +31,8 @@ class Gpu:
     gpus_per_node: int  # a typical server (HGX board / PCIe chassis)
     nvlink: bool
     nvlink_gb_per_s: float | None  # per GPU, bidirectional
+    hbm_tb_per_s: float  # memory bandwidth
+    net_gb_per_s: float  # network per GPU, one direction (a typical server: one 400 Gb/s NIC a GPU on HGX H100)
     architecture: str
 
 
@@ -43,22 +45,22 @@ GPUS: dict[str, Gpu] = {
     for g in (
         Gpu(model="H200", bf16_tflops=989.0, fp8_tflops=1979.0, memory_bytes=150_109_880_320,
             compute_capability=(9, 0), gpus_per_node=8, nvlink=True, nvlink_gb_per_s=900.0,
-            architecture="Hopper"),
+            hbm_tb_per_s=4.8, net_gb_per_s=50.0, architecture="Hopper"),
         Gpu(model="H100", bf16_tflops=989.0, fp8_tflops=1979.0, memory_bytes=_mib(81559),
             compute_capability=(9, 0), gpus_per_node=8, nvlink=True, nvlink_gb_per_s=900.0,
-            architecture="Hopper"),
+            hbm_tb_per_s=3.35, net_gb_per_s=50.0, architecture="Hopper"),
         Gpu(model="A100-80GB", bf16_tflops=312.0, fp8_tflops=None, memory_bytes=_mib(81920),
             compute_capability=(8, 0), gpus_per_node=8, nvlink=True, nvlink_gb_per_s=600.0,
-            architecture="Ampere"),
+            hbm_tb_per_s=2.039, net_gb_per_s=25.0, architecture="Ampere"),
         Gpu(model="A100-40GB", bf16_tflops=312.0, fp8_tflops=None, memory_bytes=_mib(40960),
             compute_capability=(8, 0), gpus_per_node=8, nvlink=True, nvlink_gb_per_s=600.0,
-            architecture="Ampere"),
+            hbm_tb_per_s=1.555, net_gb_per_s=25.0, architecture="Ampere"),
         Gpu(model="L40S", bf16_tflops=362.05, fp8_tflops=733.0, memory_bytes=_mib(46068),
             compute_capability=(8, 9), gpus_per_node=8, nvlink=False, nvlink_gb_per_s=None,
-            architecture="Ada Lovelace"),
+            hbm_tb_per_s=0.864, net_gb_per_s=25.0, architecture="Ada Lovelace"),
         Gpu(model="B200", bf16_tflops=2250.0, fp8_tflops=4500.0, memory_bytes=_mib(183359),
             compute_capability=(10, 0), gpus_per_node=8, nvlink=True, nvlink_gb_per_s=1800.0,
-            architecture="Blackwell"),
+            hbm_tb_per_s=8.0, net_gb_per_s=50.0, architecture="Blackwell"),
     )
 }
 

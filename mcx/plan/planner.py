@@ -20,6 +20,7 @@ from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTI
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
 from mcx.plan.smoketime import SmokeTime, smoke_time_limit
 from mcx.plan.stages import stage_spec
+from mcx.plan.steptime import Features, StepTime, predict
 from mcx.spec.schema import ExperimentSpec
 
 _STAND_IN_VOCAB = 32000  # only to find the other problems of a spec whose vocabulary is unknown
@@ -76,22 +77,30 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
                   for first, last in ([(True, True)] if layout.pp == 1 else [(True, False), (False, True)]))
     memory = estimate_memory(spec, layout, vocab_size=vocab, transformer_impl=impl)
     flops = flops_per_iteration(m, padded_vocab=counts.padded_vocab, global_batch_size=t.global_batch_size)
-    cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu)
+    step = predict_step(spec, layout, padded_vocab=counts.padded_vocab, impl=impl)
+    cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu, predicted=step)
     warnings = [*warnings, *_memory_warnings(spec, memory), *_cost_warnings(spec, cost)]
     smoke = None
     if spec.smoke.enabled:
         smoke_spec, smoke_layout = stage_spec(spec, layout, "smoke", te_available=te_available, vocab_size=vocab)
+        smoke_impl = transformer_impl(smoke_spec, te_available)[0]
         smoke = SmokePlan(spec=smoke_spec, layout=smoke_layout,
                           memory=estimate_memory(smoke_spec, smoke_layout, vocab_size=vocab,
-                                                 transformer_impl=transformer_impl(smoke_spec, te_available)[0],
-                                                 suggest_fixes=False),
-                          time=smoke_time_limit(spec, smoke_spec, smoke_layout, vocab))
+                                                 transformer_impl=smoke_impl, suggest_fixes=False),
+                          time=smoke_time_limit(spec, smoke_spec, smoke_layout, vocab, impl=smoke_impl))
     return Plan(spec=spec, layout=layout, transformer_impl=impl, transformer_impl_known=impl_known, vocab_size=vocab,
                 params=counts, params_per_gpu=per_gpu, memory=memory, flops_per_step=flops,
                 flops_per_token=flops_per_token(m, padded_vocab=counts.padded_vocab),
                 tokens_per_step=t.global_batch_size * m.seq_length,
                 num_microbatches=t.global_batch_size // (t.micro_batch_size * layout.dp),
                 cost=cost, warnings=tuple(warnings), recommendations=tuple(recommendations), smoke=smoke)
+
+
+def predict_step(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str) -> StepTime | None:
+    """The step-time model's step for what mcx's worker runs (no TP communication overlap or FP8
+    parameter all-gather)."""
+    return predict(spec, layout, padded_vocab=padded_vocab,
+                   features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm))
 
 
 def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:
@@ -132,6 +141,11 @@ def _smoke_dict(smoke: SmokePlan) -> dict[str, Any]:
                            "detail": limit.detail}}
 
 
+def _predicted_dict(st: StepTime) -> dict[str, Any]:
+    return {"step_time_s": st.step_s, "tokens_per_s_per_gpu": st.tokens_per_s_per_gpu,
+            "tflops_per_gpu": st.tflops_per_gpu, "mfu": st.mfu, "breakdown_s": st.breakdown()}
+
+
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as JSON-ready data (``plan.json``, ``mcx plan --json``); the caller adds run_id."""
     spec, layout, mem, cost, p = plan.spec, plan.layout, plan.memory, plan.cost, plan.params
@@ -160,6 +174,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "mfu": cost.mfu,
         "mfu_source": cost.mfu_source,
         "step_time_s": cost.step_time_s,
+        "predicted": None if cost.predicted is None else _predicted_dict(cost.predicted),
         "wall_time_h": cost.wall_time_h,
         "gpu_hours": cost.gpu_hours,
         "cost": cost.cost,

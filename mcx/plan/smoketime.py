@@ -9,8 +9,8 @@ The smoke stage trains a model of seconds; what makes a job long is starting it.
   one H200 machine, D31) and the smoke checks' two model rebuilds and loads;
 * steps: ``smoke.train_iters``, the ``smoke.resume_check_iters`` steps the resume check replays,
   and the final evaluation's forward-only steps at a third of a training step each;
-* step time: the planner's (:mod:`mcx.plan.cost`) for the smoke model on the smoke stage's GPUs at
-  ``budget.assumed_mfu``, but at least ``MIN_STEP_S``: a model this small is bound by kernel
+* step time: the planner's (:mod:`mcx.plan.cost`) for the smoke model on the smoke stage's GPUs, but
+  at least ``MIN_STEP_S``: a model this small is bound by kernel
   launches and communication, not FLOPs (about 18 ms a step on one H200,
   docs/results/mcx_run_h200_1gpu.json). Without a known peak (``smoke.gpu = "cpu"``, ``"any"``)
   each step is allowed ``UNKNOWN_STEP_S``: an allowance, not a measurement.
@@ -29,10 +29,11 @@ import math
 from attrs import frozen
 
 from mcx.errors import InputError, SpecError
-from mcx.plan.cost import estimate_cost
+from mcx.plan.cost import SOURCES, estimate_cost
 from mcx.plan.flops import flops_per_iteration
 from mcx.plan.layout import Layout
 from mcx.plan.params import padded_vocab_size
+from mcx.plan.steptime import Features, predict
 from mcx.spec.schema import ExperimentSpec
 from mcx.spec.slurmtime import slurm_time, time_limit_seconds
 
@@ -78,9 +79,10 @@ def time_limit_problems(spec: ExperimentSpec) -> list[tuple[str, str]]:
     return []
 
 
-def smoke_time_limit(spec: ExperimentSpec, smoke: ExperimentSpec, layout: Layout, vocab_size: int) -> SmokeTime:
+def smoke_time_limit(spec: ExperimentSpec, smoke: ExperimentSpec, layout: Layout, vocab_size: int, *,
+                     impl: str) -> SmokeTime:
     """The smoke stage's limit: ``spec`` as written, ``smoke`` and ``layout`` its smoke stage, ``vocab_size``
-    the tokenizer's. SpecError naming smoke.time_limit when that is set and wrong."""
+    the tokenizer's, ``impl`` its layer implementation. SpecError naming smoke.time_limit when that is set and wrong."""
     problems = time_limit_problems(spec)
     if problems:
         raise SpecError(problems)
@@ -94,7 +96,9 @@ def smoke_time_limit(spec: ExperimentSpec, smoke: ExperimentSpec, layout: Layout
     steps = t.train_iters + spec.smoke.resume_check_iters + evaluations * t.eval_iters / 3
     padded = padded_vocab_size(vocab_size, smoke.model.make_vocab_size_divisible_by, layout.tp)
     flops = flops_per_iteration(smoke.model, padded_vocab=padded, global_batch_size=t.global_batch_size)
-    predicted = estimate_cost(smoke, flops_per_step=flops, world_size=layout.world_size).step_time_s
+    model = predict(smoke, layout, padded_vocab=padded, features=Features(impl=impl))
+    cost = estimate_cost(smoke, flops_per_step=flops, world_size=layout.world_size, predicted=model)
+    predicted = cost.step_time_s
     step = UNKNOWN_STEP_S if predicted is None else max(predicted, MIN_STEP_S)
     estimate = STARTUP_S + SAFETY * steps * step
     base = max(FLOOR_S, 60 * math.ceil(estimate / 60))
@@ -102,7 +106,7 @@ def smoke_time_limit(spec: ExperimentSpec, smoke: ExperimentSpec, layout: Layout
     seconds, source = base + grace, "estimate"
     why = ("no known peak" if predicted is None
            else f"the planner's {predicted * 1e3:.3g} ms, raised to the minimum" if predicted < MIN_STEP_S
-           else f"the planner's at {smoke.budget.assumed_mfu:.0%} MFU")
+           else f"the planner's, from {SOURCES[cost.mfu_source]}")
     detail = (f"estimate: {STARTUP_S / 60:g} min start-up + {SAFETY:g} x {steps:.1f} steps x {step:.3g} s "
               f"({why}) = {estimate / 60:.1f} min, at least {FLOOR_S // 60} min"
               + (f", + {grace} s signal grace" if grace else ""))

@@ -36,7 +36,7 @@ from typing import Literal
 from attrs import evolve
 
 from mcx.errors import SpecError
-from mcx.plan.layout import Layout, resolve_layout
+from mcx.plan.layout import Layout, resolve_layout, transformer_impl
 from mcx.plan.params import require_vocab_size
 from mcx.plan.smoketime import smoke_time_limit, time_limit_problems
 from mcx.spec.rules import check_spec, divisors
@@ -197,7 +197,8 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
     if problems:
         raise SpecError([(_SMOKE_KEYS.get(p, p), f"smoke stage: {_smoke_words(msg)}") for p, msg in problems])
     assert smoke_layout is not None
-    limit = smoke_time_limit(spec, smoke, smoke_layout, require_vocab_size(smoke, vocab_size))
+    limit = smoke_time_limit(spec, smoke, smoke_layout, require_vocab_size(smoke, vocab_size),
+                             impl=transformer_impl(smoke, te_available)[0])
     smoke = evolve(smoke, launch=evolve(spec.launch, slurm=evolve(spec.launch.slurm, time=limit.slurm)))
     return smoke, smoke_layout
 

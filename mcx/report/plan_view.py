@@ -16,6 +16,7 @@ from rich.text import Text
 _GiB = 1 << 30
 _VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red", "unknown": "dim"}
 _DASH = "—"
+_SOURCE = {"model": "step-time model", "assumed": "budget.assumed_mfu", "measured": "measured"}
 
 
 def _gib(n: float | None) -> str:
@@ -112,10 +113,16 @@ def _compute_table(p: dict[str, Any]) -> Table:
     t.add_row("FLOPs per token", _flops(p["flops_per_token"]))
     t.add_row("tokens per step", f"{p['tokens_per_step']:,} ({p['num_microbatches']} micro-batches per DP rank)")
     t.add_row("steps, tokens", f"{p['train_iters']:,}, {_count(p['total_tokens'])}")
-    peak = p["gpu"]["peak_bf16_flops"]
-    t.add_row("MFU (vs bf16 dense peak)", f"{p['mfu']:.0%} {p['mfu_source']}"
-              + (f" of {peak / 1e12:,.0f} TFLOP/s" if peak else "; peak unknown"))
-    t.add_row("step time", _seconds(p["step_time_s"]))
+    peak, model = p["gpu"]["peak_bf16_flops"], p.get("predicted")
+    source = _SOURCE.get(p["mfu_source"], p["mfu_source"])  # plans written before the model said "assumed"
+    mfu = _DASH if p["mfu"] is None else f"{p['mfu']:.0%}"
+    t.add_row("MFU (vs bf16 dense peak)", f"{mfu} ({source})" + (f" of {peak / 1e12:,.0f} TFLOP/s" if peak else
+                                                                  "; peak unknown"))
+    t.add_row("step time", _seconds(p["step_time_s"]) + (f" ({source})" if p["step_time_s"] is not None else ""))
+    if model and p["mfu_source"] != "model":
+        t.add_row("the model's step time", f"{_seconds(model['step_time_s'])} ({model['mfu']:.0%} MFU)")
+    if model:
+        t.add_row("tokens/s/GPU (the model's)", f"{model['tokens_per_s_per_gpu']:,.0f}")
     t.add_row("wall time", _hours(p["wall_time_h"]))
     t.add_row("GPU-hours", _DASH if p["gpu_hours"] is None else f"{p['gpu_hours']:,.1f}")
     if p["cost"] is not None:
@@ -127,6 +134,20 @@ def _compute_table(p: dict[str, Any]) -> Table:
                   else Text("over budget: needs --yes", style="bold red") if over
                   else Text("within budget", style="green"))
         t.add_row("budget", Text.assemble(f"{b['max_gpu_hours']:,.0f} GPU-hours: ", status))
+    return t
+
+
+def _step_table(p: dict[str, Any]) -> RenderableType:
+    """Where the model's step goes: compute, exposed communication, the pipeline bubble, the rest."""
+    model = p.get("predicted")
+    if not model:
+        return Text("")
+    step = model["step_time_s"]
+    t = _table("Step time, predicted (docs/planning.md)", "", "", "share", right=(1, 2))
+    for name, seconds in model["breakdown_s"].items():
+        if seconds > 0:
+            t.add_row(name, _seconds(seconds), f"{seconds / step:.0%}")
+    t.add_row(Text("step", style="bold"), Text(_seconds(step), style="bold"), "")
     return t
 
 
@@ -161,7 +182,7 @@ def render_plan(plan: dict[str, Any], run_id: str | None) -> RenderableType:
     if run_id:
         title.append(f"   run {run_id}", style="bold")
     parts: list[RenderableType] = [title, _layout_table(plan), _model_table(plan), _memory_table(plan), Text(""),
-                                   _compute_table(plan), _smoke_line(plan)]
+                                   _compute_table(plan), _step_table(plan), _smoke_line(plan)]
     for heading, items, mark, style in (("Warnings", plan["warnings"], "!", "yellow"),
                                         ("Recommendations", plan["recommendations"], "->", "")):
         if items:

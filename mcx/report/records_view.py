@@ -59,6 +59,10 @@ def render_run(record: dict[str, Any]) -> Any:
     elif tracking.get("mlflow_run"):
         head.add_row("MLflow", f"run {tracking['mlflow_run']} in {tracking.get('target')} "
                                f"(experiment {tracking.get('experiment')})")
+    check = record.get("step_time")
+    if check:
+        head.add_row("step time", f"{check['measured_s']:.4g} s measured (median step), {check['predicted_s']:.4g} s "
+                                  f"predicted on {check['gpu']}: the model is {check['error']:+.1%} off")
     if tracking.get("pending_ops"):
         head.add_row("unsent", f"{tracking['pending_ops']} records (send with `mcx sync`)")
     for stage, ck in (record.get("checkpoints") or {}).items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich import box
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -100,3 +101,58 @@ def render_tune(result: dict[str, Any]) -> RenderableType:
     best = result["best"]
     return Group(t, _where([("best", f"micro_batch_size={best['micro_batch_size']}"),
                             ("tuned spec", str(result["spec"]))]))
+
+
+def _layout_cells(row: dict[str, Any]) -> list[str]:
+    lay, st = row["layout"], row["settings"]
+    recompute = st.get("train.recompute_granularity", "none")
+    return [str(lay["tp"]), str(lay["pp"]), str(lay["vpp"] or "-"), str(lay["cp"]), str(lay["ep"]), str(lay["dp"]),
+            str(st["train.micro_batch_size"]), "-" if recompute == "none" else recompute]
+
+
+def _overheads(predicted: dict[str, Any]) -> str:
+    """The two largest shares of the predicted step beside compute (exposed communication, bubble, ...)."""
+    step, parts = predicted["step_time_s"], predicted["breakdown_s"]
+    top = sorted(((v, k) for k, v in parts.items() if k != "compute" and v > 0), reverse=True)[:2]
+    return ", ".join(f"{k} {v / step:.0%}" for v, k in top) or "-"
+
+
+def render_tune_layouts(result: dict[str, Any]) -> RenderableType:
+    """`mcx tune --layouts`: the model's ranking, the measured trials beside their predictions, the spec written."""
+    t = Table(title=Text(f"layouts ranked by the step-time model ({result['fitting']:,} of {result['considered']:,} "
+                         "valid layouts fit)", style="bold"), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "memory", "step", "tokens/s/GPU", "MFU",
+                "beside compute"):
+        t.add_column(col, no_wrap=True, justify="left" if col in ("recompute", "beside compute") else "right")
+    current = result.get("current")
+    rows = list(result["ranking"])
+    if current and (current["rank"] is None or current["rank"] > len(rows)):
+        rows.append(current)
+    for row in rows:
+        p = row["predicted"]
+        mark = " (spec)" if current and row["settings"] == current["settings"] else ""
+        memory = metric("mem_peak_bytes", row["memory_bytes"]) + (" tight" if row["memory_verdict"] == "tight" else "")
+        t.add_row(f"{row['rank'] or '-'}{mark}", *_layout_cells(row), memory, f"{p['step_time_s']:.3g} s",
+                  f"{p['tokens_per_s_per_gpu']:,.0f}", f"{p['mfu']:.0%}", _overheads(p))
+    parts: list[RenderableType] = [t]
+    if result.get("trials"):
+        m = Table(title=Text("measured", style="bold"), title_justify="left")
+        for col in ("#", "fits", "tokens/s/GPU", "predicted", "model error", "peak memory", "expandable segments"):
+            m.add_column(col, no_wrap=True)
+        for trial in result["trials"]:
+            predicted = trial["predicted"]["tokens_per_s_per_gpu"]
+            measured = trial.get("tokens_per_s_per_gpu")
+            m.add_row(str(trial["rank"]), "yes" if trial["fits"] else str(trial.get("reason", "no")),
+                      metric("tokens_per_s_per_gpu", measured), f"{predicted:,.0f}",
+                      f"{measured / predicted - 1:+.1%}" if measured else "-",  # the step's, as mcx show
+                      metric("mem_peak_bytes", trial.get("mem_peak_bytes")),
+                      "on" if trial.get("expandable_segments") else "off")
+        parts.append(m)
+    if result.get("best"):
+        best = result["best"]
+        parts.append(_where([("best", f"layout {best['rank']}: {best['measured']['tokens_per_s_per_gpu']:,.0f} "
+                                      "tokens/s/GPU measured"), ("tuned spec", str(result["spec"]))]))
+    else:
+        parts.append(Text(f"not measured: {result.get('not_measured')}; run mcx tune --layouts where the spec's GPUs "
+                          "are (or with launch.kind = \"slurm\") to measure the top ones and write the tuned spec"))
+    return Group(*parts)

@@ -72,7 +72,7 @@ def _range_rules(spec: ExperimentSpec) -> Problems:
                     ("model.attention_dropout", spec.model.attention_dropout),
                     ("smoke.data_fraction", spec.smoke.data_fraction),
                     ("budget.assumed_mfu", spec.budget.assumed_mfu)]:
-        if not 0.0 <= v <= 1.0 or (path.startswith(("smoke", "budget")) and v == 0.0):
+        if v is not None and (not 0.0 <= v <= 1.0 or (path.startswith(("smoke", "budget")) and v == 0.0)):
             out.append((path, f"must be in (0, 1] for fractions and [0, 1] for dropouts, got {v}"))
     for path, v in [("train.adam_beta1", spec.train.adam_beta1), ("train.adam_beta2", spec.train.adam_beta2)]:
         if not 0.0 <= v < 1.0:

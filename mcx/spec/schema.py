@@ -261,7 +261,7 @@ class SweepSpec:
 @frozen(kw_only=True)
 class BudgetSpec:
     max_gpu_hours: float | None = None  # None: no gate
-    assumed_mfu: float = 0.40  # used for time and cost estimates before anything ran
+    assumed_mfu: float | None = None  # overrides the step-time model's estimate (mcx.plan.steptime)
     gpu_hour_price: float | None = None  # currency units per GPU-hour, for the cost line
 
 

@@ -151,8 +151,19 @@ def _local_summary(project_root: Path, run_path: Path) -> dict[str, Any]:
         "run_id": run_path.name, "name": spec_name, "status": run_json.get("status"), "state": state.state,
         "holder": state.holder.describe() if state.holder else None,
         "created": _created(run_path, run_json), "stages": stages, "final": _final(stages),
+        "step_time": (run_json.get("summary") or {}).get("step_time"),
         "source": "local", "tracking": _tracking_state(run_path),
     }
+
+
+def _step_time(run: Run) -> dict[str, Any] | None:
+    """The step-time model's check as the recorder logged it (mcx.track.recorder.record_prediction)."""
+    from mcx.track.recorder import PREDICTION_METRICS
+
+    values = {k: run.data.metrics.get(name) for k, name in PREDICTION_METRICS.items()}
+    if any(v is None for v in values.values()):
+        return None
+    return {"gpu": run.data.tags.get("mcx.step_time.gpu"), **values}
 
 
 def _tracking_summary(run: Run) -> dict[str, Any]:
@@ -162,6 +173,7 @@ def _tracking_summary(run: Run) -> dict[str, Any]:
         "state": "finished" if tags.get("mcx.status") == "finished" else "recorded",
         "holder": None, "created": (run.info.start_time or 0) / 1000.0, "stages": {},
         "final": {k: v for k, v in run.data.metrics.items() if not k.startswith("smoke/")},
+        "step_time": _step_time(run),
         "source": "tracking",
         "tracking": {"experiment_id": run.info.experiment_id, "mlflow_run": run.info.run_id,
                      "mlflow_status": run.info.status},

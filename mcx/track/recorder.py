@@ -50,6 +50,10 @@ TARGET_FILE = "target.json"
 IDS_FILE = "ids.json"
 LOCK_FILE = "lock"
 RUN = "run"
+# The step-time model's check (mcx.plan.steptime.PredictionCheck) as MLflow metrics: not summary metrics (the
+# median step it is compared with leaves out the stalls that docs/metrics.md's step_time_s counts).
+PREDICTION_METRICS = {"predicted_s": "step_time_model_s", "measured_s": "step_time_median_s",
+                      "error": "step_time_model_error"}
 # result.json / run status -> MLflow run status
 MLFLOW_STATUS = {"running": "RUNNING", "finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED",
                  "preempted": "KILLED", "interrupted": "KILLED", "killed": "KILLED", "pruned": "KILLED"}
@@ -266,6 +270,12 @@ class RunRecorder:
                 self._artifact(RUN, self.stager.file(f"run/checkpoints/{stage}.dvc", Path(dvc_file)), "checkpoints")
         self._op("status", record=record, status=end_status, end_ms=now_ms())
         return result
+
+    def record_prediction(self, check: dict[str, Any], *, step: int) -> None:
+        """The step-time model's prediction beside the measured median step (mcx.plan.steptime.PredictionCheck)."""
+        self._op("metrics", record=RUN, step=step,
+                 metrics={name: float(check[k]) for k, name in PREDICTION_METRICS.items()})
+        self._op("tags", record=RUN, tags={"mcx.step_time.gpu": str(check["gpu"])})
 
     def finish(self, status: str, *, tags: dict[str, str] | None = None) -> None:
         """Journal the run's end: status tag, run.json and plots/ as artifacts, MLflow status."""

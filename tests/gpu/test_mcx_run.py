@@ -74,6 +74,19 @@ def test_mcx_run_trains_smoke_then_full_on_the_gpu(run):
     assert list((run["dir"] / "full").glob("system*.jsonl")), "no system metrics (NVML / nvidia-smi)"
 
 
+def test_the_run_records_the_step_time_models_check(project, run):
+    """Predicted beside measured after the GPU run (mcx.ops.run._prediction): in the summary, the journal for
+    MLflow, and `mcx show`. A 40-step tiny model is launch-bound, far from the model's calibration: no bound on
+    its error here (tests/gpu/test_tune_layouts.py bounds it on the one-H200 spec)."""
+    check = run["summary"]["step_time"]
+    assert check["gpu"] == "H200" and check["predicted_s"] > 0 and check["measured_s"] > 0, check
+    assert check["error"] == pytest.approx(check["predicted_s"] / check["measured_s"] - 1)
+    journal = (run["dir"] / "track" / "journal.jsonl").read_text()
+    assert "step_time_model_s" in journal and "mcx.step_time.gpu" in journal
+    shown = mcx(project, "show", run["summary"]["run_id"])
+    assert shown.code == 0 and "predicted on H200: the model is" in flat(shown.out), shown
+
+
 def test_tracking_records_are_journaled_where_mlflow_is_absent(run):
     """The training machine's records wait in the run's journal for `mcx sync` (GPU sessions 2 and 6)."""
     from mcx.track.journal import Journal

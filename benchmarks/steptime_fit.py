@@ -1,0 +1,164 @@
+"""Calibrate the step-time model (mcx.plan.steptime) on measured steps and check it (docs/steptime.md, D44).
+
+MEASURED lists mcx's H200 runs of docs/results (GPU sessions 3-7): each result file names its spec, overrides
+and layout, and holds the worker's step times; their median is the measured step. PUBLISHED lists NVIDIA's
+rows (experiments/published/: each spec's header cites its source), with the settings NVIDIA ran that mcx
+does not (TP communication overlap, FP8 parameter all-gather): the model is checked on the run NVIDIA made,
+and also priced as mcx would run the spec. Every error is the step's, predicted / measured - 1 (above zero:
+the model is slower than the hardware), as `mcx show` reports it after a run.
+
+``--fit`` fits FITTED by least squares on the log errors of all twenty steps, each constant held near its
+PRIOR (the H200 steps alone are 10 runs of one model's shapes: they cannot tell a slower GEMM from more
+element-wise traffic), and fits again without each published row in turn: that row's ``held_out_error`` is
+the model's error on a configuration its calibration never saw.
+
+    .venv/bin/python benchmarks/steptime_fit.py                  # the table at mcx's shipped calibration
+    .venv/bin/python benchmarks/steptime_fit.py --fit --out F    # the fit, the held-out errors; paste
+                                                                 # "calibration" into CALIBRATIONS
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mcx.plan.planner import make_plan  # noqa: E402
+from mcx.plan.steptime import CALIBRATIONS, Calibration, Features, predict  # noqa: E402
+from mcx.spec import load_spec  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+# One H200 (8 layers of LLaMA-3 8B, seq 4096, GBS 16) and two (the whole 8B, DP 2): the throughput runs.
+MEASURED = (
+    "session7/call_a/throughput_1gpu_te_mbs4.json",
+    "session7/call_a/throughput_1gpu_te_fuser_mbs4.json",
+    "session7/call_a/throughput_1gpu_te_fp8_mbs4.json",
+    "session7/call_a/throughput_1gpu_te_fp8_fuser_mbs4.json",
+    "session5/call_c/throughput_1gpu_local_mbs4_rope.json",
+    "session3/throughput_1gpu_te_fused.json",
+    "session3/throughput_1gpu_local_fused.json",
+    "session3/throughput_2gpu_te_fused.json",
+    "session7/call_b/throughput_2gpu_te_bf16_seq8192_dp2.json",
+    "session7/call_b/throughput_2gpu_fp8spec_fuser.json",
+)
+OVERLAP = Features(tp_comm_overlap=True, fp8_param_gather=True)
+PUBLISHED = (  # spec, tokens/s/GPU, model TFLOP/s/GPU, what NVIDIA ran beyond the spec
+    ("llama3_8b_h100_fp8.toml", 14451, 744, Features(fp8_param_gather=True)),
+    ("llama3_70b_h100_fp8.toml", 1664, 731, OVERLAP),
+    ("llama31_405b_h100_fp8.toml", 326, 822, OVERLAP),
+    ("llama2_7b_h100_fp8.toml", 16934, 780, Features()),
+    ("llama2_13b_h100_fp8.toml", 8715, 760, Features()),
+    ("llama2_70b_h100_fp8.toml", 1728, 768, Features(tp_comm_overlap=True)),
+    ("llama3_8b_h100_fp8_cp2.toml", 12273, 711, Features()),
+    ("llama3_70b_h100_fp8_cp2.toml", 1524, 734, Features(tp_comm_overlap=True)),
+    ("llama3_8b_b200_fp8.toml", 30624, 1576, Features(fp8_param_gather=True)),
+    ("mixtral_8x7b_b200_fp8.toml", 15457, 1282, Features(grouped_gemm=True)),
+)
+# The priors: typical fractions of a Hopper GPU's datasheet its kernels reach in training, before any fit.
+PRIOR = Calibration(gemm_bf16=0.72, gemm_fp8=0.62, attention_te=0.6, attention_local=0.4, attention_backward=2.5,
+                    attention_len=512.0, elementwise=1.0, moe_layer_s=5e-4, launch_s=6e-6, layer_s=2e-4, comm=0.75,
+                    dp_tail=0.1, step_s=0.01)
+FITTED = ("gemm_bf16", "gemm_fp8", "attention_te", "attention_local", "attention_len", "elementwise", "layer_s")
+# how far (log) a constant may stray from its prior for the price of one 1/e-off step
+PRIOR_SPREAD = {"gemm_bf16": 1.0, "gemm_fp8": 1.0, "attention_te": 1.0, "attention_local": 1.0, "attention_len": 1.0,
+                "elementwise": 1.0, "layer_s": 1.0}
+BOUNDS = {"gemm_bf16": (0.5, 0.95), "gemm_fp8": (0.4, 0.9), "attention_te": (0.3, 0.9), "attention_local": (0.2, 0.9),
+          "elementwise": (0.5, 10.0), "layer_s": (1e-6, 2e-3),
+          "attention_len": (1.0, 4096.0)}
+
+
+def measured_points() -> list[dict[str, Any]]:
+    out = []
+    for rel in MEASURED:
+        d = json.loads((RESULTS / rel).read_text())
+        run = d["runs"]["mcx"]
+        spec = load_spec(ROOT / d["spec"], d["overrides"])
+        steps = run.get("step_times_s") or [run["step_time_s_median"]]
+        out.append({"label": rel, "spec": spec, "measured_s": statistics.median(steps),
+                    "features": Features(impl=d["impl"], grouped_gemm=spec.model.moe_grouped_gemm)})
+    return out
+
+
+def published_points() -> list[dict[str, Any]]:
+    out = []
+    for name, tokens, tflops, nvidia in PUBLISHED:
+        spec = load_spec(ROOT / "experiments" / "published" / name)
+        step = spec.train.global_batch_size * spec.model.seq_length / tokens / (spec.hardware.nodes * spec.hardware.gpus_per_node)
+        out.append({"label": name, "spec": spec, "measured_s": step, "tokens": tokens, "tflops": tflops, "features": nvidia})
+    return out
+
+
+def predicted(point: dict[str, Any], cal: Calibration | None, features: Features | None = None):
+    spec = point["spec"]
+    plan = make_plan(spec, te_available=True, vocab_size=spec.model.vocab_size or 128256)
+    return predict(spec, plan.layout, padded_vocab=plan.params.padded_vocab, features=features or point["features"],
+                   calibration=cal)
+
+
+def fit(points: list[dict[str, Any]]) -> Calibration:
+    """Least squares on log(predicted / measured), each constant pulled towards its PRIOR by
+    log(value / prior) / PRIOR_SPREAD."""
+    from scipy.optimize import least_squares
+
+    base = PRIOR
+    x0 = [getattr(base, k) for k in FITTED]
+    lo, hi = zip(*(BOUNDS[k] for k in FITTED))
+
+    def residuals(x):
+        cal = attrs.evolve(base, **dict(zip(FITTED, x)))
+        errors = [math.log(predicted(p, cal).step_s / p["measured_s"]) for p in points]
+        return errors + [math.log(v / p) / PRIOR_SPREAD[k] for k, v, p in zip(FITTED, x, x0)]
+
+    found = least_squares(residuals, x0, bounds=(lo, hi), x_scale=[abs(v) or 1e-4 for v in x0])
+    return attrs.evolve(base, **{k: float(f"{v:.3g}") for k, v in zip(FITTED, found.x)})
+
+
+def table(cal: Calibration | None, loo: dict[str, Calibration] | None = None) -> dict[str, Any]:
+    rows = {"measured": [], "published": []}
+    for p in measured_points():
+        st = predicted(p, cal)
+        rows["measured"].append({"run": p["label"], "measured_s": round(p["measured_s"], 4),
+                                 "predicted_s": round(st.step_s, 4), "error": round(st.step_s / p["measured_s"] - 1, 4)})
+    for p in published_points():
+        nvidia = predicted(p, cal)
+        as_mcx = predicted(p, cal, Features(grouped_gemm=p["features"].grouped_gemm))
+        row = {"spec": p["label"], "published_tokens_per_s_per_gpu": p["tokens"], "published_tflops": p["tflops"],
+               "predicted_tokens_per_s_per_gpu": round(nvidia.tokens_per_s_per_gpu),
+               "error": round(nvidia.step_s / p["measured_s"] - 1, 4)}
+        if loo:
+            held_out = predicted(p, loo[p["label"]])
+            row["held_out_error"] = round(held_out.step_s / p["measured_s"] - 1, 4)
+        row |= {"as_mcx_runs_it_tokens_per_s_per_gpu": round(as_mcx.tokens_per_s_per_gpu),
+                "breakdown_s": {k: round(v, 4) for k, v in nvidia.breakdown().items()}}
+        rows["published"].append(row)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--fit", action="store_true", help="fit the constants on the measured and published steps first")
+    p.add_argument("--out")
+    args = p.parse_args()
+    cal = loo = None
+    if args.fit:
+        points = measured_points() + published_points()
+        cal = fit(points)
+        loo = {q["label"]: fit([o for o in points if o is not q]) for q in points if "tokens" in q}
+    out = {"calibration": attrs.asdict(cal or CALIBRATIONS["Hopper"]), **table(cal, loo)}
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
