@@ -7,6 +7,7 @@ STAGE_DIR`` (under torchrun for more than one GPU) in its own session.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -28,6 +29,24 @@ from gpu_validation import DENSE, LAYOUTS, TOLERANCE, WINDOW, build_job, start_w
 SPEC = "experiments/tiny.toml"  # DENSE overrides every shape; the layout runs start from it too
 LOCAL = 'model.transformer_impl="local"'
 TE = 'model.transformer_impl="transformer_engine"'
+
+
+@functools.cache
+def present_gpu() -> str:
+    """mcx's name of the GPU here ("H200", "H100"), asked in a child process so that the test process never
+    initialises CUDA; the tests set ``hardware.gpu`` to it, so the plan, the memory check and the step-time
+    model speak of the card that runs them (the device tool lends H100s as well as H200s)."""
+    from mcx.plan.hardware import gpu_from_name
+
+    name = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                          capture_output=True, text=True, timeout=120, check=True).stdout.strip().splitlines()[-1]
+    model = gpu_from_name(name)
+    assert model is not None, f"mcx's GPU table has no row for {name!r}"
+    return model
+
+
+def gpu_set() -> list[str]:
+    return ["--set", f'hardware.gpu="{present_gpu()}"']
 
 
 class Stage:

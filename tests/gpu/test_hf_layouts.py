@@ -14,11 +14,11 @@ import json
 
 import pytest
 
-from gpuwork import make_project, mcx
+from gpuwork import gpu_set, make_project, mcx
 
 pytestmark = pytest.mark.gpu2
 
-BF16 = ["--set", 'hardware.gpu="H200"', "--set", 'train.precision="bf16"', "--set", "hardware.gpus_per_node=2",
+BF16 = ["--set", 'train.precision="bf16"', "--set", "hardware.gpus_per_node=2",
         "--set", 'launch.kind="torchrun"', "--skip-smoke", "--yes", "--json"]
 FROZEN = ["--set", "train.train_iters=5", "--set", "train.lr=0.0", "--set", "train.min_lr=0.0",
           "--set", "train.lr_warmup_iters=1"]
@@ -33,7 +33,7 @@ def _test_loss(run_dir) -> float:
 @pytest.fixture(scope="module")
 def exported(work):
     project = make_project(work / "hf-layouts")
-    parent = mcx(project, "run", "experiments/tiny_moe.toml", *BF16, "--set", "parallel.expert=2",
+    parent = mcx(project, "run", "experiments/tiny_moe.toml", *BF16, *gpu_set(), "--set", "parallel.expert=2",
                  "--set", "train.train_iters=40")
     assert parent.code == 0, parent
     pid = parent.json()["run_id"]
@@ -51,7 +51,7 @@ def exported(work):
                          ids=["tp2", "one-gpu"])
 def test_a_run_from_the_ep2_export_computes_the_parents_loss(exported, layout):
     project, parent = exported
-    child = mcx(project, "run", "experiments/from_moe.toml", *BF16, *FROZEN, *layout)
+    child = mcx(project, "run", "experiments/from_moe.toml", *BF16, *gpu_set(), *FROZEN, *layout)
     assert child.code == 0, child
     child_dir = project / ".mcx" / "runs" / child.json()["run_id"]
     mine, theirs = _test_loss(child_dir), _test_loss(parent)
