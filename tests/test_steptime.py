@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -296,6 +297,27 @@ def test_tune_layouts_ranks_without_gpus_and_writes_nothing(tmp_path, e2e_clean_
     shown = mcx_inprocess(project, "tune", "--layouts", str(slurm), "--no-measure")
     assert shown.code == 0 and "layouts ranked by the step-time model" in shown.out and "(spec)" in shown.out
     assert "not measured: --no-measure" in " ".join(shown.out.split())
+
+
+@pytest.mark.parametrize("layouts", [True, False], ids=["layouts", "micro-batch"])
+def test_tune_trials_are_priced_and_held_to_the_budget_before_any_starts(tmp_path, e2e_clean_env, layouts):
+    """A Slurm spec's trials run on its cluster's nodes: 64 GPUs a trial for the 70B spec. mcx tune says what
+    they cost before it submits one, and above budget.max_gpu_hours refuses without --yes (exit 2), having
+    submitted nothing (no sbatch script, no work directory)."""
+    project = make_e2e_project(tmp_path / "proj")
+    slurm = project / "experiments" / "llama3_70b.toml"
+    slurm.write_text((ROOT / "experiments" / "llama3_70b.toml").read_text())
+    mode = ["--layouts", "--top", "2"] if layouts else ["--max-micro-batch", "2"]
+    res = mcx_inprocess(project, "tune", *mode, str(slurm), "--steps", "4", "--set", "budget.max_gpu_hours=1")
+    assert res.code == 2 and "Traceback" not in res.err, res
+    err = " ".join(res.err.split())
+    trials = re.search(r"at most (\d+) trials of 5 steps on 64 GPUs on Slurm, about ([\d.,]+) GPU-hours", err)
+    assert trials, err
+    assert int(trials.group(1)) == 2 and float(trials.group(2).replace(",", "")) > 1, err
+    assert "above budget.max_gpu_hours = 1" in err and "--yes" in err, err
+    if layouts:
+        assert "the model's pick" in err and "parallel.tensor=" in err, err
+    assert not list((project / ".mcx").glob("mcx-tune-*")) and not list(tmp_path.rglob("sbatch.sh"))
 
 
 @pytest.mark.parametrize("args, said", [

@@ -250,6 +250,8 @@ def _upkeep_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--top", type=int, default=3, help="with --layouts: how many of the ranking to measure")
     s.add_argument("--show", type=int, default=10, help="with --layouts: how many of the ranking to print")
     s.add_argument("--no-measure", action="store_true", help="with --layouts: print the ranking only")
+    s.add_argument("--yes", action="store_true",
+                   help="confirm trials above the spec's GPU-hour budget (on a terminal mcx asks instead)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=verbs.cmd_tune)
 

@@ -330,13 +330,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from mcx.ops.tune import tune
 
     project = project_root(args)
+    confirm = _ask if sys.stdin.isatty() and sys.stderr.isatty() and not args.json else None
     if args.layouts:
         from mcx.ops.tune_layouts import tune_layouts
         from mcx.report.run_view import render_tune_layouts
 
         with children_to_stderr():
             result = tune_layouts(args.spec, args.overrides, project=project, out=args.output, top=args.top,
-                                  show=args.show, steps=args.steps, measure=not args.no_measure, progress=show_progress)
+                                  show=args.show, steps=args.steps, measure=not args.no_measure, progress=show_progress,
+                                  yes=args.yes, confirm=confirm)
         _emit_json(result) if args.json else _console().print(render_tune_layouts(result))
         return 0
     if args.no_measure or args.top != 3 or args.show != 10:
@@ -345,7 +347,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise InputError("--top, --show and --no-measure go with --layouts;", "add --layouts, or leave them out.")
     with children_to_stderr():
         result = tune(args.spec, args.overrides, project=project, out=args.output, max_mbs=args.max_micro_batch,
-                      steps=args.steps, progress=show_progress)
+                      steps=args.steps, progress=show_progress, yes=args.yes, confirm=confirm)
     if args.json:
         _emit_json(result)
     else:

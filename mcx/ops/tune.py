@@ -15,17 +15,61 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from attrs import evolve
 
-from mcx.errors import InputError, TrainingFailed
+from mcx.errors import BudgetError, InputError, TrainingFailed
 from mcx.ops.progress import Note, Progress
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
+from mcx.plan.smoketime import STARTUP_S as SLURM_STARTUP_S
 from mcx.spec import load_spec
 
 TUNE_PREFIX = "mcx-tune-"  # <project>/.mcx/mcx-tune-XXXX/: the trials' work directory (mcx gc knows it)
+# A trial's start before its first step: a Slurm job's as the smoke stage's limit allows it (mcx.plan.smoketime);
+# here, imports, the model's build and the first step's compilation (about a minute on one H200, benchmarks/README.md).
+TRIAL_STARTUP_S = {"slurm": SLURM_STARTUP_S, "local": 60.0, "torchrun": 60.0}
+
+
+def trials_dir(project: Path) -> Path:
+    """A fresh work directory for the trials, under <project>/.mcx where there is one (mcx gc knows its prefix)."""
+    return Path(tempfile.mkdtemp(prefix=TUNE_PREFIX, dir=project / ".mcx" if (project / ".mcx").is_dir() else None))
+
+
+def extends_lines(spec_path: str, dest: Path, overrides: list[str]) -> str:
+    """A tuned spec's overrides (as comments) and its ``extends`` of the original, relative where it can be."""
+    rel = Path(spec_path).resolve()
+    try:
+        rel = rel.relative_to(dest.resolve().parent)
+    except ValueError:
+        pass
+    return "".join(f"# --set {o}\n" for o in overrides) + f'extends = "{rel}"\n\n'
+
+
+def trials_gate(spec: Any, step_times: Sequence[float | None], steps: int, *, yes: bool,
+                confirm: Callable[[str], bool] | None, progress: Progress) -> float | None:
+    """The trials' GPU-hours (their start-ups and steps on the spec's GPUs; None where a step's time is unknown),
+    said before any trial starts and held to budget.max_gpu_hours as `mcx run` holds a job: above it, go on only
+    with --yes or the user's confirmation, else BudgetError (exit 2) with nothing started."""
+    world = spec.hardware.nodes * spec.hardware.gpus_per_node
+    startup = TRIAL_STARTUP_S.get(spec.launch.kind, TRIAL_STARTUP_S["slurm"])
+    hours = (None if not step_times or any(s is None for s in step_times)
+             else sum(startup + (steps + 1) * s for s in step_times) * world / 3600)  # type: ignore[operator]
+    where = "on Slurm" if spec.launch.kind == "slurm" else "here"
+    unit = "CPU process" if spec.hardware.gpu == "cpu" else "GPU"
+    size = f"{len(step_times)} trial{'s' * (len(step_times) != 1)} of {steps + 1} steps on {world} {unit}{'s' * (world != 1)}"
+    progress(Note(lead="tune", text=f": at most {size} {where}"
+                  + (f", about {hours:,.2g} GPU-hours" if hours is not None else "")))
+    limit = spec.budget.max_gpu_hours
+    if limit is None or hours is None or hours <= limit or yes:
+        return hours
+    message = f"the trials may use about {hours:,.2g} GPU-hours ({size}), above budget.max_gpu_hours = {limit:,.4g}"
+    if confirm is not None and confirm(message + "."):
+        return hours
+    raise BudgetError(message + ";", "measure fewer (--top, --max-micro-batch) or fewer steps (--steps), raise "
+                      "budget.max_gpu_hours, or confirm with --yes.")
 
 
 def _records(metrics: Path) -> list[dict[str, Any]]:
@@ -160,7 +204,7 @@ def _log_says_out_of_memory(stage_dir: Path) -> bool:
 
 
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
-         progress: Progress) -> dict[str, Any]:
+         progress: Progress, yes: bool = False, confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
     from mcx.ops.outputs import check_output_file, write_text
     from mcx.ops.plan import plan_loaded
     from mcx.track.runcache import acquire
@@ -176,8 +220,11 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
     if not candidates:
         raise InputError(f"no micro-batch size divides train.global_batch_size={gbs} over dp={dp};",
                          "raise the global batch size.")
+    # A global batch's step takes about as long at any micro-batch size: the plan's step for each trial.
+    hours = trials_gate(spec, [planned.plan.cost.step_time_s] * len(candidates), steps, yes=yes, confirm=confirm,
+                        progress=progress)
     trials: list[dict[str, Any]] = []
-    work = Path(tempfile.mkdtemp(prefix=TUNE_PREFIX, dir=project / ".mcx" if (project / ".mcx").is_dir() else None))
+    work = trials_dir(project)
     lock = acquire(work)  # held while the trials run: `mcx gc` removes only a work directory nobody holds
     try:
         for mbs in candidates:
@@ -204,14 +251,9 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
         raise TrainingFailed("even micro_batch_size=1 ran out of memory;",
                              "raise parallel.tensor or parallel.pipeline, or set train.recompute_granularity = \"full\".")
     best = max(fitting, key=lambda t: t["tokens_per_s_per_gpu"])
-    rel = Path(spec_path).resolve()
-    try:
-        rel = rel.relative_to(dest.resolve().parent)
-    except ValueError:
-        pass
-    extra = "".join(f"# --set {o}\n" for o in overrides)
     allocator = "expandable_segments = true\n" if best["expandable_segments"] and not original.train.expandable_segments else ""
-    write_text(dest, f"# Written by `mcx tune` on {time.strftime('%Y-%m-%d')}: micro_batch_size={best['micro_batch_size']} "
-                     f"gave {best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU.\n{extra}extends = \"{rel}\"\n\n"
-                     f"[train]\nmicro_batch_size = {best['micro_batch_size']}\n{allocator}", "-o")
-    return {"trials": trials, "best": best, "spec": str(dest)}
+    head = (f"# Written by `mcx tune` on {time.strftime('%Y-%m-%d')}: micro_batch_size={best['micro_batch_size']} "
+            f"gave {best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU.\n")
+    write_text(dest, head + extends_lines(spec_path, dest, overrides)
+               + f"[train]\nmicro_batch_size = {best['micro_batch_size']}\n{allocator}", "-o")
+    return {"trials": trials, "best": best, "spec": str(dest), "trials_gpu_hours": hours}

@@ -8,9 +8,10 @@ fragments runs once more with ``train.expandable_segments``, as in the micro-bat
 
 from __future__ import annotations
 
+import json
 import shutil
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,12 @@ def _measure_candidate(spec: Any, cand: Candidate, rank: int, steps: int, projec
     return {"rank": rank, **trial}
 
 
-def _spec_text(original: Any, best: dict[str, Any], rel: Path, overrides: list[str]) -> str:
+def _shown(value: Any) -> str:
+    """A setting as the spec writes it (true, "full", 4)."""
+    return json.dumps(value) if isinstance(value, (bool, str)) else str(value)
+
+
+def _spec_text(original: Any, best: dict[str, Any], extends: str) -> str:
     """The tuned spec: ``extends`` the original, with the keys the best layout changes."""
     import tomli_w
 
@@ -92,14 +98,15 @@ def _spec_text(original: Any, best: dict[str, Any], rel: Path, overrides: list[s
     head = (f"# Written by `mcx tune --layouts` on {time.strftime('%Y-%m-%d')}: layout {best['rank']} of the model's "
             f"ranking measured {measured['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU (predicted "
             f"{best['predicted']['tokens_per_s_per_gpu']:,.0f}).\n")
-    extra = "".join(f"# --set {o}\n" for o in overrides)
-    return f"{head}{extra}extends = \"{rel}\"\n\n" + tomli_w.dumps(sections)
+    return head + extends + tomli_w.dumps(sections)
 
 
 def tune_layouts(spec_path: str, overrides: list[str], *, project: Path, out: str | None, top: int, show: int,
-                 steps: int, measure: bool, progress: Progress) -> dict[str, Any]:
+                 steps: int, measure: bool, progress: Progress, yes: bool = False,
+                 confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
     from mcx.ops.outputs import check_output_file, write_text
     from mcx.ops.plan import plan_loaded
+    from mcx.ops.tune import extends_lines, trials_dir, trials_gate
     from mcx.track.runcache import acquire
 
     if steps < 2 or top < 1 or show < 1:
@@ -128,7 +135,13 @@ def tune_layouts(spec_path: str, overrides: list[str], *, project: Path, out: st
     if why_not is not None:
         result["not_measured"] = why_not
         return result
-    work = Path(tempfile.mkdtemp(prefix="mcx-tune-", dir=project / ".mcx" if (project / ".mcx").is_dir() else None))
+    first = ranking.candidates[0]
+    progress(Note(lead="tune", text=f": {len(ranking.candidates)} layouts fit; the model's pick, "
+                  f"{first.step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU predicted: "
+                  + ", ".join(f"{k}={_shown(first.settings[k])}" for k in SETTING_ORDER if first.settings.get(k) is not None)))
+    result["trials_gpu_hours"] = trials_gate(spec, [c.step.step_s for c in ranking.candidates[:top]], steps, yes=yes,
+                                             confirm=confirm, progress=progress)
+    work = trials_dir(project)
     lock = acquire(work)
     try:
         for i, cand in enumerate(ranking.candidates[:top]):
@@ -152,11 +165,6 @@ def tune_layouts(spec_path: str, overrides: list[str], *, project: Path, out: st
     best = {"rank": best_trial["rank"], "settings": dict(cand.settings), "predicted": best_trial["predicted"],
             "measured": {k: best_trial[k] for k in ("tokens_per_s_per_gpu", "mfu", "mem_peak_bytes", "step_time_s")},
             "expandable_segments": best_trial["expandable_segments"]}
-    rel = Path(spec_path).resolve()
-    try:
-        rel = rel.relative_to(dest.resolve().parent)
-    except ValueError:
-        pass
-    write_text(dest, _spec_text(spec, best, rel, overrides), "-o")
+    write_text(dest, _spec_text(spec, best, extends_lines(spec_path, dest, overrides)), "-o")
     result |= {"best": best, "spec": str(dest)}
     return result

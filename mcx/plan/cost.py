@@ -47,13 +47,12 @@ def estimate_cost(spec: ExperimentSpec, *, flops_per_step: int, world_size: int,
                   predicted: StepTime | None = None) -> CostEstimate:
     t, b = spec.train, spec.budget
     peak = mfu_peak_flops(spec.hardware.gpu)
-    source = "measured" if mfu is not None else "assumed" if b.assumed_mfu is not None else "model"
-    used_mfu = mfu if mfu is not None else b.assumed_mfu if b.assumed_mfu is not None else (
-        predicted.mfu if predicted is not None else None)
-    step = None
-    if peak is not None and used_mfu:
-        step = predicted.step_s if source == "model" and predicted is not None else \
-            flops_per_step / (world_size * peak * used_mfu)
+    if mfu is not None or b.assumed_mfu is not None:  # an MFU given: the step from the FLOPs at it
+        source, used_mfu = ("measured", mfu) if mfu is not None else ("assumed", b.assumed_mfu)
+        step = flops_per_step / (world_size * peak * used_mfu) if peak is not None and used_mfu else None
+    else:
+        source, used_mfu = "model", predicted.mfu if predicted is not None else None
+        step = predicted.step_s if predicted is not None and peak is not None and used_mfu else None
     if step is None:
         return CostEstimate(mfu=used_mfu, mfu_source=source, predicted=predicted, peak_flops_per_gpu=peak,
                             step_time_s=None, train_time_s=None, eval_time_s=None, wall_time_h=None, gpu_hours=None,

@@ -20,7 +20,7 @@ from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTI
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
 from mcx.plan.smoketime import SmokeTime, smoke_time_limit
 from mcx.plan.stages import stage_spec
-from mcx.plan.steptime import Features, StepTime, predict
+from mcx.plan.steptime import StepTime, predict_worker
 from mcx.spec.schema import ExperimentSpec
 
 _STAND_IN_VOCAB = 32000  # only to find the other problems of a spec whose vocabulary is unknown
@@ -77,7 +77,7 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
                   for first, last in ([(True, True)] if layout.pp == 1 else [(True, False), (False, True)]))
     memory = estimate_memory(spec, layout, vocab_size=vocab, transformer_impl=impl)
     flops = flops_per_iteration(m, padded_vocab=counts.padded_vocab, global_batch_size=t.global_batch_size)
-    step = predict_step(spec, layout, padded_vocab=counts.padded_vocab, impl=impl)
+    step = predict_worker(spec, layout, padded_vocab=counts.padded_vocab, impl=impl)
     cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu, predicted=step)
     warnings = [*warnings, *_memory_warnings(spec, memory), *_cost_warnings(spec, cost)]
     smoke = None
@@ -94,13 +94,6 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
                 tokens_per_step=t.global_batch_size * m.seq_length,
                 num_microbatches=t.global_batch_size // (t.micro_batch_size * layout.dp),
                 cost=cost, warnings=tuple(warnings), recommendations=tuple(recommendations), smoke=smoke)
-
-
-def predict_step(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str) -> StepTime | None:
-    """The step-time model's step for what mcx's worker runs (no TP communication overlap or FP8
-    parameter all-gather)."""
-    return predict(spec, layout, padded_vocab=padded_vocab,
-                   features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm))
 
 
 def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:

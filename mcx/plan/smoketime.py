@@ -33,7 +33,7 @@ from mcx.plan.cost import SOURCES, estimate_cost
 from mcx.plan.flops import flops_per_iteration
 from mcx.plan.layout import Layout
 from mcx.plan.params import padded_vocab_size
-from mcx.plan.steptime import Features, predict
+from mcx.plan.steptime import predict_worker
 from mcx.spec.schema import ExperimentSpec
 from mcx.spec.slurmtime import slurm_time, time_limit_seconds
 
@@ -96,7 +96,7 @@ def smoke_time_limit(spec: ExperimentSpec, smoke: ExperimentSpec, layout: Layout
     steps = t.train_iters + spec.smoke.resume_check_iters + evaluations * t.eval_iters / 3
     padded = padded_vocab_size(vocab_size, smoke.model.make_vocab_size_divisible_by, layout.tp)
     flops = flops_per_iteration(smoke.model, padded_vocab=padded, global_batch_size=t.global_batch_size)
-    model = predict(smoke, layout, padded_vocab=padded, features=Features(impl=impl))
+    model = predict_worker(smoke, layout, padded_vocab=padded, impl=impl)
     cost = estimate_cost(smoke, flops_per_step=flops, world_size=layout.world_size, predicted=model)
     predicted = cost.step_time_s
     step = UNKNOWN_STEP_S if predicted is None else max(predicted, MIN_STEP_S)

@@ -329,12 +329,18 @@ class PredictionCheck:
         return {"gpu": self.gpu, "predicted_s": self.predicted_s, "measured_s": self.measured_s, "error": self.error}
 
 
+def predict_worker(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str) -> StepTime | None:
+    """The model's step for what mcx's worker runs: ``impl``'s layers, grouped GEMMs as the spec says, no TP
+    communication overlap or FP8 parameter all-gather."""
+    return predict(spec, layout, padded_vocab=padded_vocab,
+                   features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm))
+
+
 def check_prediction(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str, gpu: str | None,
                      measured_s: float) -> PredictionCheck | None:
     """None where the GPU that ran is not in the table or nothing was measured."""
     if gpu is None or measured_s <= 0:
         return None
     ran = attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpu=gpu))
-    st = predict(ran, layout, padded_vocab=padded_vocab,
-                 features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm))
+    st = predict_worker(ran, layout, padded_vocab=padded_vocab, impl=impl)
     return None if st is None else PredictionCheck(gpu=gpu, predicted_s=st.step_s, measured_s=measured_s)

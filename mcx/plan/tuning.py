@@ -20,7 +20,7 @@ from mcx.plan.hardware import gpu_info
 from mcx.plan.layout import Layout, layout_problems, transformer_impl
 from mcx.plan.memory import estimate_memory, verdict
 from mcx.plan.params import padded_vocab_size, require_vocab_size
-from mcx.plan.steptime import Features, StepTime, predict
+from mcx.plan.steptime import StepTime, predict_worker
 from mcx.spec.rules import divisors
 from mcx.spec.schema import ExperimentSpec
 
@@ -160,8 +160,7 @@ def _evaluate(spec: ExperimentSpec, settings: dict[str, Any], te_available: bool
     impl = transformer_impl(spec, te_available)[0]
     memory = estimate_memory(spec, layout, vocab_size=vocab, transformer_impl=impl, suggest_fixes=False).total
     padded = padded_vocab_size(vocab, spec.model.make_vocab_size_divisible_by, tp)
-    step = predict(spec, layout, padded_vocab=padded,
-                   features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm))
+    step = predict_worker(spec, layout, padded_vocab=padded, impl=impl)
     assert step is not None  # the GPU is in the table
     return Candidate(settings=settings, layout=layout, memory_bytes=memory, step=step,
                      verdict=verdict(memory, gpu_info(hw.gpu).memory_bytes))
