@@ -311,3 +311,15 @@ def test_the_cli_imports_heavy_packages_only_where_a_command_needs_them(project,
     assert proc.returncode == 0, proc.stderr[-3000:]
     loaded = [line for line in proc.stderr.splitlines() if line.startswith("HEAVY=")]
     assert loaded and json.loads(loaded[-1][len("HEAVY="):]) == heavy, (proc.stderr[-3000:], proc.stdout[-1500:])
+
+
+def test_every_page_of_docs_the_code_names_exists():
+    """Messages and comments send readers to docs/*.md; a page renamed or never written leaves them nowhere
+    (the plan's step-time table once cited docs/planning.md)."""
+    import re
+
+    named = {(m.group(0), path.relative_to(ROOT).as_posix())
+             for path in MCX.rglob("*.py") for m in re.finditer(r"docs/[\w.-]+\.md", path.read_text())}
+    assert named, "the scan found no reference at all: its pattern is wrong"
+    missing = sorted((page, where) for page, where in named if not (ROOT / page).is_file())
+    assert not missing, missing

@@ -143,7 +143,7 @@ def _step_table(p: dict[str, Any]) -> RenderableType:
     if not model:
         return Text("")
     step = model["step_time_s"]
-    t = _table("Step time, predicted (docs/planning.md)", "", "", "share", right=(1, 2))
+    t = _table("Step time, predicted (docs/steptime.md)", "", "", "share", right=(1, 2))
     for name, seconds in model["breakdown_s"].items():
         if seconds > 0:
             t.add_row(name, _seconds(seconds), f"{seconds / step:.0%}")
