@@ -10,6 +10,7 @@ to commit and pushes to a bare origin; a second clone fetches the full stage's c
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -135,6 +136,48 @@ def test_a_second_clone_pulls_the_checkpoint_with_plain_dvc_then_the_rest_with_m
     got = again.json()
     assert not any(c["fetched"] for c in got["checkpoints"]) and not any(d["fetched"] for d in got["data"])
     assert [c["stage"] for c in got["checkpoints"]] == ["smoke", "full"]
+
+
+def test_a_clone_without_the_data_pulls_it_checks_it_and_trains_on_it(shared, rid):
+    """`mcx run` where data/quickstart is absent pulls data.dvc's output from the team remote (not the quickstart
+    rebuilt), checks it by content, and trains on the same data; its record says the data was checked."""
+    fourth = clone(shared, "fourth")
+    res = mcx_subprocess(fourth, "run", SPEC, *FAST, "--stage", "smoke", "--json")
+    assert res.code == 0, res
+    said = " ".join(res.err.split())
+    assert "data: pulled data.dvc's output from DVC remote 'team' for data.path = 'data/quickstart'; its files match " \
+           "the record" in said and "rebuilt" not in said, said[-2000:]
+    fingerprint = json.loads((fourth / ".mcx" / "runs" / res.json()["run_id"] / "fingerprint.json").read_text())
+    assert fingerprint["data"]["info"]["dataset"]["verified"] == "content matches the DVC record", fingerprint["data"]
+    first = json.loads((shared.first / ".mcx" / "runs" / rid / "fingerprint.json").read_text())
+    assert fingerprint["data"]["id"] == first["data"]["id"]  # the same data (the commit differs: the pointers')
+    assert hashes(fourth / "data") == hashes(shared.first / "data")
+
+
+def test_a_damaged_object_on_the_team_remote_stops_mcx_run_and_mcx_pull(shared, rid):
+    """DVC would pull it without a word; mcx names the file, keeps it out of the workspace and the cache, and exits
+    2 (`mcx run` before training or recording anything)."""
+    idx = shared.first / "data" / "quickstart" / "corpus.idx"
+    md5 = hashlib.md5(idx.read_bytes()).hexdigest()
+    obj = shared.shared / "files" / "md5" / md5[:2] / md5[2:]
+    good = obj.read_bytes()
+    os.chmod(obj, 0o644)
+    obj.write_bytes(good[:-1] + bytes([good[-1] ^ 0x01]))
+    try:
+        for verb, args, again in (("run", [SPEC, *FAST], "`dvc pull data.dvc`"), ("pull", [rid], f"`mcx pull {rid}`")):
+            where = clone(shared, f"damaged-{verb}")
+            res = mcx_subprocess(where, verb, *args)
+            assert res.code == 2, res
+            assert res.err.startswith("mcx: error: ") and "Traceback" not in res.err, res.err
+            said = " ".join(res.err.split())
+            assert "1 file pulled from DVC remote" in said and "data/quickstart/corpus.idx" in said, said
+            assert f"then {again} here" in said, said
+            assert not (where / "data" / "quickstart" / "corpus.idx").exists()
+            assert not list((where / ".dvc" / "cache").rglob(md5[2:]))
+            if verb == "run":  # nothing trained or recorded (`mcx pull` has brought the intact checkpoints)
+                assert not (where / ".mcx" / "runs").exists() or not any((where / ".mcx" / "runs").iterdir())
+    finally:
+        obj.write_bytes(good)
 
 
 @pytest.mark.parametrize("args, shown", [

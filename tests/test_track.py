@@ -3,8 +3,10 @@ stopped and restarted), DVC in real git+DVC repositories, real processes racing 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import make_git_dvc_project
+from conftest import make_git_dvc_project, quickstart_dataset
 
 from mcx.errors import DataError, InputError, RunIdError
 from mcx.track import (
@@ -27,7 +29,6 @@ from mcx.track import (
     list_runs,
     lookup,
     metric_history,
-    pull_data,
     remove_baseline,
     resolve,
     restore,
@@ -563,30 +564,74 @@ def test_dvc_checkpoint_add_push_restore_by_hash(tmp_path: Path) -> None:
         restore(b, md5="nope", path=Path("x"), remote=remote)
 
 
-def test_pull_data_brings_back_a_missing_dataset(tmp_path: Path) -> None:
+def _published_dataset(tmp_path: Path, quickstart_dir: Path, tracked: str) -> tuple[Path, Path, str]:
+    """Project a: a prepared dataset at data/mine, tracked by its own data/mine.dvc or by data.dvc (the whole
+    data/, as `mcx data prepare` advises for a dataset inside it), pushed to a's remote and committed;
+    returns a, a clone b without the data, and the remote's URL."""
     a = make_git_dvc_project(tmp_path / "a")
-    data = a / "data" / "quickstart"
-    data.mkdir(parents=True)
-    (data / "corpus.bin").write_bytes(os.urandom(50_000))
-    (data / "corpus.idx").write_bytes(os.urandom(500))
+    shutil.copytree(quickstart_dir, a / "data" / "mine")
+    remote = str(a / ".mcx" / "dvc-remote")
+    name = ensure_remote(a)
     from dvc.repo import Repo
 
-    name = ensure_remote(a)
-    with Repo(str(a)) as repo:  # what `dvc add data/quickstart && dvc push` do
-        repo.add([str(data)])
-        repo.push(targets=[str(a / "data" / "quickstart.dvc")], remote=name)
-    subprocess.run(["git", "add", "data/quickstart.dvc", "data/.gitignore"], cwd=a, check=True)
+    target = a / tracked
+    with Repo(str(a)) as repo:  # what `dvc add <target> && dvc push` do
+        repo.add([str(target)])
+        repo.push(targets=[str(target.with_name(target.name + ".dvc"))], remote=name)
+    subprocess.run(["git", "add", "-A"], cwd=a, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e.invalid", "commit", "-qm", "data"],
                    cwd=a, check=True)
-
     b = tmp_path / "b"
     subprocess.run(["git", "clone", "-q", str(a), str(b)], check=True)
-    assert not (b / "data" / "quickstart").exists()
-    got = pull_data(b, Path("data/quickstart"), remote=str(a / ".mcx" / "dvc-remote"))
-    assert (got / "corpus.bin").read_bytes() == (data / "corpus.bin").read_bytes()
+    assert not (b / "data" / "mine").exists()
+    return a, b, remote
+
+
+@pytest.mark.parametrize("tracked", ["data/mine", "data"], ids=["own-dvc-file", "enclosing-data-dvc"])
+def test_a_missing_dataset_is_pulled_from_the_output_that_holds_it(tmp_path: Path, tracked: str) -> None:
+    """Not only `<path>.dvc`: a dataset inside a tracked directory comes back with it (it once could not be
+    pulled at all, and only the quickstart, rebuilt, hid it)."""
+    from mcx.ops.data import ensure_dataset
+    from mcx.spec.schema import DataSpec
+
+    a, b, remote = _published_dataset(tmp_path, quickstart_dataset(), tracked)
+    got = ensure_dataset(b, DataSpec(path="data/mine"), remote=remote)
+    assert got == b / "data" / "mine"
+    assert {p.name: p.read_bytes() for p in got.iterdir()} == {p.name: p.read_bytes()
+                                                              for p in (a / "data" / "mine").iterdir()}
     assert _git_status(b) == ""
-    with pytest.raises(DataError, match="not tracked by DVC"):
-        pull_data(b, Path("data/other"))
+    with pytest.raises(DataError, match="no .dvc file or dvc.lock output tracks it"):
+        ensure_dataset(b, DataSpec(path="elsewhere/other"), remote=remote)
+
+
+def test_a_damaged_object_on_the_remote_is_caught_named_and_removed(tmp_path: Path) -> None:
+    """DVC pulls a remote object whose bytes are not its md5 without a word (and `dvc status` then trusts it):
+    mcx compares what it pulled with the record, removes the damaged file here and in the DVC cache, and says
+    which; once the remote holds the right bytes again, the same call brings the dataset."""
+    from mcx.ops.data import ensure_dataset
+    from mcx.spec.schema import DataSpec
+
+    a, b, remote = _published_dataset(tmp_path, quickstart_dataset(), "data")
+    md5 = hashlib.md5((a / "data" / "mine" / "corpus.idx").read_bytes()).hexdigest()
+    obj = Path(remote) / "files" / "md5" / md5[:2] / md5[2:]
+    good = obj.read_bytes()
+    os.chmod(obj, 0o644)
+    obj.write_bytes(bytes([good[0] ^ 0xFF]) + good[1:])  # same size, one byte flipped
+    with pytest.raises(DataError) as caught:
+        ensure_dataset(b, DataSpec(path="data/mine"), remote=remote)
+    text = f"{caught.value.message} {caught.value.hint}"
+    assert "1 file pulled from DVC remote" in text and "data/mine/corpus.idx" in text and "damaged" in text, text
+    assert "dvc push" in text
+    assert not (b / "data" / "mine" / "corpus.idx").exists()
+    assert not list((b / ".dvc" / "cache").rglob(md5[2:]))  # the damaged copy is not kept under the good name
+    assert (b / "data" / "mine" / "corpus.bin").is_file()  # intact files stay
+    assert "then `dvc pull data.dvc` here" in text
+    obj.write_bytes(good)  # the remote mended, the hint followed
+    from dvc.repo import Repo
+
+    with Repo(str(b)) as repo:
+        repo.pull(targets=[str(b / "data.dvc")], remote="mcx")  # the name mcx gave tracking.dvc_remote
+    assert (b / "data" / "mine" / "corpus.idx").read_bytes() == (a / "data" / "mine" / "corpus.idx").read_bytes()
 
 
 # --- sharing checkpoints with other clones (D38) --------------------------------------------------------

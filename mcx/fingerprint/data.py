@@ -34,6 +34,10 @@ from mcx.hashing import digest
 from mcx.spec import ExperimentSpec
 from mcx.spec.schema import DataSpec
 
+# What a data path's info says when the plan knew it only by its DVC record (mcx.ops.data takes it again once
+# the run has pulled it).
+NOT_PULLED = "not verified (not in the workspace)"
+
 
 def _files(path: Path) -> list[tuple[str, Path]]:
     """(relative posix path, path) of every file under ``path`` (itself, if a file), sorted."""
@@ -93,7 +97,7 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
                             f"`dvc pull {out.record}` before training")
             return {"id": _dvc_identity(out, full),
                     "info": {"path": str(full), "record": str(out.record), "stage": out.stage, "size": out.size,
-                             "nfiles": out.nfiles, "verified": "not verified (not in the workspace)"}}
+                             "nfiles": out.nfiles, "verified": NOT_PULLED}}
         if out is not None:
             raise DataError(f"{key} = {value!r}: {full} is missing; DVC tracks it in {out.record}",
                             f"fetch it with `dvc pull {out.record}`.")

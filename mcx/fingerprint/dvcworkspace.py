@@ -105,19 +105,30 @@ def recorded_listing(out: DvcOut) -> dict[str, str] | None:
     if root is None or not out.value.endswith(".dir"):
         return None
     h = out.value
-    for cache in _cache_dirs(root):
-        for obj in (cache / "files" / "md5" / h[:2] / h[2:], cache / h[:2] / h[2:]):  # DVC 3, DVC 2
-            try:
-                blob = obj.read_bytes()
-                listing = json.loads(blob)
-            except (OSError, ValueError):
-                continue
-            if hashlib.md5(blob, usedforsecurity=False).hexdigest() + ".dir" != h or not isinstance(listing, list):
-                continue
-            if all(isinstance(e, dict) and isinstance(e.get("relpath"), str) and isinstance(e.get("md5"), str)
-                   for e in listing):
-                return {e["relpath"]: e["md5"] for e in listing}
+    for obj in _cache_paths(root, h):
+        try:
+            blob = obj.read_bytes()
+            listing = json.loads(blob)
+        except (OSError, ValueError):
+            continue
+        if hashlib.md5(blob, usedforsecurity=False).hexdigest() + ".dir" != h or not isinstance(listing, list):
+            continue
+        if all(isinstance(e, dict) and isinstance(e.get("relpath"), str) and isinstance(e.get("md5"), str)
+               for e in listing):
+            return {e["relpath"]: e["md5"] for e in listing}
     return None
+
+
+def _cache_paths(root: Path, md5: str) -> list[Path]:
+    """Where DVC's caches of the repository at ``root`` keep the object ``md5`` (DVC 3's layout, then DVC 2's)."""
+    return [obj for cache in _cache_dirs(root) for obj in (cache / "files" / "md5" / md5[:2] / md5[2:],
+                                                           cache / md5[:2] / md5[2:])]
+
+
+def cache_object(out: DvcOut, md5: str) -> Path | None:
+    """The file in DVC's cache that holds object ``md5`` of ``out``'s repository, if one does."""
+    root = dvc_root(out.path)
+    return next((p for p in _cache_paths(root, md5) if p.is_file()), None) if root is not None else None
 
 
 def _shown(path: Path, project_root: Path) -> str:

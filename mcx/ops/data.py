@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcx.errors import DataError
 from mcx.ops.progress import Note, Progress
 from mcx.spec.schema import DataSpec, TokenizerSpec
+
+if TYPE_CHECKING:
+    from mcx.fingerprint.dvcfiles import DvcOut
+    from mcx.ops.plan import PlanResult
 
 
 def _summary(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -87,21 +91,22 @@ def _dvc_add_hint(project: Path, out_dir: Path, enclosing: tuple[str, str] | Non
     return f"track it with DVC: `dvc add {rel}` (then commit {rel}.dvc and the .gitignore beside it)"
 
 
-def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None) -> Path:
-    """The spec's dataset on disk: present, else pulled from the DVC remote, else rebuilt (quickstart)."""
+def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None,
+                   progress: Progress | None = None) -> Path:
+    """The spec's dataset on disk: present, else pulled from the DVC remote (the output that holds it, as the run
+    ID hashes it) and checked file by file against its record, else rebuilt (quickstart); ``progress`` hears which."""
     from mcx.data.dataset import check_dataset
+    from mcx.fingerprint.dvcfiles import find_out
 
     path = project / data.path
     if (path / "manifest.json").exists():
         check_dataset(path, data.prefix)
         return path
-    pulled_error: str | None = None
-    try:
-        from mcx.track.dvc_store import pull_data
-
-        pull_data(project, path, remote=remote)
-    except Exception as exc:  # an empty remote is normal on a fresh machine; rebuild below if we can
-        pulled_error = str(exc)
+    out = find_out(path)
+    pulled_error = "no .dvc file or dvc.lock output tracks it" if out is None else \
+        _pull(project, out, data.path, remote=remote, progress=progress)
+    if pulled_error is None and not (path / "manifest.json").exists():
+        pulled_error = f"the version of {out.path.name} that {out.record.name} records holds no dataset there"
     if (path / "manifest.json").exists():
         check_dataset(path, data.prefix)
         return path
@@ -109,26 +114,130 @@ def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None) 
 
     if path.resolve() == (project / quickstart_recipe().path).resolve():
         prepare_quickstart(project)
-        _verify_quickstart(project)
+        checked = _verify_quickstart(project)
+        if progress is not None:
+            progress(Note(lead="data", text=f": rebuilt the quickstart dataset at {data.path} (it could not be pulled: "
+                                            f"{pulled_error}){'; it matches data.dvc' if checked else ''}"))
         return path
     raise DataError(f"dataset data.path = {data.path!r} is not on disk and could not be pulled ({pulled_error});",
                     "run `dvc pull` with its remote configured, or build it with `mcx data prepare SOURCE --out "
                     f"{data.path}`.")
 
 
-def _verify_quickstart(project: Path) -> None:
+def _pull(project: Path, out: DvcOut, shown: str, *, remote: str | None, progress: Progress | None) -> str | None:
+    """Pull ``out`` (which holds data.path = ``shown``) and check it (DataError where damaged); why it could not be
+    pulled, None where it was."""
+    from mcx.fingerprint.dvcfiles import norm
+    from mcx.fingerprint.dvcworkspace import cache_object
+    from mcx.track.dvc_store import ensure_remote, restore
+
+    root = norm(project)
+    record = out.record.relative_to(root).as_posix() if out.record.is_relative_to(root) else str(out.record)
+    name = remote
+    try:  # a .dvc file's output by its record; a dvc.lock stage's by a pointer to its md5
+        name = ensure_remote(project, remote)
+        if out.record.suffix == ".dvc":
+            restore(project, dvc_file=out.record, remote=remote)
+        else:
+            restore(project, md5=out.value, path=out.path, remote=remote)
+    except Exception as exc:  # an empty remote is normal on a fresh machine; the quickstart is rebuilt then
+        if cache_object(out, out.value) is None:
+            where = f"the remote {name!r}" if name else "the remote"
+            return f"neither the DVC cache nor {where} holds the version {record} records"
+        return " ".join((exc.message if isinstance(exc, DataError) else str(exc)).split())
+    assert name is not None
+    check_pulled(project, out, remote=name, again=f"`dvc pull {record}`")
+    if progress is not None:
+        progress(Note(lead="data", text=f": pulled {record}'s output from DVC remote {name!r} for data.path = "
+                                        f"{shown!r}; its files match the record"))
+    return None
+
+
+def check_pulled(project: Path, out: DvcOut, *, remote: str, again: str) -> None:
+    """Compare each file of a DVC output just pulled with its record, by content: DVC copies a remote's damaged
+    object into its cache and the workspace without a word, and `dvc status` then trusts it. Damaged files are
+    removed from the workspace and the cache (their content is not their name's), and a DataError names them,
+    ``remote`` (its name) and how to fetch again once it is mended (``again``). The hashes are kept (FileHashes),
+    so the run's fingerprint does not read the files again."""
+    from mcx.fingerprint.dvcfiles import norm
+    from mcx.fingerprint.dvcworkspace import cache_object, recorded_listing
+    from mcx.fingerprint.filehashes import FileHashes
+
+    if out.hash_name != "md5":
+        return
+    hashes = FileHashes.for_project(project)
+    try:
+        listing = recorded_listing(out) if out.value.endswith(".dir") else None
+        if out.value.endswith(".dir") and listing is None:  # the directory's listing itself is damaged
+            expected = {out.path: out.value}
+            damaged = [out.path]
+        elif listing is not None:
+            expected = {out.path / rel: md5 for rel, md5 in listing.items()}
+            damaged = sorted(p for p, md5 in expected.items() if not p.is_file() or hashes.hash(p, "md5") != md5)
+        else:
+            expected = {out.path: out.value}
+            damaged = [out.path] if hashes.hash(out.path, "md5") != out.value else []
+    finally:
+        hashes.save()
+    if not damaged:
+        return
+    for p in damaged:
+        obj = cache_object(out, expected[p])
+        for f in (p, obj):
+            if f is not None and not f.is_dir():
+                f.unlink(missing_ok=True)
+    root = norm(project)
+    shown = ", ".join(p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p) for p in damaged[:5])
+    more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
+    what = ("the directory listing" if listing is None and out.value.endswith(".dir")
+            else f"{len(damaged)} file{'s' * (len(damaged) != 1)}")
+    where = out.path.relative_to(root).as_posix() if out.path.is_relative_to(root) else str(out.path)
+    raise DataError(f"{what} pulled from DVC remote {remote!r} for {where} differ{'s' * (len(damaged) == 1)} "
+                    f"from the recorded md5 ({shown}{more}): the remote's copy is damaged; mcx removed "
+                    f"{'it' if len(damaged) == 1 else 'them'} here and from the DVC cache;",
+                    "put the recorded version on the remote again from a machine that has it intact (delete the "
+                    "damaged objects there, then `dvc push`: it skips objects the remote holds), then "
+                    f"{again} here.")
+
+
+def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
+    """``planned`` with each data path it knew only by its DVC record (not here when planned) identified again
+    now that the run has brought it: checked by content, its record's info says so; an identity other than the
+    planned one is a DataError (exit 2) before anything trains."""
+    from attrs import evolve
+
+    from mcx.fingerprint.data import NOT_PULLED, content_identity, data_paths
+
+    data = planned.record.data
+    stale = [name for name, info in (data.get("info") or {}).items() if info.get("verified") == NOT_PULLED]
+    if not stale:
+        return planned
+    paths, info = data_paths(planned.spec.data), dict(data["info"])
+    for name in stale:
+        key, value = paths[name]
+        part = content_identity(root, value, key, [], require_data=True)
+        if part["id"] != data["id"][name]:
+            raise DataError(f"{key} = {value!r}: the data here is {part['id']}, but the run was planned with "
+                            f"{data['id'][name]} (its DVC record changed meanwhile);", "run again.")
+        info[name] = part["info"]
+    return evolve(planned, record=evolve(planned.record, data={**data, "info": info}))
+
+
+def _verify_quickstart(project: Path) -> bool:
+    """Whether the rebuilt quickstart was checked against data.dvc (DataError where it differs)."""
     from mcx.data.dvc_hash import verify_against_dvc
 
     if not (project / "data.dvc").exists():
-        return
+        return False
     others = {p.name for p in (project / "data").iterdir()} - {"quickstart"}
     if others:  # data.dvc hashes all of data/; other datasets there change it legitimately
-        return
+        return False
     check = verify_against_dvc(project)
     if not check.matches:
         raise DataError(f"the rebuilt quickstart dataset hashes to {check.actual.md5}, but data.dvc records "
                         f"{check.expected.md5};", "install the environment from the lockfile (./dev env) so megatron-core "
                         "and tokenizers match, then run `mcx data prepare --force`.")
+    return True
 
 
 def tracked_outputs(project: Path, data: DataSpec, data_id: dict[str, Any]) -> dict[Path, tuple[str, str]]:

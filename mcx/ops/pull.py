@@ -1,5 +1,6 @@
 """`mcx pull RUN_ID`: a run's final checkpoints, and the dataset version it trained on where that is
-missing, fetched into place from the DVC remote, by the run's committed pointers (D38).
+missing, fetched into place from the DVC remote, by the run's committed pointers (D38); the dataset checked
+file by file against its record (mcx.ops.data.check_pulled).
 
 The remote: ``--remote`` (a configured name, or a URL or path held in memory only), else a remote
 configured here with the URL the run pushed to, else that URL itself, else this clone's default
@@ -19,6 +20,8 @@ MEMORY_REMOTE = "mcx-pull"  # the name of a remote held in memory only
 
 
 def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, Any]:
+    from mcx.fingerprint.dvcfiles import DvcOut
+    from mcx.ops.data import check_pulled
     from mcx.track.dvc_store import _inside, _pointer
     from mcx.track.paths import check_run_id
     from mcx.track.share import configured_remotes, fetch, read_pointers, unknown_run
@@ -46,6 +49,10 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
                 row["fetched"] = fetch(root, pointer, remote=name, url=url)
             finally:
                 pointer.unlink(missing_ok=True)
+            if row["fetched"]:  # checkpoints carry their own checksums, checked where they load (mcx.train.checksums)
+                out = DvcOut(path=target, hash_name="md5", value=str(md5), size=None, nfiles=None, record=pointer,
+                             stage=None)
+                check_pulled(root, out, remote=url or name, again=f"`mcx pull {run_id}`")
         data.append(row)
     return {"run_id": run_id, "remote": {"name": name, "url": url or configured_remotes(root).urls.get(name)},
             "checkpoints": checkpoints, "data": data}

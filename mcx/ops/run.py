@@ -111,10 +111,11 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
         if not (prior and prior.passed):  # refused before anything is written
             raise TrainingFailed("the smoke stage of this run has not passed;",
                                  "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
-    from mcx.ops.data import ensure_dataset, keep_dataset
+    from mcx.ops.data import ensure_dataset, keep_dataset, with_fetched_data
     from mcx.track.runcache import acquire
 
-    data_dir = ensure_dataset(data_root or project, spec.data, remote=spec.tracking.dvc_remote)
+    data_dir = ensure_dataset(data_root or project, spec.data, remote=spec.tracking.dvc_remote, progress=progress)
+    planned = with_fetched_data(planned, data_root or project)
     if "smoke" in stages:
         smoke_limit(planned, data_dir)  # data too small for the smoke stage is bad input: said before anything is written
     if reproduces is None:  # kept by hash for `mcx reproduce` (a reproduction's data came from there)

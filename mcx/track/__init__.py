@@ -49,7 +49,7 @@ from mcx.track.baseline import (
     resolve,
     set_baseline,
 )
-from mcx.track.dvc_store import DvcRecord, ensure_remote, pull_data, restore, track_checkpoint
+from mcx.track.dvc_store import DvcRecord, ensure_remote, restore, track_checkpoint
 from mcx.track.errors import RunLocked, TrackingUnavailable
 from mcx.track.forward import ForwardResult, MetricsForwarder
 from mcx.track.query import list_runs, metric_history, show_run
@@ -63,6 +63,6 @@ __all__ = [
     "Baseline", "DvcRecord", "FlushResult", "ForwardResult", "LockHolder", "MetricsForwarder", "RunLock",
     "RunLocked", "RunRecorder", "RunState", "SyncEntry", "SyncReport", "Target",
     "TrackingUnavailable", "acquire", "baseline_metrics", "compare_to_baseline", "ensure_remote", "holder_of",
-    "list_baselines", "list_runs", "lookup", "metric_history", "pull_data", "redact", "remove_baseline",
+    "list_baselines", "list_runs", "lookup", "metric_history", "redact", "remove_baseline",
     "resolve", "resolve_target", "restore", "set_baseline", "show_run", "sync", "track_checkpoint",
 ]

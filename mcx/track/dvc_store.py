@@ -283,7 +283,7 @@ def restore(
         pointer = _inside(root, Path(dvc_file), ".dvc file")
         target = None
     name = ensure_remote(root, remote)
-    with _repo(root, git_view=_git_view(root, pointer)) as repo:
+    with _repo(root, git_view=_git_view(root, pointer)) as repo, _quiet():
         try:
             _locked(repo.pull, targets=[str(pointer)], remote=name, force=force)
         except (CheckoutError, ConfirmRemoveError) as exc:
@@ -391,14 +391,3 @@ def restore_into(project_root: Path, checkout: Path, *, md5: str, path: Path, re
                             f"or put that version back at {rel} yourself.")
         _locked(other.checkout, targets=[str(pointer)], force=True)
     return target
-
-
-def pull_data(project_root: Path, data_path: Path, *, remote: str | None = None) -> Path:
-    """Fetch a DVC-tracked dataset that is missing here (its ``.dvc`` file is in the project)."""
-    root = _root(project_root)
-    full = _inside(root, Path(data_path), "dataset")
-    dvc_file = full.with_name(full.name + ".dvc")
-    if not dvc_file.is_file():
-        raise DataError(f"{full} is not tracked by DVC (no {dvc_file.name} beside it)",
-                        "prepare it with `mcx data prepare`, or `dvc add` it and commit the .dvc file.")
-    return restore(root, dvc_file=dvc_file, remote=remote)
