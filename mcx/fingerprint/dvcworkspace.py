@@ -131,12 +131,13 @@ def cache_object(out: DvcOut, md5: str) -> Path | None:
     return next((p for p in _cache_paths(root, md5) if p.is_file()), None) if root is not None else None
 
 
-def _shown(path: Path, project_root: Path) -> str:
+def shown_path(path: Path, project_root: Path) -> str:
+    """``path`` relative to the project where it lies inside, else as it is."""
     return path.relative_to(project_root).as_posix() if path.is_relative_to(project_root) else str(path)
 
 
 def _names(paths: list[Path], project_root: Path, limit: int = 5) -> str:
-    shown = [_shown(p, project_root) for p in paths[:limit]]
+    shown = [shown_path(p, project_root) for p in paths[:limit]]
     more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
     return ", ".join(shown) + more
 
@@ -190,7 +191,7 @@ def check_output(out: DvcOut, hashes: FileHashes, *, key: str, shown: str, proje
                         "fix the file's permissions or restore it with `dvc checkout`.") from None
     if value == out.value:
         return "content matches the DVC record"
-    where, record = _shown(out.path, project_root), _shown(out.record, project_root)
+    where, record = shown_path(out.path, project_root), shown_path(out.record, project_root)
     if out.hash_name != "md5" or unsure:
         why = (f"{', '.join(map(str, unsure))} (patterns mcx does not apply)" if unsure
                else "DVC 2's md5-dos2unix (text files hashed with CRLF as LF)")

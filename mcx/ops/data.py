@@ -128,11 +128,11 @@ def _pull(project: Path, out: DvcOut, shown: str, *, remote: str | None, progres
     """Pull ``out`` (which holds data.path = ``shown``) and check it (DataError where damaged); why it could not be
     pulled, None where it was."""
     from mcx.fingerprint.dvcfiles import norm
-    from mcx.fingerprint.dvcworkspace import cache_object
+    from mcx.fingerprint.dvcworkspace import cache_object, shown_path
     from mcx.track.dvc_store import ensure_remote, restore
 
     root = norm(project)
-    record = out.record.relative_to(root).as_posix() if out.record.is_relative_to(root) else str(out.record)
+    record = shown_path(out.record, root)
     name = remote
     try:  # a .dvc file's output by its record; a dvc.lock stage's by a pointer to its md5
         name = ensure_remote(project, remote)
@@ -160,7 +160,7 @@ def check_pulled(project: Path, out: DvcOut, *, remote: str, again: str) -> None
     ``remote`` (its name) and how to fetch again once it is mended (``again``). The hashes are kept (FileHashes),
     so the run's fingerprint does not read the files again."""
     from mcx.fingerprint.dvcfiles import norm
-    from mcx.fingerprint.dvcworkspace import cache_object, recorded_listing
+    from mcx.fingerprint.dvcworkspace import cache_object, recorded_listing, shown_path
     from mcx.fingerprint.filehashes import FileHashes
 
     if out.hash_name != "md5":
@@ -187,11 +187,11 @@ def check_pulled(project: Path, out: DvcOut, *, remote: str, again: str) -> None
             if f is not None and not f.is_dir():
                 f.unlink(missing_ok=True)
     root = norm(project)
-    shown = ", ".join(p.relative_to(root).as_posix() if p.is_relative_to(root) else str(p) for p in damaged[:5])
+    shown = ", ".join(shown_path(p, root) for p in damaged[:5])
     more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
     what = ("the directory listing" if listing is None and out.value.endswith(".dir")
             else f"{len(damaged)} file{'s' * (len(damaged) != 1)}")
-    where = out.path.relative_to(root).as_posix() if out.path.is_relative_to(root) else str(out.path)
+    where = shown_path(out.path, root)
     raise DataError(f"{what} pulled from DVC remote {remote!r} for {where} differ{'s' * (len(damaged) == 1)} "
                     f"from the recorded md5 ({shown}{more}): the remote's copy is damaged; mcx removed "
                     f"{'it' if len(damaged) == 1 else 'them'} here and from the DVC cache;",
