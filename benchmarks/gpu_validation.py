@@ -244,10 +244,11 @@ def task_fp8_curve(args: argparse.Namespace) -> None:
     if args.cpu:
         common = [*TINY_CPU, f"train.train_iters={steps}", "train.lr_warmup_iters=2", 'model.transformer_impl="local"', "checkpoint.final=false",
                   "model.vocab_size=4096"]
+    common += args.set  # e.g. the fusions off, as in session 2, to find what moved FP8 out of its band
     variants = {"bf16": ['train.precision="bf16"'], "fp8-hybrid": ['train.precision="fp8-hybrid"']}
     if args.cpu:
         variants = {"fp32": []}
-    results: dict[str, Any] = {"steps": steps, "spec": args.spec}
+    results: dict[str, Any] = {"steps": steps, "spec": args.spec, "overrides": args.set}
     for name, extra in variants.items():
         say(f"fp8-curve {name}")
         job = build_job(work / name, args.spec, [*common, *extra], stage="full", cpu=args.cpu)
@@ -435,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tag", default="")
     p.add_argument("--cpu", action="store_true", help="a tiny model on CPU: checks this script, not the GPU")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="layouts, ckpt-stall: another spec override for every run (e.g. checkpoint.async_save=true)")
+                   help="layouts, ckpt-stall, fp8-curve: another spec override for every run (e.g. checkpoint.async_save=true)")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = p.parse_args(argv[:cut])
