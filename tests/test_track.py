@@ -564,20 +564,24 @@ def test_dvc_checkpoint_add_push_restore_by_hash(tmp_path: Path) -> None:
         restore(b, md5="nope", path=Path("x"), remote=remote)
 
 
-def _published_dataset(tmp_path: Path, quickstart_dir: Path, tracked: str) -> tuple[Path, Path, str]:
+def _published_dataset(tmp_path: Path, quickstart_dir: Path, *tracked: str) -> tuple[Path, Path, str]:
     """Project a: a prepared dataset at data/mine, tracked by its own data/mine.dvc or by data.dvc (the whole
-    data/, as `mcx data prepare` advises for a dataset inside it), pushed to a's remote and committed;
-    returns a, a clone b without the data, and the remote's URL."""
+    data/, as `mcx data prepare` advises for a dataset inside it), and a tokenizer file at tok/tokenizer.json
+    where ``tracked`` names it, pushed to a's remote and committed; returns a, a clone b without the data,
+    and the remote's URL."""
     a = make_git_dvc_project(tmp_path / "a")
     shutil.copytree(quickstart_dir, a / "data" / "mine")
+    if "tok/tokenizer.json" in tracked:
+        (a / "tok").mkdir()
+        shutil.copy(quickstart_dir / "tokenizer.json", a / "tok" / "tokenizer.json")
     remote = str(a / ".mcx" / "dvc-remote")
     name = ensure_remote(a)
     from dvc.repo import Repo
 
-    target = a / tracked
     with Repo(str(a)) as repo:  # what `dvc add <target> && dvc push` do
-        repo.add([str(target)])
-        repo.push(targets=[str(target.with_name(target.name + ".dvc"))], remote=name)
+        for target in (a / t for t in tracked):
+            repo.add([str(target)])
+            repo.push(targets=[str(target.with_name(target.name + ".dvc"))], remote=name)
     subprocess.run(["git", "add", "-A"], cwd=a, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e.invalid", "commit", "-qm", "data"],
                    cwd=a, check=True)
@@ -602,6 +606,31 @@ def test_a_missing_dataset_is_pulled_from_the_output_that_holds_it(tmp_path: Pat
     assert _git_status(b) == ""
     with pytest.raises(DataError, match="no .dvc file or dvc.lock output tracks it"):
         ensure_dataset(b, DataSpec(path="elsewhere/other"), remote=remote)
+
+
+def test_a_tokenizer_file_dvc_tracks_is_pulled_and_checked_with_the_dataset(tmp_path: Path) -> None:
+    """data.tokenizer.path in its own tok/tokenizer.json.dvc comes back with the dataset; the plan leaves a tracked,
+    absent path to `mcx run` to fetch, so a run does fetch it; damaged on the remote, it is named and removed."""
+    from mcx.ops.data import ensure_dataset
+    from mcx.spec.schema import DataSpec, TokenizerSpec
+
+    a, b, remote = _published_dataset(tmp_path, quickstart_dataset(), "data", "tok/tokenizer.json")
+    spec = DataSpec(path="data/mine", tokenizer=TokenizerSpec(kind="huggingface", path="tok/tokenizer.json"))
+    heard: list[str] = []
+    ensure_dataset(b, spec, remote=remote, progress=lambda note: heard.append(note.text))
+    assert (b / "tok" / "tokenizer.json").read_bytes() == (a / "tok" / "tokenizer.json").read_bytes()
+    assert any("tok/tokenizer.json.dvc's output" in h and "data.tokenizer.path = 'tok/tokenizer.json'" in h
+               for h in heard), heard
+    shutil.rmtree(b / "tok")
+    (b / "tok").mkdir()
+    subprocess.run(["git", "checkout", "--", "tok"], cwd=b, check=True)  # the .dvc file back, the file not
+    md5 = hashlib.md5((a / "tok" / "tokenizer.json").read_bytes()).hexdigest()
+    for obj in [*(b / ".dvc" / "cache").rglob(md5[2:]), Path(remote) / "files" / "md5" / md5[:2] / md5[2:]]:
+        os.chmod(obj, 0o644)
+        obj.write_bytes(obj.read_bytes()[:-1] + b"!")
+    with pytest.raises(DataError, match=r"1 file pulled from DVC remote .* for tok/tokenizer.json differs"):
+        ensure_dataset(b, spec, remote=remote)
+    assert not (b / "tok" / "tokenizer.json").exists()
 
 
 def test_a_damaged_object_on_the_remote_is_caught_named_and_removed(tmp_path: Path) -> None:

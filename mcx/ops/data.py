@@ -93,20 +93,27 @@ def _dvc_add_hint(project: Path, out_dir: Path, enclosing: tuple[str, str] | Non
 
 def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None,
                    progress: Progress | None = None) -> Path:
-    """The spec's dataset on disk: present, else pulled from the DVC remote (the output that holds it, as the run
-    ID hashes it) and checked file by file against its record, else rebuilt (quickstart); ``progress`` hears which."""
+    """The spec's dataset on disk, and its tokenizer files: present, else pulled from the DVC remote (the output
+    that holds each, as the run ID hashes it) and checked file by file against its record, else (the quickstart)
+    rebuilt; ``progress`` hears which. Returns the dataset's directory."""
+    path = _dataset(project, data, remote=remote, progress=progress)
+    for key, value in (("data.tokenizer.path", data.tokenizer.path), ("data.tokenizer.merges", data.tokenizer.merges)):
+        if value is not None and not (project / value).exists():
+            why = _pulled(project, key, value, remote=remote, progress=progress)
+            if not (project / value).exists():
+                raise DataError(f"{key} = {value!r} is not on disk and could not be pulled ({why});",
+                                f"run `dvc pull` with its remote configured, or put the file at {value}.")
+    return path
+
+
+def _dataset(project: Path, data: DataSpec, *, remote: str | None, progress: Progress | None) -> Path:
     from mcx.data.dataset import check_dataset
-    from mcx.fingerprint.dvcfiles import find_out
 
     path = project / data.path
     if (path / "manifest.json").exists():
         check_dataset(path, data.prefix)
         return path
-    out = find_out(path)
-    pulled_error = "no .dvc file or dvc.lock output tracks it" if out is None else \
-        _pull(project, out, data.path, remote=remote, progress=progress)
-    if pulled_error is None and not (path / "manifest.json").exists():
-        pulled_error = f"the version of {out.path.name} that {out.record.name} records holds no dataset there"
+    pulled_error = _pulled(project, "data.path", data.path, remote=remote, progress=progress)
     if (path / "manifest.json").exists():
         check_dataset(path, data.prefix)
         return path
@@ -124,9 +131,24 @@ def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None,
                     f"{data.path}`.")
 
 
-def _pull(project: Path, out: DvcOut, shown: str, *, remote: str | None, progress: Progress | None) -> str | None:
-    """Pull ``out`` (which holds data.path = ``shown``) and check it (DataError where damaged); why it could not be
-    pulled, None where it was."""
+def _pulled(project: Path, key: str, value: str, *, remote: str | None, progress: Progress | None) -> str | None:
+    """Pull the DVC output that holds ``value`` (the spec's ``key``), checked (DataError where damaged); why it is
+    still not there, None where it is now."""
+    from mcx.fingerprint.dvcfiles import find_out
+
+    out = find_out(project / value)
+    if out is None:
+        return "no .dvc file or dvc.lock output tracks it"
+    why = _pull(project, out, key, value, remote=remote, progress=progress)
+    if why is None and not (project / value).exists():
+        why = f"the version of {out.path.name} that {out.record.name} records holds nothing there"
+    return why
+
+
+def _pull(project: Path, out: DvcOut, key: str, value: str, *, remote: str | None,
+          progress: Progress | None) -> str | None:
+    """Pull ``out`` (which holds the spec's ``key`` = ``value``) and check it (DataError where damaged); why it
+    could not be pulled, None where it was."""
     from mcx.fingerprint.dvcfiles import norm
     from mcx.fingerprint.dvcworkspace import cache_object, shown_path
     from mcx.track.dvc_store import ensure_remote, restore
@@ -148,8 +170,8 @@ def _pull(project: Path, out: DvcOut, shown: str, *, remote: str | None, progres
     assert name is not None
     check_pulled(project, out, remote=name, again=f"`dvc pull {record}`")
     if progress is not None:
-        progress(Note(lead="data", text=f": pulled {record}'s output from DVC remote {name!r} for data.path = "
-                                        f"{shown!r}; its files match the record"))
+        progress(Note(lead="data", text=f": pulled {record}'s output from DVC remote {name!r} for {key} = "
+                                        f"{value!r}; its files match the record"))
     return None
 
 
