@@ -149,6 +149,7 @@ def test_a_clone_without_the_data_pulls_it_checks_it_and_trains_on_it(shared, ri
            "the record" in said and "rebuilt" not in said, said[-2000:]
     fingerprint = json.loads((fourth / ".mcx" / "runs" / res.json()["run_id"] / "fingerprint.json").read_text())
     assert fingerprint["data"]["info"]["dataset"]["verified"] == "content matches the DVC record", fingerprint["data"]
+    assert not [w for w in fingerprint["warnings"] if "not in the workspace" in w], fingerprint["warnings"]
     first = json.loads((shared.first / ".mcx" / "runs" / rid / "fingerprint.json").read_text())
     assert fingerprint["data"]["id"] == first["data"]["id"]  # the same data (the commit differs: the pointers')
     assert hashes(fourth / "data") == hashes(shared.first / "data")

@@ -235,14 +235,17 @@ def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
     if not stale:
         return planned
     paths, info = data_paths(planned.spec.data), dict(data["info"])
+    warnings, fresh = list(planned.record.warnings), []
     for name in stale:
         key, value = paths[name]
-        part = content_identity(root, value, key, [], require_data=True)
+        part = content_identity(root, value, key, fresh, require_data=True)
         if part["id"] != data["id"][name]:
             raise DataError(f"{key} = {value!r}: the data here is {part['id']}, but the run was planned with "
                             f"{data['id'][name]} (its DVC record changed meanwhile);", "run again.")
         info[name] = part["info"]
-    return evolve(planned, record=evolve(planned.record, data={**data, "info": info}))
+        warnings = [w for w in warnings if not w.startswith(f"data: {key} = {value!r} is not in the workspace")]
+    return evolve(planned, record=evolve(planned.record, data={**data, "info": info},
+                                         warnings=(*warnings, *(f"data: {w}" for w in fresh))))
 
 
 def _verify_quickstart(project: Path) -> bool:
