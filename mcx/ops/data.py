@@ -180,7 +180,7 @@ def check_pulled(project: Path, out: DvcOut, *, remote: str, again: str) -> None
     object into its cache and the workspace without a word, and `dvc status` then trusts it. Damaged files are
     removed from the workspace and the cache (their content is not their name's), and a DataError names them,
     ``remote`` (its name) and how to fetch again once it is mended (``again``). The hashes are kept (FileHashes),
-    so the run's fingerprint does not read the files again."""
+    so the run's fingerprint reads again only the files written in the pull's last seconds (racy ones)."""
     from mcx.fingerprint.dvcfiles import norm
     from mcx.fingerprint.dvcworkspace import cache_object, recorded_listing, shown_path
     from mcx.fingerprint.filehashes import FileHashes
