@@ -201,6 +201,14 @@ def test_transformer_engine_features_error_warn_or_pass_by_availability():
     assert any("context parallel (parallel.context = 2) needs Transformer Engine" in w for w in warnings)
     _, warnings, _ = resolve_layout(cp, te_available=True)
     assert not any("Transformer Engine" in w for w in warnings)
+    many = spec(parallel={"context": 2, "tensor": 2, "sequence_parallel": True}, train={"precision": "fp8-hybrid"},
+                hardware={"gpu": "H200", "gpus_per_node": 4})
+    _, warnings, _ = resolve_layout(many, te_available=None)  # one warning, every feature named in it
+    said = [w for w in warnings if "Transformer Engine" in w]
+    assert said == ['context parallel (parallel.context = 2), FP8 (train.precision = "fp8-hybrid") and sequence '
+                    'parallel with RMSNorm need Transformer Engine; whether the training environment has it cannot be '
+                    'checked from here; make sure it does, or set model.transformer_impl = "transformer_engine" to '
+                    'fail early'], said
     path, msg = one_problem(spec(parallel={"context": 2}, model={"transformer_impl": "local"}), te=True)
     assert path == "parallel.context" and "model.transformer_impl = \"local\"" in msg
     path, msg = one_problem(spec(parallel={"tensor": 2, "sequence_parallel": True}), te=False)

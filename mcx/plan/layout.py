@@ -125,6 +125,7 @@ def _te_rules(spec: ExperimentSpec, layout: Layout, te_available: bool | None) -
     needs = te_features(spec, cp=layout.cp, sequence_parallel=layout.sequence_parallel)
     impl = spec.model.transformer_impl
     te_here = False if spec.hardware.gpu == "cpu" else te_available
+    unknown: list[str] = []  # features whose need cannot be checked from here: said in one warning
     for path, what, alternative in needs:
         if impl == "local":
             problems.append((path, f"{what} needs Transformer Engine, but model.transformer_impl = \"local\"; set it "
@@ -134,9 +135,12 @@ def _te_rules(spec: ExperimentSpec, layout: Layout, te_available: bool | None) -
             problems.append((path, f"{what} needs Transformer Engine, which is not available {where}; install it "
                              f"on the GPU machines, or {alternative}"))
         elif te_here is None and impl == "auto":
-            warnings.append(f"{what} needs Transformer Engine; whether the training environment has it cannot be "
-                            "checked from here; make sure it does, or set model.transformer_impl = \"transformer_engine\" "
-                            "to fail early")
+            unknown.append(what)
+    if unknown:
+        named = unknown[0] if len(unknown) == 1 else ", ".join(unknown[:-1]) + " and " + unknown[-1]
+        warnings.append(f"{named} need{'s' * (len(unknown) == 1)} Transformer Engine; whether the training environment "
+                        "has it cannot be checked from here; make sure it does, or set model.transformer_impl = "
+                        "\"transformer_engine\" to fail early")
     return problems, warnings
 
 
