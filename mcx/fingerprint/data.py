@@ -39,6 +39,12 @@ from mcx.spec.schema import DataSpec
 NOT_PULLED = "not verified (not in the workspace)"
 
 
+def not_pulled_warning(key: str, value: str, record: str) -> str:
+    """The plan's warning for such a path (a run that pulls it drops it from its record)."""
+    return (f"{key} = {value!r} is not in the workspace; the ID uses the hash in {record}; `dvc pull {record}` "
+            "before training")
+
+
 def _files(path: Path) -> list[tuple[str, Path]]:
     """(relative posix path, path) of every file under ``path`` (itself, if a file), sorted."""
     if path.is_file():
@@ -93,8 +99,7 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
                             "known only where it is")
             return {"id": {"source": "absent", "value": None}, "info": {"path": str(full)}}
         if out is not None and not require_data:
-            warnings.append(f"{key} = {value!r} is not in the workspace; the ID uses the hash in {out.record}; "
-                            f"`dvc pull {out.record}` before training")
+            warnings.append(not_pulled_warning(key, value, str(out.record)))
             return {"id": _dvc_identity(out, full),
                     "info": {"path": str(full), "record": str(out.record), "stage": out.stage, "size": out.size,
                              "nfiles": out.nfiles, "verified": NOT_PULLED}}

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 from attrs import frozen
 
-from mcx.interop.pretrain_args import Ctx, toml_value
+from mcx.interop.pretrain_args import Ctx
+from mcx.spec.convert import toml_value
 
 
 @frozen

@@ -14,6 +14,7 @@ from typing import Any
 from attrs import define, field, frozen
 
 from mcx.interop import flags as F
+from mcx.spec.convert import toml_value
 from mcx.spec.keys import spec_keys
 from mcx.interop.script import Field, Launch, Unknown
 from mcx.interop.unmapped import DROPPED, HANDLED
@@ -55,12 +56,6 @@ def split_args(launch: Launch, unsupported: list[tuple[str, str]], problems: lis
         else:
             unsupported.append((flag, HANDLED.get(flag) or DROPPED.get(flag) or _UNKNOWN_FLAG))
     return given
-
-
-def toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return f'"{v}"' if isinstance(v, str) else repr(v)
 
 
 @define

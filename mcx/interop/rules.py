@@ -13,7 +13,8 @@ from collections.abc import Callable
 
 from mcx.interop import flags as F
 from mcx.spec.keys import spec_keys
-from mcx.interop.pretrain_args import Ctx, Mapped, toml_value
+from mcx.interop.pretrain_args import Ctx, Mapped
+from mcx.spec.convert import toml_value
 from mcx.interop.script import Unknown
 
 _UNMATCHED_MESSAGES = {

@@ -100,7 +100,7 @@ def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None,
     for key, value in (("data.tokenizer.path", data.tokenizer.path), ("data.tokenizer.merges", data.tokenizer.merges)):
         if value is not None and not (project / value).exists():
             why = _pulled(project, key, value, remote=remote, progress=progress)
-            if not (project / value).exists():
+            if why is not None:
                 raise DataError(f"{key} = {value!r} is not on disk and could not be pulled ({why});",
                                 f"run `dvc pull` with its remote configured, or put the file at {value}.")
     return path
@@ -132,43 +132,29 @@ def _dataset(project: Path, data: DataSpec, *, remote: str | None, progress: Pro
 
 
 def _pulled(project: Path, key: str, value: str, *, remote: str | None, progress: Progress | None) -> str | None:
-    """Pull the DVC output that holds ``value`` (the spec's ``key``), checked (DataError where damaged); why it is
-    still not there, None where it is now."""
-    from mcx.fingerprint.dvcfiles import find_out
+    """Pull the DVC output that holds ``value`` (the spec's ``key``; a .dvc file's by its record, a dvc.lock
+    stage's by a pointer to its md5) and check it (DataError where damaged); why it is still not there, None where
+    it is now."""
+    from mcx.fingerprint.dvcfiles import find_out, norm
+    from mcx.fingerprint.dvcworkspace import cache_object, shown_path
+    from mcx.track.dvc_store import ensure_remote, restore
 
     out = find_out(project / value)
     if out is None:
         return "no .dvc file or dvc.lock output tracks it"
-    why = _pull(project, out, key, value, remote=remote, progress=progress)
-    if why is None and not (project / value).exists():
-        why = f"the version of {out.path.name} that {out.record.name} records holds nothing there"
-    return why
-
-
-def _pull(project: Path, out: DvcOut, key: str, value: str, *, remote: str | None,
-          progress: Progress | None) -> str | None:
-    """Pull ``out`` (which holds the spec's ``key`` = ``value``) and check it (DataError where damaged); why it
-    could not be pulled, None where it was."""
-    from mcx.fingerprint.dvcfiles import norm
-    from mcx.fingerprint.dvcworkspace import cache_object, shown_path
-    from mcx.track.dvc_store import ensure_remote, restore
-
-    root = norm(project)
-    record = shown_path(out.record, root)
-    name = remote
-    try:  # a .dvc file's output by its record; a dvc.lock stage's by a pointer to its md5
-        name = ensure_remote(project, remote)
+    record, name = shown_path(out.record, norm(project)), ensure_remote(project, remote)
+    try:
         if out.record.suffix == ".dvc":
             restore(project, dvc_file=out.record, remote=remote)
         else:
             restore(project, md5=out.value, path=out.path, remote=remote)
     except Exception as exc:  # an empty remote is normal on a fresh machine; the quickstart is rebuilt then
         if cache_object(out, out.value) is None:
-            where = f"the remote {name!r}" if name else "the remote"
-            return f"neither the DVC cache nor {where} holds the version {record} records"
+            return f"neither the DVC cache nor the remote {name!r} holds the version {record} records"
         return " ".join((exc.message if isinstance(exc, DataError) else str(exc)).split())
-    assert name is not None
     check_pulled(project, out, remote=name, again=f"`dvc pull {record}`")
+    if not (project / value).exists():
+        return f"the version of {out.path.name} that {out.record.name} records holds nothing there"
     if progress is not None:
         progress(Note(lead="data", text=f": pulled {record}'s output from DVC remote {name!r} for {key} = "
                                         f"{value!r}; its files match the record"))
@@ -228,7 +214,7 @@ def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
     planned one is a DataError (exit 2) before anything trains."""
     from attrs import evolve
 
-    from mcx.fingerprint.data import NOT_PULLED, content_identity, data_paths
+    from mcx.fingerprint.data import NOT_PULLED, content_identity, data_paths, not_pulled_warning
 
     data = planned.record.data
     stale = [name for name, info in (data.get("info") or {}).items() if info.get("verified") == NOT_PULLED]
@@ -243,7 +229,8 @@ def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
             raise DataError(f"{key} = {value!r}: the data here is {part['id']}, but the run was planned with "
                             f"{data['id'][name]} (its DVC record changed meanwhile);", "run again.")
         info[name] = part["info"]
-        warnings = [w for w in warnings if not w.startswith(f"data: {key} = {value!r} is not in the workspace")]
+        stale_warning = f"data: {not_pulled_warning(key, value, data['info'][name]['record'])}"
+        warnings = [w for w in warnings if w != stale_warning]
     return evolve(planned, record=evolve(planned.record, data={**data, "info": info},
                                          warnings=(*warnings, *(f"data: {w}" for w in fresh))))
 

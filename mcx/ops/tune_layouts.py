@@ -8,7 +8,6 @@ fragments runs once more with ``train.expandable_segments``, as in the micro-bat
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from mcx.plan.hardware import gpu_info
 from mcx.plan.memory import ALLOCATOR_SETTING, fragments
 from mcx.plan.tuning import Candidate, apply, rank_layouts
 from mcx.spec import load_spec
+from mcx.spec.convert import toml_value
 
 SETTING_ORDER = ("parallel.tensor", "parallel.pipeline", "parallel.virtual_pipeline", "parallel.context",
                  "parallel.expert", "parallel.sequence_parallel", "parallel.distributed_optimizer",
@@ -71,11 +71,6 @@ def _measure_candidate(spec: Any, cand: Candidate, rank: int, steps: int, projec
         tspec = evolve(tspec, train=evolve(tspec.train, expandable_segments=True))
         trial = _measure(tspec, steps, project, work / f"rank{rank}-expandable", f"layout {rank}")
     return {"rank": rank, **trial}
-
-
-def _shown(value: Any) -> str:
-    """A setting as the spec writes it (true, "full", 4)."""
-    return json.dumps(value) if isinstance(value, (bool, str)) else str(value)
 
 
 def _spec_text(original: Any, best: dict[str, Any], extends: str) -> str:
@@ -138,7 +133,7 @@ def tune_layouts(spec_path: str, overrides: list[str], *, project: Path, out: st
     first = ranking.candidates[0]
     progress(Note(lead="tune", text=f": {len(ranking.candidates)} layouts fit; the model's pick, "
                   f"{first.step.tokens_per_s_per_gpu:,.0f} tokens/s/GPU predicted: "
-                  + ", ".join(f"{k}={_shown(first.settings[k])}" for k in SETTING_ORDER if first.settings.get(k) is not None)))
+                  + ", ".join(f"{k}={toml_value(first.settings[k])}" for k in SETTING_ORDER if first.settings.get(k) is not None)))
     result["trials_gpu_hours"] = trials_gate(spec, [c.step.step_s for c in ranking.candidates[:top]], steps, yes=yes,
                                              confirm=confirm, progress=progress)
     work = trials_dir(project)

@@ -37,7 +37,8 @@ ALIASES = {
 }
 
 
-def _toml_repr(v: Any) -> str:
+def toml_value(v: Any) -> str:
+    """A scalar as a spec writes it: true, "full", 4."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, str):
@@ -48,7 +49,7 @@ def _toml_repr(v: Any) -> str:
 class _WrongType(TypeError):
     def __init__(self, value: Any, want: type) -> None:
         got = type(value).__name__
-        super().__init__(f"expected {_TYPE_NAMES[want]}, got {got} {_toml_repr(value)}")
+        super().__init__(f"expected {_TYPE_NAMES[want]}, got {got} {toml_value(value)}")
 
 
 def _strict_int(v: Any, _: type) -> int:
@@ -61,7 +62,7 @@ def _strict_float(v: Any, _: type) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise _WrongType(v, float)
     if not math.isfinite(v):
-        raise ValueError(f"must be a finite number, got {_toml_repr(v)}")
+        raise ValueError(f"must be a finite number, got {toml_value(v)}")
     return float(v)
 
 
@@ -139,10 +140,10 @@ def _literal_hook(t: Any):
     def hook(v: Any, _: Any) -> Any:
         if v in allowed and type(v) is type(allowed[0]):
             return v
-        choices = ", ".join(_toml_repr(a) for a in allowed)
+        choices = ", ".join(toml_value(a) for a in allowed)
         near = difflib.get_close_matches(str(v), [str(a) for a in allowed], n=1)
-        extra = f"; did you mean {_toml_repr(near[0])}?" if near else ""
-        raise ValueError(f"{_toml_repr(v)} is not allowed; use one of {choices}{extra}")
+        extra = f"; did you mean {toml_value(near[0])}?" if near else ""
+        raise ValueError(f"{toml_value(v)} is not allowed; use one of {choices}{extra}")
 
     return hook
 
@@ -160,14 +161,14 @@ def _sweep_values_hook(c: cattrs.Converter):
     def scalar(x: Any) -> Any:
         if isinstance(x, (bool, int, str)) or (isinstance(x, float) and math.isfinite(x)):
             return x
-        raise ValueError(f"{_toml_repr(x)} is not a value a spec key takes (a string, number or true/false)")
+        raise ValueError(f"{toml_value(x)} is not a value a spec key takes (a string, number or true/false)")
 
     def hook(v: Any, t: Any) -> Any:
         if isinstance(v, dict):
             return c.structure(v, SweepRange)
         if not isinstance(v, list):
             raise ValueError(f"expected an array of values or a range table {{low = ..., high = ...}}, got "
-                             f"{type(v).__name__} {_toml_repr(v)}")
+                             f"{type(v).__name__} {toml_value(v)}")
         return _each(v, scalar, t, Any)
 
     return hook
