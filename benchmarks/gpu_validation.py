@@ -267,6 +267,8 @@ def task_fp8_curve(args: argparse.Namespace) -> None:
         results["comparison"] = {
             "smoothing_steps": smooth, "max_relative_difference_after_warmup": max(rel[warm:]),
             "final_relative_difference": rel[-1],
+            # what tests/gpu holds FP8 to: the signed gap of the mean loss over the second half, at each seed
+            "late_mean_gap": statistics.fmean(b[len(b) // 2:]) / statistics.fmean(a[len(a) // 2:]) - 1,
             "speedup_median_step": statistics.median(results["bf16"]["step_times"][5:]) /
             statistics.median(results["fp8-hybrid"]["step_times"][5:]),
             "valid": {"bf16": results["bf16"]["valid"], "fp8-hybrid": results["fp8-hybrid"]["valid"]}}

@@ -35,10 +35,10 @@ S1, S2, S2F = "experiments/h200_1gpu.toml", "experiments/h200_2gpu.toml", "exper
 # name: (GPUs, minutes on H200s (estimated from GPU sessions 2-8 and site_check/ckpt_integrity), what, argv).
 # In argv, {out} is OUT/<name> and {work} this task's work directory.
 TASKS: dict[str, tuple[int, float, str, list[str]]] = {
-    "gpu": (1, 8.5, "pytest -m gpu: tests/gpu on one GPU, but FP8 against bf16 (task gpu-fp8)",
+    "gpu": (1, 11.5, "pytest -m gpu: tests/gpu on one GPU, but FP8 against bf16 (task gpu-fp8)",
             [PY, "-m", "pytest", "tests/gpu", "-m", "gpu", "-k", "not fp8", "-p", "no:cacheprovider", "-q", "-rfEs",
              "--durations=0"]),
-    "gpu-fp8": (1, 3.5, "pytest -m gpu -k fp8: FP8 against bf16 for 300 steps on one GPU",
+    "gpu-fp8": (1, 8, "pytest -m gpu -k fp8: FP8 against bf16 for 300 steps at two seeds on one GPU",
                 [PY, "-m", "pytest", "tests/gpu", "-m", "gpu", "-k", "fp8", "-p", "no:cacheprovider", "-q", "-rfEs",
                  "--durations=0"]),
     "gpu2": (2, 6, "pytest -m gpu2: tests/gpu's two-GPU layouts",
