@@ -312,6 +312,19 @@ def _optimizer_and_dp(spec: ExperimentSpec, lay: Layout, f: Features, dev: _Devi
     return optimizer, exposed
 
 
+# The calibration's shortest step is 1.27 s. Under a quarter second the host's work and the kernel launches
+# set a step, which the model does not price: measured 5x its prediction (docs/steptime.md, "Small models").
+SHORT_STEP_S = 0.25
+
+
+def short_step_note(predicted_s: float) -> str | None:
+    """What to read into the model's error where the step is too short for it; None where it is not."""
+    if predicted_s >= SHORT_STEP_S:
+        return None
+    return ("a step this short is set by the host and kernel launches, which the model does not price "
+            '(docs/steptime.md, "Small models")')
+
+
 @frozen(kw_only=True)
 class PredictionCheck:
     """The model's step beside a finished stage's measured one, priced on the GPU that ran it."""

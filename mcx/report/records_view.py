@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mcx.plan.steptime import short_step_note
 from mcx.report.fmt import metric
 
 RUN_COLUMNS = ("run_id", "name", "status", "created", "stages", "train_loss", "valid_loss", "tokens_per_s_per_gpu",
@@ -61,8 +62,10 @@ def render_run(record: dict[str, Any]) -> Any:
                                f"(experiment {tracking.get('experiment')})")
     check = record.get("step_time")
     if check:
+        note = short_step_note(check["predicted_s"])
         head.add_row("step time", f"{check['measured_s']:.4g} s measured (median step), {check['predicted_s']:.4g} s "
-                                  f"predicted on {check['gpu']}: the model is {check['error']:+.1%} off")
+                                  f"predicted on {check['gpu']}: the model is {check['error']:+.1%} off"
+                                  + (f"; {note}" if note else ""))
     if tracking.get("pending_ops"):
         head.add_row("unsent", f"{tracking['pending_ops']} records (send with `mcx sync`)")
     for stage, ck in (record.get("checkpoints") or {}).items():
