@@ -136,7 +136,8 @@ def shown_path(path: Path, project_root: Path) -> str:
     return path.relative_to(project_root).as_posix() if path.is_relative_to(project_root) else str(path)
 
 
-def _names(paths: list[Path], project_root: Path, limit: int = 5) -> str:
+def shown_paths(paths: list[Path], project_root: Path, limit: int = 5) -> str:
+    """The first ``limit`` of ``paths`` as shown_path gives them, and how many more."""
     shown = [shown_path(p, project_root) for p in paths[:limit]]
     more = f" and {len(paths) - limit} more" if len(paths) > limit else ""
     return ", ".join(shown) + more
@@ -150,11 +151,11 @@ def _differences(out: DvcOut, now: dict[str, str], value: str, hashes: FileHashe
     if recorded is not None:
         groups = {"changed": sorted(r for r in now if r in recorded and recorded[r] != now[r]),
                   "added": sorted(set(now) - set(recorded)), "removed": sorted(set(recorded) - set(now))}
-        return "; ".join(f"{label}: {_names([out.path / r for r in rels], project_root)}"
+        return "; ".join(f"{label}: {shown_paths([out.path / r for r in rels], project_root)}"
                          for label, rels in groups.items() if rels)
     known = sorted(p for p in hashes.changed if out.path in p.parents)
     if known:
-        return f"changed since mcx last hashed them: {_names(known, project_root)}"
+        return f"changed since mcx last hashed them: {shown_paths(known, project_root)}"
     return f"it hashes to {value}, DVC recorded {out.value}; `dvc status` names the files"
 
 

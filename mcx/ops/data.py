@@ -168,40 +168,31 @@ def check_pulled(project: Path, out: DvcOut, *, remote: str, again: str) -> None
     ``remote`` (its name) and how to fetch again once it is mended (``again``). The hashes are kept (FileHashes),
     so the run's fingerprint reads again only the files written in the pull's last seconds (racy ones)."""
     from mcx.fingerprint.dvcfiles import norm
-    from mcx.fingerprint.dvcworkspace import cache_object, recorded_listing, shown_path
+    from mcx.fingerprint.dvcworkspace import cache_object, recorded_listing, shown_path, shown_paths
     from mcx.fingerprint.filehashes import FileHashes
 
     if out.hash_name != "md5":
         return
+    is_dir = out.value.endswith(".dir")
+    listing = recorded_listing(out) if is_dir else None  # None for a directory: its listing itself is damaged
+    expected = {out.path / rel: md5 for rel, md5 in listing.items()} if listing is not None else {out.path: out.value}
     hashes = FileHashes.for_project(project)
     try:
-        listing = recorded_listing(out) if out.value.endswith(".dir") else None
-        if out.value.endswith(".dir") and listing is None:  # the directory's listing itself is damaged
-            expected = {out.path: out.value}
-            damaged = [out.path]
-        elif listing is not None:
-            expected = {out.path / rel: md5 for rel, md5 in listing.items()}
-            damaged = sorted(p for p, md5 in expected.items() if not p.is_file() or hashes.hash(p, "md5") != md5)
-        else:
-            expected = {out.path: out.value}
-            damaged = [out.path] if hashes.hash(out.path, "md5") != out.value else []
+        damaged = sorted(p for p, md5 in expected.items()
+                         if (is_dir and listing is None) or not p.is_file() or hashes.hash(p, "md5") != md5)
     finally:
         hashes.save()
     if not damaged:
         return
     for p in damaged:
-        obj = cache_object(out, expected[p])
-        for f in (p, obj):
+        for f in (p, cache_object(out, expected[p])):
             if f is not None and not f.is_dir():
                 f.unlink(missing_ok=True)
     root = norm(project)
-    shown = ", ".join(shown_path(p, root) for p in damaged[:5])
-    more = f" and {len(damaged) - 5} more" if len(damaged) > 5 else ""
-    what = ("the directory listing" if listing is None and out.value.endswith(".dir")
-            else f"{len(damaged)} file{'s' * (len(damaged) != 1)}")
-    where = shown_path(out.path, root)
+    what = "the directory listing" if is_dir and listing is None else f"{len(damaged)} file{'s' * (len(damaged) != 1)}"
+    where, shown = shown_path(out.path, root), shown_paths(damaged, root)
     raise DataError(f"{what} pulled from DVC remote {remote!r} for {where} differ{'s' * (len(damaged) == 1)} "
-                    f"from the recorded md5 ({shown}{more}): the remote's copy is damaged; mcx removed "
+                    f"from the recorded md5 ({shown}): the remote's copy is damaged; mcx removed "
                     f"{'it' if len(damaged) == 1 else 'them'} here and from the DVC cache;",
                     "put the recorded version on the remote again from a machine that has it intact (delete the "
                     "damaged objects there, then `dvc push`: it skips objects the remote holds), then "
