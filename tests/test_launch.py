@@ -73,13 +73,43 @@ def wait_for_step(stage_dir: Path, step: int, timeout: float = 60.0) -> None:
 
 
 def test_worker_env_is_fixed_and_adds_deterministic_variables_only_when_asked():
-    plain = worker_env(spec())
-    assert plain == {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1"}
-    det = worker_env(spec(deterministic=True))
+    plain = worker_env(spec(), inherited={})
+    assert plain == {"PYTHONHASHSEED": "0", "PYTHONUNBUFFERED": "1", "MKL_CBWR": "AUTO,STRICT"}
+    det = worker_env(spec(deterministic=True), inherited={})
     assert det == {**plain, **DETERMINISTIC_ENV}
     assert det["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     assert det["NCCL_ALGO"] == "Ring"
     assert det["NVTE_ALLOW_NONDETERMINISTIC_ALGO"] == "0"
+
+
+def test_worker_env_leaves_an_mkl_mode_the_user_set():
+    assert "MKL_CBWR" not in worker_env(spec(), inherited={"MKL_CBWR": "COMPATIBLE"})
+    assert worker_env(spec(), inherited={"MKL_CBWR": ""}).get("MKL_CBWR") is None
+
+
+# GEMMs shaped like the CPU quickstart's (weight gradients sum over the batch's tokens), hashed.
+GEMM_BITS = textwrap.dedent("""
+    import hashlib, torch
+    torch.manual_seed(0)
+    h = hashlib.sha256()
+    for m, k, n in [(384, 512, 128), (128, 512, 384), (4096, 512, 128), (128, 1024, 384), (128, 1024, 128),
+                    (512, 128, 4096), (512, 4096, 128), (256, 1024, 128)]:
+        h.update((torch.randn(m, k) @ torch.randn(k, n)).numpy().tobytes())
+    print(h.hexdigest())
+""")
+
+
+def test_a_cpu_worker_s_gemms_have_the_same_bits_whatever_the_threads_mkl_uses():
+    """MKL may run a GEMM on fewer threads than it was given, and its sums follow the threads (D46):
+    with the worker's environment the bits must not depend on it."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MKL_", "OMP_"))}
+    bits = set()
+    for threads in ("1", "2"):
+        env = {**base, **worker_env(spec(), inherited=base), "MKL_NUM_THREADS": threads}
+        proc = subprocess.run([sys.executable, "-c", GEMM_BITS], env=env, capture_output=True, text=True,
+                              timeout=120, check=True)
+        bits.add(proc.stdout.strip())
+    assert len(bits) == 1, bits
 
 
 @pytest.mark.parametrize(

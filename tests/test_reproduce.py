@@ -37,6 +37,22 @@ def losses(path: Path, kind: str = "train") -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in map(json.loads, path.read_text().splitlines()) if r["kind"] == kind]
 
 
+def differences(original_dir: Path, rerun_dir: Path) -> str:
+    """Where a rerun's records first depart from the original's, stage by stage (for a failure message)."""
+    timing = {"time", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mem_peak_bytes", "mfu"}
+    out = []
+    for stage in ("smoke", "full"):
+        a, b = (d / stage / "metrics.jsonl" for d in (original_dir, rerun_dir))
+        if not (a.exists() and b.exists()):
+            continue
+        for x, y in zip(*(map(json.loads, p.read_text().splitlines()) for p in (a, b))):
+            diff = {k: (x.get(k), y.get(k)) for k in sorted((set(x) | set(y)) - timing) if x.get(k) != y.get(k)}
+            if diff:
+                out.append(f"{stage} {x.get('kind')} step {x.get('step')}: {diff}")
+                break
+    return "; ".join(out) or "no record differs"
+
+
 def tree(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*")
             if ".git" not in p.relative_to(root).parts}
@@ -107,6 +123,7 @@ def test_the_original_was_recorded_with_its_uncommitted_change(original):
 def test_a_reproduction_on_the_same_machine_is_bitwise(project, original, bitwise):
     assert bitwise.code == 0, bitwise
     v = bitwise.verdict
+    assert v["verdict"] == "bitwise", differences(original["dir"], Path(v["reproduction_dir"]))
     assert f"reproduction r1 of {original['run_id']}: bitwise" in bitwise.out  # the result, on stdout
     assert "steps compared" in bitwise.out and "\x1b[" not in bitwise.out
     assert "reproducing" in bitwise.err and "reproducing" not in bitwise.out  # progress, on stderr
@@ -165,7 +182,8 @@ def test_a_perturbed_rerun_diverges_at_the_perturbed_step(original, perturbed):
     got = dict(losses(Path(v["reproduction_dir"]) / "full" / "metrics.jsonl"))
     assert at["original"] == want[PERTURB_STEP] and at["reproduction"] == got[PERTURB_STEP]
     assert abs(at["reproduction"] - at["original"]) > 0.01 * abs(at["original"])  # outside the default band
-    assert all(got[s] == want[s] for s in range(1, PERTURB_STEP))  # identical up to the fault
+    assert all(got[s] == want[s] for s in range(1, PERTURB_STEP)), differences(  # identical up to the fault
+        original["dir"], Path(v["reproduction_dir"]))
     assert v["divergence"]["step"] == PERTURB_STEP and v["divergence"]["within"] is False
     assert len(perturbed.out.strip().splitlines()) == 1  # --json: the verdict object and nothing else on stdout
 
@@ -297,7 +315,8 @@ def test_changed_data_is_restored_by_hash_and_the_edit_is_kept(project, original
         shutil.copytree(tmp_path / "data", data)
     assert res.code == 0, res
     v = res.json()
-    assert v["verdict"] == "bitwise" and v["status"] == "finished" and v["reproduction"] == "r3"
+    assert v["verdict"] == "bitwise", differences(original["dir"], Path(v["reproduction_dir"]))
+    assert v["status"] == "finished" and v["reproduction"] == "r3"
     assert v["data_restored"] == [{"key": "data.path", "path": "data", "md5": DATA_MD5}]
     assert [c["key"] for c in v["data_changes"]] == ["data.path"]
     assert "changed since DVC recorded it" in v["data_changes"][0]["reason"]
@@ -324,7 +343,8 @@ def test_deleted_data_is_restored_by_hash_from_the_remote(project, original, per
         shutil.move(tmp_path / "cache", cache)
     assert res.code == 0, res
     v = res.json()
-    assert v["verdict"] == "bitwise" and v["status"] == "finished" and v["reproduction"] == "r4"
+    assert v["verdict"] == "bitwise", differences(original["dir"], Path(v["reproduction_dir"]))
+    assert v["status"] == "finished" and v["reproduction"] == "r4"
     assert v["data_restored"] == [{"key": "data.path", "path": "data", "md5": DATA_MD5}]
     assert "is missing" in v["data_changes"][0]["reason"]
     assert still_gone and refetched  # fetched into the project's cache, checked out only in the worktree

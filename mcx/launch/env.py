@@ -22,15 +22,23 @@ DETERMINISTIC_ENV: Mapping[str, str] = {
     "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0",  # Transformer Engine: deterministic kernels only
 }
 
+# MKL's GEMMs split their sums by the threads they use, and MKL may use fewer than it was given
+# (D46). Its strict conditional-numerical-reproducibility mode gives the same bits whatever the
+# thread count, on the machine's own instruction set; a value the user set is left as it is.
+MKL_REPRODUCIBLE: Mapping[str, str] = {"MKL_CBWR": "AUTO,STRICT"}
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def worker_env(spec: ExperimentSpec) -> dict[str, str]:
-    """The variables every worker of ``spec`` gets, whichever launcher starts it."""
+def worker_env(spec: ExperimentSpec, inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables every worker of ``spec`` gets, whichever launcher starts it. ``inherited`` is
+    the environment the workers start from (this process's by default)."""
+    inherited = os.environ if inherited is None else inherited
     env = {
         "PYTHONHASHSEED": "0",  # stable hash() of str, hence stable set/dict iteration orders
         "PYTHONUNBUFFERED": "1",  # worker output reaches the log as it happens
     }
+    env.update({k: v for k, v in MKL_REPRODUCIBLE.items() if k not in inherited})
     if spec.train.deterministic:
         env.update(DETERMINISTIC_ENV)
     return env
