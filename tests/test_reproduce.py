@@ -39,14 +39,15 @@ def losses(path: Path, kind: str = "train") -> list[tuple[int, float]]:
 
 def differences(original_dir: Path, rerun_dir: Path) -> str:
     """Where a rerun's records first depart from the original's, stage by stage (for a failure message)."""
-    timing = {"time", "step_time_s", "tokens_per_s_per_gpu", "tflops_per_gpu", "mem_peak_bytes", "mfu"}
+    from mcx.report.verdict import TIMING
+
     out = []
     for stage in ("smoke", "full"):
         a, b = (d / stage / "metrics.jsonl" for d in (original_dir, rerun_dir))
         if not (a.exists() and b.exists()):
             continue
         for x, y in zip(*(map(json.loads, p.read_text().splitlines()) for p in (a, b))):
-            diff = {k: (x.get(k), y.get(k)) for k in sorted((set(x) | set(y)) - timing) if x.get(k) != y.get(k)}
+            diff = {k: (x.get(k), y.get(k)) for k in sorted((set(x) | set(y)) - set(TIMING)) if x.get(k) != y.get(k)}
             if diff:
                 out.append(f"{stage} {x.get('kind')} step {x.get('step')}: {diff}")
                 break
