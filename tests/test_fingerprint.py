@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import json
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import attrs
 import pytest
+
+import mcx
 from rich.console import Console
 
 from mcx.errors import DataError, InputError, RunIdError
@@ -30,12 +33,16 @@ from mcx.fingerprint import (
     render_explanation,
     run_id,
 )
-from mcx.fingerprint.code import collect_code
+from mcx.fingerprint.code import collect_code, module_changes, worker_package
 from mcx.fingerprint.config import NOT_HASHED, canonical_config
 from mcx.fingerprint.data import collect_data
 from mcx.fingerprint.environment import collect_environment, cuda_version
 from mcx.fingerprint.explain import flatten
 from mcx.fingerprint.filehashes import cache_path, load
+from mcx.fingerprint.modules import dependencies, imported_names, module_files
+from mcx.fingerprint.record import FingerprintRecord
+from mcx.fingerprint.modules import dependencies, imported_names, module_files
+from mcx.fingerprint.record import FingerprintRecord
 from mcx.fingerprint.hardware import cpu_model, identity, parse_gpu_query, parse_topology, visible
 from mcx.spec import load_spec
 from mcx.spec.convert import field_types
@@ -109,39 +116,109 @@ def dvc_record(path: Path) -> dict:
 # ---------------------------------------------------------------- code
 
 
-def test_clean_repo_names_its_commit(tmp_path: Path) -> None:
+def _mcx_copy(dest: Path) -> Path:
+    """A tree holding a copy of the mcx package (as a reproduction's worktree of a project that holds mcx)."""
+    shutil.copytree(Path(mcx.__file__).parent, dest / "mcx", ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def test_code_id_is_the_content_of_the_modules_a_run_executes(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "r", {"train.py": b"print(1)\n"})
     code = collect_code(root)
-    assert code["id"]["commit"] == git(root, "rev-parse", "HEAD").strip()
-    assert code["id"]["dirty"] is False and code["id"]["diff_sha256"] is None
+    modules = code["id"]["modules"]
+    assert set(code["id"]) == {"modules"}
+    package = Path(mcx.__file__).parent
+    # The worker's entry, the planner, the stage launcher and what they import; not the CLI or the reports.
+    for rel in ["mcx/__init__.py", "mcx/train/__main__.py", "mcx/train/loop.py", "mcx/plan/planner.py",
+                "mcx/ops/run.py", "mcx/ops/stage.py", "mcx/launch/env.py", "mcx/spec/schema.py"]:
+        assert modules[rel] == hashlib.sha256((package.parent / rel).read_bytes()).hexdigest(), rel
+    for rel in ["mcx/cli/main.py", "mcx/report/htmlpage.py", "mcx/interop/importer.py", "mcx/ops/compare.py"]:
+        assert (package.parent / rel).is_file() and rel not in modules, rel
+    info = code["info"]
+    assert info["commit"] == git(root, "rev-parse", "HEAD").strip() and info["branch"] == "main"
+    assert info["dirty"] is False and info["changes"] == {} and info["mcx_root"] == str(package.resolve())
     assert code["patch"] is None and code["warnings"] == []
 
 
-def test_tracked_untracked_and_ignored_changes(tmp_path: Path) -> None:
-    root = make_repo(tmp_path / "r", {"train.py": b"print(1)\n"}, ignore="data/\n*.log\n")
-    clean = collect_code(root)["id"]
-
+def test_commits_untracked_and_ignored_files_are_provenance_not_identity(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "r", {"train.py": b"print(1)\n", "gone.py": b"old\n"}, ignore="data/\n*.log\n")
+    clean = collect_code(root)
+    (root / "experiments").mkdir()
+    (root / "experiments" / "x.toml").touch()  # an empty untracked file
     (root / "train.py").write_bytes(b"print(2)\n")
-    edited = collect_code(root)["id"]
-    assert edited["dirty"] and edited["diff_sha256"] is not None
-    assert edited["commit"] == clean["commit"]
+    (root / "gone.py").unlink()
+    (root / "run.log").write_text("ignored\n")
+    (root / ".mcx" / "checkpoints" / "0123456789ab").mkdir(parents=True)  # mcx's own state never counts
+    (root / ".mcx" / "checkpoints" / "0123456789ab" / "full.dvc").write_text("outs: []\n")
+    dirty = collect_code(root)
+    assert dirty["id"] == clean["id"]
+    assert dirty["info"]["dirty"] is True and dirty["info"]["commit"] == clean["info"]["commit"]
+    assert dirty["info"]["changes"] == {"experiments/x.toml": "untracked", "gone.py": "deleted",
+                                        "train.py": "modified"}
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "everything")
+    git(root, "checkout", "-q", "-b", "topic")
+    committed = collect_code(root)
+    assert committed["id"] == clean["id"]
+    assert committed["info"]["commit"] != clean["info"]["commit"] and committed["info"]["branch"] == "topic"
+    assert committed["info"]["dirty"] is False
 
-    (root / "train.py").write_bytes(b"print(1)\n")  # same content as the commit: clean again
-    assert collect_code(root)["id"] == clean
 
-    (root / "helper.py").write_bytes(b"x = 1\n")  # untracked, not ignored: counts
-    with_helper = collect_code(root)["id"]
-    assert with_helper["dirty"] and with_helper["diff_sha256"] is not None
-    (root / "helper.py").write_bytes(b"x = 2\n")  # its content counts, not just its name
-    assert collect_code(root)["id"]["diff_sha256"] not in (None, with_helper["diff_sha256"])
-    (root / "helper.py").unlink()
+def test_editing_a_module_a_run_executes_changes_the_id_and_explain_names_it(tmp_path: Path) -> None:
+    tree = _mcx_copy(make_repo(tmp_path / "r", {"README.md": b"x\n"}))
+    assert worker_package(tree) == (tree / "mcx").resolve() and worker_package(None) == Path(mcx.__file__).resolve().parent
+    base = collect_code(tree, code_path=tree)
+    assert base["id"] == collect_code(tree)["id"]  # the copy holds the same bytes as the installed mcx
+    (tree / "mcx" / "report" / "htmlpage.py").write_text("# a report is not training\n", encoding="utf-8")
+    assert collect_code(tree, code_path=tree)["id"] == base["id"]
+    loop = tree / "mcx" / "train" / "loop.py"
+    loop.write_text(loop.read_text(encoding="utf-8") + "\n# edited\n", encoding="utf-8")
+    (tree / "mcx" / "train" / "extra.py").write_text("X = 1\n", encoding="utf-8")  # not imported: not run
+    (tree / "mcx" / "train" / "cpu.py").write_text((tree / "mcx" / "train" / "cpu.py").read_text(encoding="utf-8")
+                                                   + "\nfrom mcx.train import extra  # noqa\n", encoding="utf-8")
+    edited = collect_code(tree, code_path=tree)
+    assert module_changes(base["id"], edited["id"]) == ["mcx/train/cpu.py", "mcx/train/extra.py (added)",
+                                                        "mcx/train/loop.py"]
+    spec = load_spec(TINY)
+    a = FingerprintRecord(code=base, **_other_components(spec, tree))
+    b = FingerprintRecord(code=edited, **_other_components(spec, tree))
+    expl = explain(a, b)
+    assert [d.component for d in expl.components] == ["code"]
+    assert [(c.key, c.kind) for c in expl.components[0].changes] == [
+        ("modules.mcx/train/cpu.py", "changed"), ("modules.mcx/train/extra.py", "added"),
+        ("modules.mcx/train/loop.py", "changed")]
 
-    (root / "run.log").write_text("ignored\n")  # ignored: does not count
-    (root / "data").mkdir()
-    (root / "data" / "x.bin").write_bytes(b"\0" * 10)
-    (root / ".mcx" / "runs" / "0123456789ab").mkdir(parents=True)  # mcx's own state never counts
-    (root / ".mcx" / "runs" / "0123456789ab" / "fingerprint.json").write_text("{}")
-    assert collect_code(root)["id"] == clean
+
+def _other_components(spec: ExperimentSpec, root: Path) -> dict:
+    """Fixed components beside a code component under test (only their ``id`` and ``info`` are read)."""
+    return {name: {"id": {"name": name}, "info": {}} for name in ("environment", "config", "data", "hardware")}
+
+
+def test_the_import_scanner_finds_exactly_what_ast_finds() -> None:
+    files = module_files(Path(mcx.__file__).parent)
+    for name, path in files.items():
+        base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                src = node.module or ""
+                if node.level:
+                    parts = base.split(".")
+                    src = ".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                targets |= {src, *(f"{src}.{a.name}" for a in node.names)}
+        expected = set()
+        for target in targets:
+            while target:
+                if target in files:
+                    expected.add(target)
+                target = target.rpartition(".")[0]
+        assert dependencies(name, files) == expected - {name}, name
+    # Relative imports, parenthesized lists, aliases and comments, as a fork of mcx might write them.
+    source = "from . import a, b as c  # x\nfrom ..up import (\n    d,\n    e as f,\n)\nimport p.q as r, s\n"
+    assert imported_names(source, "pkg.sub.mod", is_package=False) == {
+        "pkg.sub", "pkg.sub.a", "pkg.sub.b", "pkg.up", "pkg.up.d", "pkg.up.e", "p.q", "s"}
 
 
 def test_diff_hash_ignores_users_diff_settings(tmp_path: Path) -> None:
@@ -181,10 +258,10 @@ def test_patch_restores_the_working_tree(tmp_path: Path) -> None:
     assert not (clone / "gone.py").exists()
 
 
-def test_outside_git_hashes_mcx_sources_with_a_warning(tmp_path: Path) -> None:
+def test_outside_git_the_modules_are_still_hashed_with_a_warning(tmp_path: Path) -> None:
     code = collect_code(tmp_path)
-    assert code["id"]["commit"] is None
-    assert len(code["id"]["mcx_sources"]) == 64
+    assert code["info"]["commit"] is None and code["info"]["dirty"] is None
+    assert code["id"] == collect_code(make_repo(tmp_path / "r", {"a.py": b"1\n"}))["id"]
     assert any("not a git checkout" in w for w in code["warnings"])
 
 
@@ -489,14 +566,14 @@ def test_slurm_launch_is_identified_by_the_declared_hardware(dvc_project: Path) 
     assert run_id(slurm) == run_id(local)
 
 
-def test_code_change_changes_the_id(project: Path) -> None:
+def test_project_files_do_not_change_the_id(project: Path) -> None:
     before = collect(spec_in(project), project)
     (project / "README.md").write_text("a project, edited\n")
+    (project / "experiments").mkdir()
+    (project / "experiments" / "x.toml").touch()
     after = collect(spec_in(project), project)
-    assert run_id(after) != run_id(before)
-    expl = explain(before, after)
-    assert [d.component for d in expl.components] == ["code"]
-    assert {c.key for c in expl.components[0].changes} == {"dirty", "diff_sha256"}
+    assert run_id(after) == run_id(before) and explain(before, after).same
+    assert after.code["info"]["dirty"] is True and "README.md" in after.side["patch"]
 
 
 def test_every_not_hashed_key_is_a_spec_field() -> None:

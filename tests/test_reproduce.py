@@ -117,8 +117,9 @@ def perturbed(project: Path, original: dict, bitwise):
 
 def test_the_original_was_recorded_with_its_uncommitted_change(original):
     fp = json.loads((original["dir"] / "fingerprint.json").read_text())
-    assert fp["code"]["id"]["commit"] == original["commit"] and fp["code"]["id"]["dirty"] is True
-    assert "NOTES.md" in fp["side"]["patch"]
+    info = fp["code"]["info"]  # provenance, beside the ID: the modules by content are what it hashes
+    assert info["commit"] == original["commit"] and info["dirty"] is True and info["changes"] == {"NOTES.md": "untracked"}
+    assert "NOTES.md" in fp["side"]["patch"] and set(fp["code"]["id"]) == {"modules"}
 
 
 def test_a_reproduction_on_the_same_machine_is_bitwise(project, original, bitwise):
@@ -132,10 +133,11 @@ def test_a_reproduction_on_the_same_machine_is_bitwise(project, original, bitwis
     assert v["divergence"] is None and v["first_difference"] is None
     assert v["steps"] == 12 and {"train/loss", "valid/loss", "test/loss", "train/grad_norm", "train/lr"} <= set(v["compared"])
     assert v["data_identical"] is True and v["environment_drift"] == [] and v["hardware_drift"] == []
-    # The recorded commit (not today's HEAD) with the recorded patch, in a worktree that is gone again.
-    assert v["code"]["commit"] == original["commit"] != git_head(project) and v["code"]["patched"] is True
-    assert v["code"]["drift"] == []  # the same mcx as recorded
-    assert not Path(v["code"]["worktree"]).exists()
+    # mcx's modules are the recorded ones and so is the data: rerun here, though the project has moved on
+    # (a new commit), with no tree rebuilt.
+    assert v["code"] == {"commit": original["commit"], "patched": False, "worktree": None, "rebuilt": False,
+                         "drift": []} and original["commit"] != git_head(project)
+    assert "with this project's mcx" in bitwise.err
     assert worktrees(project) == 1
     # Its own run directory, beside (not over) the original's.
     rep = Path(v["reproduction_dir"])
@@ -253,26 +255,31 @@ def _bad_patch(fp: dict) -> str:
     return "does not apply"
 
 
-def _other_commit(fp: dict) -> str:
-    fp["code"]["id"]["commit"] = "0" * 40
+def _other_module(fp: dict) -> str:
+    fp["code"]["id"]["modules"]["mcx/train/loop.py"] = "0" * 64
     return "but its content hashes to"
 
 
-@pytest.mark.parametrize("damage", [_bad_patch, _other_commit], ids=["patch", "commit"])
-def test_a_damaged_record_is_refused_and_leaves_no_worktree(project, original, perturbed, damage):
+@pytest.mark.parametrize("damage", [_bad_patch, _other_module], ids=["patch", "module"])
+def test_a_damaged_record_is_refused_and_leaves_no_worktree(project, original, perturbed, damage, tmp_path):
     path = original["dir"] / "fingerprint.json"
     saved = path.read_bytes()
-    before = set(tree(project / ".mcx"))
     fp = json.loads(saved)
     shown = damage(fp)
+    corpus = project / "data" / "quickstart" / "corpus.bin"
+    shutil.copy(corpus, tmp_path / "corpus.bin")
+    if damage is _bad_patch:  # the patch is applied only where the tree is rebuilt: here, for the data's sake
+        corpus.write_bytes(corpus.read_bytes() + b"\0")
+    before = set(tree(project / ".mcx"))
     try:
         path.write_text(json.dumps(fp))
         res = mcx_subprocess(project, "reproduce", original["run_id"], "--json")
     finally:
         path.write_bytes(saved)
+        shutil.copy(tmp_path / "corpus.bin", corpus)
     assert res.code == 2, res
     assert shown in res.err and "Traceback" not in res.err and res.out == ""
-    assert set(tree(project / ".mcx")) == before
+    assert set(tree(project / ".mcx")) - before <= {"file-hashes.json"}
     assert worktrees(project) == 1
 
 

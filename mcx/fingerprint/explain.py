@@ -1,8 +1,8 @@
 """Why two fingerprints differ: which components moved, and which keys inside each.
 
 Only the hashed part (``id``) of each component is compared, so the explanation lists exactly what
-changes the run ID: config keys as dotted paths (``train.lr``), code commit and diff hash,
-environment versions, data hashes, hardware fields.
+changes the run ID: config keys as dotted paths (``train.lr``), the mcx module files whose content
+differs (``modules.mcx/train/loop.py``), environment versions, data hashes, hardware fields.
 """
 
 from __future__ import annotations
@@ -68,6 +68,20 @@ def diff_keys(a: dict[str, Any], b: dict[str, Any]) -> tuple[KeyChange, ...]:
     return tuple(changes)
 
 
+def _code_keys(a: dict[str, Any], b: dict[str, Any]) -> tuple[KeyChange, ...]:
+    """Module by module; against a record made before modules were hashed (D52), one line saying so rather
+    than every module added and the commit removed."""
+    if isinstance(a.get("modules"), dict) == isinstance(b.get("modules"), dict):
+        return diff_keys(a, b)
+
+    def what(ident: dict[str, Any]) -> str:
+        if isinstance(ident.get("modules"), dict):
+            return f"{len(ident['modules'])} mcx modules by content"
+        return f"commit {str(ident.get('commit'))[:12]}{' + changes' if ident.get('dirty') else ''} (recorded before D52)"
+
+    return (KeyChange("modules", what(a), what(b), "changed"),)
+
+
 def explain(rec_a: FingerprintRecord, rec_b: FingerprintRecord) -> Explanation:
     """Which components of ``rec_b`` differ from ``rec_a``, key by key."""
     ha, hb = component_hashes(rec_a), component_hashes(rec_b)
@@ -77,7 +91,8 @@ def explain(rec_a: FingerprintRecord, rec_b: FingerprintRecord) -> Explanation:
         return (rec.component(name) or {}).get("id", {})
 
     diffs = tuple(
-        ComponentDiff(name, ha.get(name, ""), hb.get(name, ""), diff_keys(ident(rec_a, name), ident(rec_b, name)))
+        ComponentDiff(name, ha.get(name, ""), hb.get(name, ""),
+                      (_code_keys if name == "code" else diff_keys)(ident(rec_a, name), ident(rec_b, name)))
         for name in names
         if ha.get(name) != hb.get(name)
     )
@@ -101,6 +116,8 @@ def explanation_to_dict(expl: Explanation) -> dict[str, Any]:
 def _show(value: Any, kind: str, side: str) -> str:
     if (kind, side) in (("added", "a"), ("removed", "b")):
         return "(absent)"
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:12]  # a file's sha256: the table says that it changed; --json has it whole
     return json.dumps(value, ensure_ascii=False) if not isinstance(value, str) else value
 
 

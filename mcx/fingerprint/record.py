@@ -32,7 +32,9 @@ from mcx.fingerprint.init import collect_init
 from mcx.hashing import digest, short_id
 from mcx.spec import ExperimentSpec
 
-SCHEMA = 1  # bump when what a component hashes changes meaning; old IDs then stop matching on load
+# Bump when the record's layout changes (old records then stop loading). Not bumped when a component hashes
+# something else (D52: code by module content): an old record still hashes to its own ID, a spec plans anew.
+SCHEMA = 1
 COMPONENTS = ("code", "environment", "config", "data", "hardware")
 INIT = "init"  # hashed only when present: runs from random weights keep their IDs
 RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
@@ -88,6 +90,7 @@ def collect(
     allow_absent: bool = False,
     rehash_data: bool = False,
     state_root: Path | None = None,
+    code_path: Path | None = None,
 ) -> FingerprintRecord:
     """Fingerprint ``spec`` as it would run from ``project_root`` on this machine.
 
@@ -100,13 +103,14 @@ def collect(
     ``rehash_data``: read every data file, trusting no kept hash (``mcx run --verify-data``).
     ``state_root``: the project whose runs (``.mcx/runs``) and relative paths ``[init] from`` names, when
     the code is fingerprinted elsewhere (a reproduction's worktree); default ``project_root``.
+    ``code_path``: a reproduction's rebuilt tree, whose own mcx (where it holds one) the worker imports.
 
     Raises DataError for missing or modified data, InputError for a bad lockfile name, and
     EnvironmentProblem when git cannot read the repository.
     """
     root = Path(project_root).resolve()
     parts = {
-        "code": collect_code(root),
+        "code": collect_code(root, code_path),
         "environment": collect_environment(root, lockfile),
         "config": collect_config(spec),
         "data": collect_data(spec, root, require_data, allow_absent, rehash_data),

@@ -113,11 +113,13 @@ def _data_value(spec: ExperimentSpec, key: str) -> str:
 
 
 def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = True, require_data: bool = False,
-                at_launch: bool = False, verify_data: bool = False, state_root: Path | None = None) -> PlanResult:
+                at_launch: bool = False, verify_data: bool = False, state_root: Path | None = None,
+                code_path: Path | None = None) -> PlanResult:
     """Plan ``spec`` from ``project``. ``at_launch``: `mcx run` is about to start it, so what this machine
     lacks is a problem where the job starts here (the data, which the run ID hashes, everywhere).
     ``verify_data``: read every data file instead of trusting the hashes kept for unchanged ones.
-    ``state_root``: where the runs an ``[init]`` source names live, when ``project`` is a reproduction's worktree."""
+    ``state_root``: where the runs an ``[init]`` source names live, when ``project`` is a reproduction's worktree;
+    ``code_path``: that worktree, whose own mcx (where it holds one) the worker imports."""
     from mcx.data.vocab import tokenizer_vocab_size
     from mcx.fingerprint.record import collect, run_id
     from mcx.plan.params import effective_vocab_size
@@ -134,7 +136,7 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
         problems += exc.problems
     try:
         record = collect(spec, project, probe_hardware=probe_hardware, require_data=require_data, allow_absent=True,
-                         rehash_data=verify_data, state_root=state_root)
+                         rehash_data=verify_data, state_root=state_root, code_path=code_path)
     except DataError as exc:  # e.g. a tracked dataset changed since `dvc add`: said with the rest
         raise SpecError(_dedupe([*problems, ("", str(exc))])) from None
     site = _site(spec, project, record, _params(spec, plan, vocab))

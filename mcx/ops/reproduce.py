@@ -1,9 +1,12 @@
 """`mcx reproduce RUN_ID`: restore code, environment check, data and config; rerun; give a verdict.
 
-The recorded code state is re-created as a git worktree at the recorded commit with the recorded
-patch applied, and the worker runs from there (PYTHONPATH), so the training code is the recorded
-one even when the project has moved on. The reproduction is its own run directory
-(.mcx/runs/<id>/reproductions/<n>/) and its own MLflow run, tagged with the ID it reproduces.
+Code: the run ID holds mcx's modules by content (mcx.fingerprint.code). Where the modules the worker would
+import here are the recorded ones, the rerun runs here, whatever the project's commit. Where they are not
+(or the data must be restored), the tree is rebuilt from the code's provenance: a git worktree at the
+recorded commit with the recorded patch applied, and the worker runs from there (PYTHONPATH), so a
+project that holds mcx reruns the recorded mcx; any module that still differs is named. The reproduction
+is its own run directory (.mcx/runs/<id>/reproductions/<n>/) and its own MLflow run, tagged with the ID it
+reproduces.
 
 Data: when the workspace's dataset is not the recorded version (missing, edited, or another
 version checked out), the recorded version is restored by its DVC hash from the project's cache or
@@ -49,14 +52,18 @@ def _git(project: Path, *args: str, ok: bool = False) -> subprocess.CompletedPro
 
 
 def code_worktree(project: Path, record: Any, dest: Path) -> dict[str, Any]:
-    """A worktree at the recorded commit with the recorded patch applied."""
+    """A worktree at the recorded commit (the code's provenance) with the recorded patch applied."""
+    from mcx.fingerprint.code import recorded_commit
     from mcx.fingerprint.record import patch_bytes
 
-    commit = (record.code.get("id") or {}).get("commit")
+    commit = recorded_commit(record.code)
     if not commit:
-        raise InputError("the run was recorded outside git (no commit);", "it cannot be re-created from its code record.")
+        raise InputError("the run was recorded outside git (no commit), and its code or data is not the recorded "
+                         "one here;", "put mcx's recorded modules or the recorded data back, or reproduce where "
+                         "they are.")
     if _git(project, "cat-file", "-e", f"{commit}^{{commit}}", ok=True).returncode:
-        raise InputError(f"commit {commit} of this run is not in this repository;",
+        raise InputError(f"commit {commit} of this run is not in this repository, and its code or data is not the "
+                         "recorded one here;",
                          "fetch it (git fetch --all) or run reproduce in the repository where the run was made.")
     _git(project, "worktree", "add", "--detach", "--force", str(dest), commit)
     patch = patch_bytes(record)
@@ -67,23 +74,18 @@ def code_worktree(project: Path, record: Any, dest: Path) -> dict[str, Any]:
             _git(project, "worktree", "remove", "--force", str(dest), ok=True)
             raise InputError(f"the recorded uncommitted diff does not apply to {commit}: "
                              f"{proc.stderr.decode(errors='replace').strip()};", "the record is damaged.")
-    return {"commit": commit, "patched": bool(patch), "worktree": str(dest)}
+    return {"commit": commit, "patched": bool(patch), "worktree": str(dest), "rebuilt": True}
 
 
-def mcx_drift(record: Any, worktree: Path) -> list[dict[str, Any]]:
-    """How the mcx the rerun will import differs from the recorded one.
-
-    A project that holds mcx itself reruns the recorded mcx from the worktree; any other project
-    reruns with the mcx installed here, which the record may not name.
-    """
-    if (worktree / "mcx" / "__init__.py").is_file():
-        return []
-    import mcx
-    from mcx.fingerprint.code import mcx_sources_sha256
+def mcx_drift(record: Any, code_path: Path | None) -> list[str]:
+    """The module files of the mcx the rerun's worker imports (``code_path``'s own, else the installed one)
+    whose content is not the recorded one; [] when the run will execute the recorded code."""
+    from mcx.fingerprint.code import module_changes, module_hashes, worker_package
 
     recorded = record.code.get("id") or {}
-    now = {"mcx_version": mcx.__version__, "mcx_sources": mcx_sources_sha256()}
-    return [{"key": k, "recorded": recorded.get(k), "now": v} for k, v in now.items() if recorded.get(k) != v]
+    if "modules" not in recorded and code_path is not None and worker_package(code_path).parent == Path(code_path).resolve():
+        return []  # recorded before D52: the rebuilt commit + patch is that record's code, mcx included
+    return module_changes(recorded, {"modules": module_hashes(worker_package(code_path))})
 
 
 def next_label(reps: Path) -> str:
@@ -236,28 +238,35 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) ->
     options = RunOptions(stage="all" if stages == ["smoke", "full"] else stages[0], skip_smoke="smoke" not in stages,
                          yes=True, output=output if output in ("bar", "quiet", "json") else "quiet", verify_data=True)
     restored: list[dict[str, Any]] = []
+    # The code is rebuilt from its provenance (commit + patch) only where mcx's modules here are not the recorded
+    # ones, or where the data must be restored (the recorded commit's .dvc files identify it); else it runs here.
+    from mcx.fingerprint.code import recorded_commit, worker_package
+
+    rebuild = bool(changes) or bool(mcx_drift(record, None))
     # The lock, held while the worktree lives, tells `mcx gc` that the worktree is in use.
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{run_id}-") as tmp, acquire(Path(tmp)):
-        code = code_worktree(project, record, Path(tmp) / CODE)
-        worktree = Path(code["worktree"])
+        code = code_worktree(project, record, Path(tmp) / CODE) if rebuild else {
+            "commit": recorded_commit(record.code), "patched": False, "worktree": None, "rebuilt": False}
+        worktree = Path(code["worktree"]) if code["worktree"] else None
         try:
-            if changes:  # before a label is taken: data that cannot be restored leaves nothing behind
+            if changes and worktree is not None:  # before a label is taken: data that cannot be restored leaves nothing behind
                 restored = restore_data(project, worktree, spec, record, run_id, changes)
                 for c in changes:
                     progress(Note(level="warning", text=f"data: {c['reason']}"))
                 progress(Note(level="warning", text="data: restored " + ", ".join(f"{r['path']} {r['md5']}" for r in restored)
                               + " by hash into the reproduction's worktree; the workspace's copy is left as it is"))
             code["drift"] = mcx_drift(record, worktree)
-            for drift in code["drift"]:
-                progress(Note(level="warning", text=f"mcx differs from the recorded one: {drift['key']}: recorded "
-                                                    f"{drift['recorded']}, now {drift['now']} (the rerun uses the installed mcx)"))
+            if code["drift"]:
+                progress(Note(level="warning", text="mcx's modules differ from the recorded ones (the rerun runs the "
+                              f"mcx at {worker_package(worktree)}): " + ", ".join(code["drift"])))
             reps.mkdir(exist_ok=True)
             # The next free label: counting directories would reuse a label after one is deleted, and
             # run_spec would then take that reproduction's finished stages for a rerun.
             label = next_label(reps)
             rep_dir = reps / label
-            progress(Note(lead=f"reproducing {run_id}", text=f" at commit {code['commit'][:12]}"
-                                                              f"{' + recorded diff' if code['patched'] else ''} -> {rep_dir}"))
+            where = (f" at commit {code['commit'][:12]}{' + recorded diff' if code['patched'] else ''}" if rebuild
+                     else " with this project's mcx (its modules are the recorded ones)")
+            progress(Note(lead=f"reproducing {run_id}", text=f"{where} -> {rep_dir}"))
             rerun_result = run_spec(spec, project=project, options=options, progress=progress, run_dir=rep_dir,
                                     reproduces=run_id, reproduction=label, code_path=worktree,
                                     data_root=worktree if changes else None)
@@ -265,7 +274,8 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) ->
                 progress(note)
             summary = rerun_result.summary
         finally:
-            _git(project, "worktree", "remove", "--force", code["worktree"], ok=True)
+            if worktree is not None:
+                _git(project, "worktree", "remove", "--force", str(worktree), ok=True)
     rerun = load_run_dir(rep_dir)
     v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source)
     out = {"run_id": run_id, "reproduction": label, "reproduction_dir": str(rep_dir),

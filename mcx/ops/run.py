@@ -88,7 +88,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
 
     try:
         planned = plan_loaded(spec, code_path or project, require_data=False, at_launch=not options.dry_run,
-                         verify_data=options.verify_data, state_root=project)
+                         verify_data=options.verify_data, state_root=project, code_path=code_path)
     except SpecError as exc:  # with what the launcher itself cannot do, in the same report
         extra = [p for p in _launcher_problems(spec) if p not in exc.problems]
         raise SpecError([*exc.problems, *extra], exc.source) from None

@@ -54,6 +54,8 @@ def render_run(record: dict[str, Any]) -> Any:
             head.add_row(key, str(record[key]))
     if record.get("spec_path"):
         head.add_row("spec", str(record["spec_path"]))
+    if record.get("code"):
+        head.add_row("code", code_line(record["code"]))
     tracking = record.get("tracking") or {}
     if tracking.get("mlflow_url"):
         head.add_row("MLflow", str(tracking["mlflow_url"]))
@@ -91,6 +93,20 @@ def render_run(record: dict[str, Any]) -> Any:
     for k, v in sorted((record.get("tags") or {}).items()):
         tags.add_row(k, str(v))
     return Group(head, stages, tags)
+
+
+def code_line(code: dict[str, Any]) -> str:
+    """A run's code provenance in one line: commit, branch, uncommitted paths, mcx and the modules its ID hashed."""
+    where = f"commit {code['commit'][:12]}" if code.get("commit") else "outside git"
+    if code.get("branch"):
+        where += f" on {code['branch']}"
+    if code.get("dirty"):
+        paths = code.get("changes") or []
+        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        where += f", with uncommitted changes ({shown})" if paths else ", with uncommitted changes"
+    hashed = (f"{code['modules']} of its modules hashed into the run ID" if code.get("modules") is not None
+              else "the commit hashed into the run ID (recorded before D52)")
+    return f"{where}; mcx {code.get('mcx_version')}, {hashed}"
 
 
 def render_lineage(chain: dict[str, Any]) -> Any:

@@ -225,6 +225,7 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
         fp = paths.read_json(run_path / "fingerprint.json")
         out["params"] = spec_params(spec) if spec else {}
         out["tags"] = fingerprint_tags(fp) if isinstance(fp, dict) else {}
+        out["code"] = code_provenance(fp)
         out["run"] = paths.read_json(run_path / "run.json", {})
         out["spec_path"] = str(run_path / "spec.toml")
         out["checkpoints"] = _checkpoints(root, run_path)
@@ -254,6 +255,21 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
         return remote
     out["tracking"].update(remote["tracking"])
     return out
+
+
+def code_provenance(fp: Any) -> dict[str, Any] | None:
+    """Where a run's code came from (not part of its ID, D52): commit, branch, the paths that differed from the
+    commit, mcx's version, and how many modules the ID hashed; None for a record without a code component."""
+    code = fp.get("code") if isinstance(fp, dict) else None
+    if not isinstance(code, dict) or not isinstance(code.get("info"), dict) or not isinstance(code.get("id"), dict):
+        return None
+    info, ident = code["info"], code["id"]
+    changes = info.get("changes")
+    return {"commit": info.get("commit") or ident.get("commit"), "branch": info.get("branch"),
+            "dirty": info.get("dirty", ident.get("dirty")),
+            "changes": sorted(changes) if isinstance(changes, dict) else [],
+            "mcx_version": info.get("mcx_version", ident.get("mcx_version")),
+            "modules": len(ident["modules"]) if isinstance(ident.get("modules"), dict) else None}
 
 
 def _spec_tree(run_path: Path) -> dict[str, Any] | None:

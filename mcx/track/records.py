@@ -4,7 +4,8 @@ Params are the resolved spec flattened to dotted keys (``train.lr``, ``model.num
 inside lists and lists themselves are one value, as canonical JSON. Tags name every fingerprint
 component under ``mcx.fp.<component>.<dotted key>`` from both the hashed part (``id``) and what was
 observed (``info``), plus ``mcx.fp.<component>.hash``; the config component is the spec itself, so
-it contributes only its hash. Every value is a string, redacted, and clipped to MLflow's limits
+it contributes only its hash, and the code component's two long maps one tag each (the modules hashed:
+their count and the hash of the map; the paths changed since the commit: their count). Every value is a string, redacted, and clipped to MLflow's limits
 (params at 500 characters, the oldest servers' limit; tags at 5,000): a clipped value ends with
 ``...[sha256:<12 hex of the full value>]`` so two different long values never look alike.
 """
@@ -19,7 +20,7 @@ import socket
 import sys
 from typing import Any
 
-from mcx.hashing import digest_bytes
+from mcx.hashing import digest, digest_bytes
 from mcx.track.redact import redact
 
 PARAM_VALUE_LIMIT = 500
@@ -97,12 +98,22 @@ def fingerprint_tags(record: dict[str, Any]) -> dict[str, str]:
             sub = comp.get(part)
             if isinstance(sub, dict):
                 base = name if part == "id" else f"{name}.info"
-                tags.update(flatten(sub, base))
+                tags.update(flatten(_counted(sub) if name == "code" else sub, base))
     if "schema" in record:
         tags["schema"] = record["schema"]
     if record.get("warnings"):
         tags["warnings"] = len(record["warnings"])
     return {_clip_key(FP_TAG_PREFIX + k): clip(scalar_text(v), TAG_VALUE_LIMIT) for k, v in sorted(tags.items())}
+
+
+def _counted(code: dict[str, Any]) -> dict[str, Any]:
+    """The code component with its module map and its changed paths as one value each (fingerprint.json holds them)."""
+    out = dict(code)
+    if isinstance(out.get("modules"), dict):
+        out["modules"] = f"{len(out['modules'])} files, sha256 {digest(out['modules'])}"
+    if isinstance(out.get("changes"), dict):
+        out["changes"] = f"{len(out['changes'])} paths"
+    return out
 
 
 def _package_versions() -> dict[str, str | None]:
