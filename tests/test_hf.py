@@ -227,19 +227,50 @@ def _edit_config(directory: Path, **changes) -> None:
     path.write_text(json.dumps(config))
 
 
-def _bad(kind: str, tmp_path: Path) -> Path:
-    d = llama(tmp_path / kind)
+def _rewrite(path: Path, change) -> None:
+    """``path`` (a safetensors file) saved again with ``change`` applied to its tensors."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    change(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _sharded(d: Path, tmp_path: Path) -> list[Path]:
+    """``d`` made again as mcx writes a sharded model (an index and several shards); the shards."""
+    shutil.rmtree(d)
+    hf_round_trip(llama(tmp_path / "full"), d, max_shard_bytes=40_000)
+    return sorted(d.glob("model-*.safetensors"))
+
+
+def _damage(kind: str, d: Path, tmp_path: Path) -> None:
+    """Damage the tiny LLaMA directory ``d`` in place, as ``kind`` says (``tmp_path``: room for a scratch copy)."""
     if kind == "architecture":
         _edit_config(d, architectures=["GPT2LMHeadModel"])
     elif kind == "missing-shard":
-        shutil.rmtree(d)
-        hf_round_trip(llama(tmp_path / "full"), d, max_shard_bytes=40_000)
-        (d / "model-00002-of-{:05d}.safetensors".format(len(list(d.glob("model-*"))))).unlink()
+        _sharded(d, tmp_path)[1].unlink()
     elif kind == "shape":
         _edit_config(d, intermediate_size=128)
+    elif kind == "tensor-shape":
+        _rewrite(d / "model.safetensors", lambda t: t.update({
+            "model.layers.0.self_attn.o_proj.weight": t["model.layers.0.self_attn.o_proj.weight"][:, :32].contiguous()}))
+    elif kind == "missing-tensor":
+        _rewrite(d / "model.safetensors", lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
+    elif kind == "no-kv-heads":  # the model has 2 key/value heads; without the key they are the 4 query heads
+        _edit_config(d, num_key_value_heads=None)
+    elif kind == "no-intermediate-size":
+        _edit_config(d, intermediate_size=None)
     elif kind == "truncated":
         data = (d / "model.safetensors").read_bytes()
         (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    elif kind == "truncated-shard":
+        last = _sharded(d, tmp_path)[-1]
+        last.write_bytes(last.read_bytes()[:-100])
+    elif kind == "index-misplaced":
+        first = _sharded(d, tmp_path)[0].name
+        index = json.loads((d / "model.safetensors.index.json").read_text())
+        index["weight_map"]["model.norm.weight"] = first
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
     elif kind == "pytorch-bin":
         (d / "model.safetensors").rename(d / "pytorch_model.bin")
     elif kind == "biases":
@@ -248,14 +279,32 @@ def _bad(kind: str, tmp_path: Path) -> Path:
         _edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
     elif kind == "no-config":
         (d / "config.json").unlink()
+
+
+def _bad(kind: str, tmp_path: Path) -> Path:
+    d = llama(tmp_path / kind)
+    _damage(kind, d, tmp_path)
     return d
 
 
+# What each damaged directory is refused with: the file, tensor or config.json key, by name.
 BAD = {
     "architecture": "architecture 'GPT2LMHeadModel' is not one mcx converts",
     "missing-shard": "shard(s) the index names are missing: model-00002-of-",
-    "shape": "mlp.gate_proj.weight: (96, 64), config.json implies (128, 64)",
-    "truncated": "model.safetensors is not a readable safetensors file",
+    "shape": "model.layers.*.mlp.gate_proj.weight (2 tensors) in model.safetensors: (96, 64), config.json implies "
+             "(128, 64) = (intermediate_size, hidden_size)",
+    "tensor-shape": "model.layers.0.self_attn.o_proj.weight in model.safetensors: (64, 32), config.json implies "
+                    "(64, 64) = (hidden_size, num_attention_heads x head_dim)",
+    "missing-tensor": "model.layers.1.mlp.down_proj.weight: missing from model.safetensors",
+    "no-kv-heads": "model.layers.*.self_attn.k_proj.weight (2 tensors) in model.safetensors: (32, 64), config.json "
+                   "implies (64, 64) = (num_key_value_heads x head_dim, hidden_size); model.layers.*.self_attn."
+                   "v_proj.weight (2 tensors) in model.safetensors: (32, 64), config.json implies (64, 64) = "
+                   "(num_key_value_heads x head_dim, hidden_size); config.json has no num_key_value_heads, so it is 4",
+    "no-intermediate-size": "config.json: intermediate_size is missing",
+    "truncated": "model.safetensors is cut off: its header describes",
+    "truncated-shard": "-of-00010.safetensors is cut off: its header describes",
+    "index-misplaced": "model.norm.weight: model.safetensors.index.json puts it in model-00001-of-00010.safetensors, "
+                       "whose header does not list it",
     "pytorch-bin": "has no safetensors files (it has pytorch_model.bin)",
     "biases": "attention_bias = true",
     "rope": "rope scaling",
