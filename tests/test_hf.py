@@ -5,13 +5,14 @@ Megatron-Core and transformers, bitwise round trips, and every bad directory ref
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import attrs
 import pytest
 
-from conftest import E2E_ROOT, make_e2e_project, mcx_subprocess
+from conftest import E2E_ROOT, make_e2e_project, mcx_inprocess, mcx_subprocess
 
 TINY = E2E_ROOT / "experiments" / "tiny.toml"
 SHAPES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -352,6 +353,52 @@ def test_import_hf_writes_a_spec_that_plans_with_the_models_shapes(tmp_path):
     plan = mcx_subprocess(project, "plan", "experiments/mix.toml", "--set", "model.num_layers=3")
     assert plan.code == 2 and "model.num_layers" in plan.err and "3 here, 2 in hf:mix" in plan.err, plan.err
     assert directory.is_dir()
+
+
+# What issue 35 found passing import-hf and plan, then refused by the worker after a run directory and an
+# MLflow run existed: each is now refused by all three commands, before anything is written.
+DAMAGED = ["pytorch-bin", "truncated", "truncated-shard", "tensor-shape", "missing-tensor", "index-misplaced",
+           "missing-shard", "no-kv-heads", "no-intermediate-size"]
+
+
+@pytest.fixture(scope="module")
+def hf_project(tmp_path_factory, e2e_clean_env) -> Path:
+    return make_e2e_project(tmp_path_factory.mktemp("hfcheck") / "p")
+
+
+def _nothing_recorded(project: Path) -> None:
+    """No run directory, and no MLflow run in the embedded store (if the command made one at all)."""
+    import sqlite3
+
+    runs = project / ".mcx" / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), sorted(runs.iterdir())
+    db = project / ".mcx" / "mlflow.db"
+    if db.exists():
+        with sqlite3.connect(db) as c:
+            assert c.execute("select count(*) from runs").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("kind", DAMAGED)
+def test_a_damaged_directory_is_refused_by_import_hf_plan_and_run_before_anything_is_written(hf_project, tmp_path,
+                                                                                            kind):
+    project = hf_project
+    good = llama(project / "models" / kind)
+    spec = f"experiments/hf-{kind}.toml"
+    made = mcx_inprocess(project, "import-hf", f"models/{kind}", "-o", spec, "--extends", "experiments/tiny.toml")
+    assert made.code == 0, made
+    planned = mcx_inprocess(project, "plan", spec)
+    assert planned.code == 0 and re.search(r"run [0-9a-f]{12}", planned.out), planned  # while the directory is whole
+    _damage(kind, good, tmp_path)
+
+    again = mcx_inprocess(project, "import-hf", f"models/{kind}", "-o", "experiments/again.toml",
+                          "--extends", "experiments/tiny.toml")
+    plan = mcx_inprocess(project, "plan", spec)
+    run = mcx_inprocess(project, "run", spec)
+    for result in (again, plan, run):
+        assert result.code == 2 and BAD[kind] in result.err and "Traceback" not in result.err, result
+        assert result.err.startswith("mcx: error:"), result.err
+    assert not (project / "experiments" / "again.toml").exists() and plan.out == ""
+    _nothing_recorded(project)
 
 
 # -- the chain, end to end ------------------------------------------------------------------------------
