@@ -147,9 +147,10 @@ def check_tensors(directory: Path, hf: HfModel) -> HfTensors:
     problems += _grouped([(n, f" in {files[n]}: not a tensor of a {hf.architecture}") for n in sorted(have.keys() - used)
                           if not n.endswith(IGNORED_SUFFIXES)])
     if not problems:
+        dims = _dims(hf)
         problems = _grouped([(n, f" in {files[refs[n].stored]}: {refs[n].shape(have)}, config.json implies {want} "
-                              f"= ({', '.join(keys)})") for link in table
-                             for n, (want, keys) in zip(link.hf, _expected(link, hf)) if refs[n].shape(have) != want])
+                              f"= ({', '.join(keys)})") for link in table for n in link.hf
+                             for want, keys in [_expected(n, dims)] if refs[n].shape(have) != want])
         problems += _defaulted(hf) if problems else []
     if problems:
         raise InputError(f"hf:{directory}: the safetensors files do not hold the model {hf.path} describes "
@@ -201,22 +202,26 @@ def _stacked_experts(have: dict[str, Shape], s: Shapes) -> dict[str, Ref]:
     return out
 
 
-def _expected(link: Link, hf: HfModel) -> list[tuple[Shape, tuple[str, ...]]]:
-    """The shape config.json implies for each Hugging Face tensor of ``link``, and the keys each size comes from."""
-    dims = {"v": (hf.vocab_size, "vocab_size"), "h": (hf.hidden_size, "hidden_size"),
+# The sizes each Hugging Face tensor's dimensions are (by the end of its name), as symbols of _dims.
+DIMS_BY_END = {"embed_tokens.weight": "vh", "lm_head.weight": "vh", "norm.weight": "h", "layernorm.weight": "h",
+               "q_proj.weight": ("q", "h"), "k_proj.weight": ("kv", "h"), "v_proj.weight": ("kv", "h"),
+               "o_proj.weight": ("h", "q"), "gate_proj.weight": "fh", "up_proj.weight": "fh", "w1.weight": "fh",
+               "w3.weight": "fh", "down_proj.weight": "hf", "w2.weight": "hf", "gate.weight": "eh"}
+
+
+def _dims(hf: HfModel) -> dict[str, tuple[int, str]]:
+    """Each dimension symbol's size and the config.json keys it comes from."""
+    return {"v": (hf.vocab_size, "vocab_size"), "h": (hf.hidden_size, "hidden_size"),
             "f": (hf.ffn_hidden_size, "intermediate_size"),
             "q": (hf.num_attention_heads * hf.head_dim, "num_attention_heads x head_dim"),
             "kv": (hf.num_query_groups * hf.head_dim, "num_key_value_heads x head_dim"),
             "e": (hf.num_experts or 0, "num_local_experts")}
-    by_end = {"embed_tokens.weight": "vh", "lm_head.weight": "vh", "norm.weight": "h", "layernorm.weight": "h",
-              "q_proj.weight": ("q", "h"), "k_proj.weight": ("kv", "h"), "v_proj.weight": ("kv", "h"),
-              "o_proj.weight": ("h", "q"), "gate_proj.weight": "fh", "up_proj.weight": "fh", "w1.weight": "fh",
-              "w3.weight": "fh", "down_proj.weight": "hf", "w2.weight": "hf", "gate.weight": "eh"}
-    out = []
-    for name in link.hf:
-        symbols = next(s for end, s in by_end.items() if name.endswith(end))
-        out.append((tuple(dims[d][0] for d in symbols), tuple(dims[d][1] for d in symbols)))
-    return out
+
+
+def _expected(name: str, dims: dict[str, tuple[int, str]]) -> tuple[Shape, tuple[str, ...]]:
+    """The shape config.json implies for the Hugging Face tensor ``name``, and the keys each size comes from."""
+    symbols = next(s for end, s in DIMS_BY_END.items() if name.endswith(end))
+    return tuple(dims[d][0] for d in symbols), tuple(dims[d][1] for d in symbols)
 
 
 def tensor_files(directory: Path) -> dict[str, str]:
@@ -229,7 +234,7 @@ def tensor_files(directory: Path) -> dict[str, str]:
         except (OSError, ValueError, KeyError, TypeError, AssertionError) as exc:
             raise InputError(f"{index} is not a safetensors index ({type(exc).__name__}: {exc});",
                              "restore it from the model's source.") from None
-        absent = sorted({f for f in weight_map.values() if not (directory / f).is_file()})
+        absent = sorted(f for f in set(weight_map.values()) if not (directory / f).is_file())
         if absent:
             raise InputError(f"hf:{directory}: {len(absent)} shard(s) the index names are missing: "
                              f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''};",
