@@ -32,7 +32,8 @@ def make(d: Path, layers: int, hidden: int, ffn: int, heads: int, kv: int, vocab
     for i in range(layers):
         p = f"model.layers.{i}."
         names += [(p + "input_layernorm.weight", (hidden,)), (p + "self_attn.q_proj.weight", (heads * hd, hidden)),
-                  (p + "self_attn.k_proj.weight", (kv * hd, hidden)), (p + "self_attn.v_proj.weight", (kv * hd, hidden)),
+                  (p + "self_attn.k_proj.weight", (kv * hd, hidden)),
+                  (p + "self_attn.v_proj.weight", (kv * hd, hidden)),
                   (p + "self_attn.o_proj.weight", (hidden, heads * hd)),
                   (p + "post_attention_layernorm.weight", (hidden,)), (p + "mlp.gate_proj.weight", (ffn, hidden)),
                   (p + "mlp.up_proj.weight", (ffn, hidden)), (p + "mlp.down_proj.weight", (hidden, ffn))]

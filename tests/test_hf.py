@@ -253,8 +253,8 @@ def _damage(kind: str, d: Path, tmp_path: Path) -> None:
     elif kind == "shape":
         _edit_config(d, intermediate_size=128)
     elif kind == "tensor-shape":
-        _rewrite(d / "model.safetensors", lambda t: t.update({
-            "model.layers.0.self_attn.o_proj.weight": t["model.layers.0.self_attn.o_proj.weight"][:, :32].contiguous()}))
+        o_proj = "model.layers.0.self_attn.o_proj.weight"
+        _rewrite(d / "model.safetensors", lambda t: t.update({o_proj: t[o_proj][:, :32].contiguous()}))
     elif kind == "missing-tensor":
         _rewrite(d / "model.safetensors", lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
     elif kind == "no-kv-heads":  # the model has 2 key/value heads; without the key they are the 4 query heads
@@ -399,6 +399,27 @@ def test_a_damaged_directory_is_refused_by_import_hf_plan_and_run_before_anythin
         assert result.err.startswith("mcx: error:"), result.err
     assert not (project / "experiments" / "again.toml").exists() and plan.out == ""
     _nothing_recorded(project)
+
+
+def test_planning_from_a_hugging_face_directory_imports_neither_torch_nor_safetensors(hf_project):
+    """The check reads config.json and the headers with the standard library: `mcx plan` stays a light process."""
+    import subprocess
+    import sys
+
+    from conftest import e2e_env
+
+    llama(hf_project / "models" / "light")
+    made = mcx_inprocess(hf_project, "import-hf", "models/light", "-o", "experiments/light.toml",
+                         "--extends", "experiments/tiny.toml")
+    assert made.code == 0, made
+    probe = ("import atexit, runpy, sys\n"
+             "atexit.register(lambda: print('LOADED', sorted(m for m in ('torch', 'safetensors', 'transformers') "
+             "if m in sys.modules), file=sys.stderr))\n"
+             "sys.argv = ['mcx', *sys.argv[1:]]\nrunpy.run_module('mcx', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.run([sys.executable, "-c", probe, "--project", str(hf_project), "plan", "experiments/light.toml"],
+                          cwd=hf_project, env=e2e_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and re.search(r"run [0-9a-f]{12}", proc.stdout), proc.stderr[-2000:]
+    assert "LOADED []" in proc.stderr, proc.stderr[-2000:]
 
 
 # -- the chain, end to end ------------------------------------------------------------------------------

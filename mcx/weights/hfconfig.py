@@ -123,8 +123,9 @@ def _sizes(raw: dict[str, Any], where: str) -> dict[str, int]:
             and not positive(raw[k])]
     if bad:
         raise InputError(f"{where}: " + "; ".join(bad) + f" (mcx reads {', '.join(REQUIRED)} from config.json, "
-                         "and num_key_value_heads and head_dim where given, each a positive integer);", "restore config.json from the model's source: "
-                         "transformers' save_pretrained writes every one of them.")
+                         "and num_key_value_heads and head_dim where given, each a positive integer);",
+                         "restore config.json from the model's source: transformers' save_pretrained writes every "
+                         "one of them.")
     return {k: raw[k] for k in REQUIRED}
 
 

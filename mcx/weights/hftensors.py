@@ -143,9 +143,10 @@ def check_tensors(directory: Path, hf: HfModel) -> HfTensors:
     wanted = {name for link in table for name in link.hf}
     used = {refs[n].stored for n in wanted if n in refs}
     listing = INDEX if (directory / INDEX).is_file() else next(iter(headers), "the directory")
-    problems = misplaced + _grouped([(n, f": missing from {listing}") for n in sorted(wanted - refs.keys() - files.keys())])
-    problems += _grouped([(n, f" in {files[n]}: not a tensor of a {hf.architecture}") for n in sorted(have.keys() - used)
-                          if not n.endswith(IGNORED_SUFFIXES)])
+    absent = sorted(wanted - refs.keys() - files.keys())  # those the index lists are named as misplaced
+    problems = misplaced + _grouped([(n, f": missing from {listing}") for n in absent])
+    problems += _grouped([(n, f" in {files[n]}: not a tensor of a {hf.architecture}")
+                          for n in sorted(have.keys() - used) if not n.endswith(IGNORED_SUFFIXES)])
     if not problems:
         dims = _dims(hf)
         problems = _grouped([(n, f" in {files[refs[n].stored]}: {refs[n].shape(have)}, config.json implies {want} "
@@ -249,8 +250,9 @@ def tensor_files(directory: Path) -> dict[str, str]:
         return {name: singles[0] for name in header.tensors}
     if not singles:
         bins = sorted(p.name for p in directory.glob("*.bin"))
-        raise InputError(f"hf:{directory} has no safetensors files" + (f" (it has {', '.join(bins[:3])})" if bins else "")
-                         + ";", "mcx reads safetensors only: save the model with transformers' "
-                         "save_pretrained (safetensors is its default), then point init.from at that directory.")
+        has = f" (it has {', '.join(bins[:3])})" if bins else ""
+        raise InputError(f"hf:{directory} has no safetensors files{has};",
+                         "mcx reads safetensors only: save the model with transformers' save_pretrained "
+                         "(safetensors is its default), then point init.from at that directory.")
     raise InputError(f"hf:{directory} has {len(singles)} safetensors files and no {INDEX};",
                      f"restore {INDEX} from the model's source.")
