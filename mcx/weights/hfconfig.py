@@ -27,7 +27,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
 # Megatron-Core's llama3 RoPE scaling has these three fixed (rotary_pos_embedding._apply_scaling); LLaMA 3.1,
 # 3.2 and 3.3 use them, with factor 8 (3.1, 3.3) or 32 (3.2).
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
-# The keys that size the weights and have no default mcx would trust (the tensor check names a mismatch).
+# config.json keys that size the weights: named when absent, never filled with transformers' LLaMA 7B defaults.
 REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
@@ -83,7 +83,8 @@ def _from_dict(raw: dict[str, Any], where: str) -> HfModel:
                          f"mcx reads and writes {', '.join(sorted(ARCHITECTURES))}.")
     sizes = _sizes(raw, where)
     layers, hidden, heads, ffn, vocab = (sizes[k] for k in REQUIRED)
-    # transformers' LlamaConfig, MistralConfig and MixtralConfig read these two so when they are absent
+    # absent, these are what transformers' LlamaConfig, MistralConfig and MixtralConfig make of them: a
+    # key/value head per query head, hidden_size / num_attention_heads a head (the tensor check says so)
     defaulted = tuple((k, v) for k, v in (("num_key_value_heads", heads), ("head_dim", hidden // heads))
                       if raw.get(k) is None)
     groups = raw.get("num_key_value_heads") or heads

@@ -176,7 +176,7 @@ def _defaulted(hf: HfModel) -> list[str]:
 
 
 def _damaged(directory: Path, problems: list[str]) -> InputError:
-    return InputError(f"hf:{directory}: {_listed(problems)};", "download these files again (a cut-off download "
+    return InputError(f"hf:{directory}: {_listed(problems)};", "download each file named again (a cut-off download "
                       "leaves a truncated file; huggingface-cli download resumes).")
 
 
