@@ -5,13 +5,14 @@ Megatron-Core and transformers, bitwise round trips, and every bad directory ref
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
 import attrs
 import pytest
 
-from conftest import E2E_ROOT, make_e2e_project, mcx_subprocess
+from conftest import E2E_ROOT, make_e2e_project, mcx_inprocess, mcx_subprocess
 
 TINY = E2E_ROOT / "experiments" / "tiny.toml"
 SHAPES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -227,19 +228,50 @@ def _edit_config(directory: Path, **changes) -> None:
     path.write_text(json.dumps(config))
 
 
-def _bad(kind: str, tmp_path: Path) -> Path:
-    d = llama(tmp_path / kind)
+def _rewrite(path: Path, change) -> None:
+    """``path`` (a safetensors file) saved again with ``change`` applied to its tensors."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    change(tensors)
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _sharded(d: Path, tmp_path: Path) -> list[Path]:
+    """``d`` made again as mcx writes a sharded model (an index and several shards); the shards."""
+    shutil.rmtree(d)
+    hf_round_trip(llama(tmp_path / "full"), d, max_shard_bytes=40_000)
+    return sorted(d.glob("model-*.safetensors"))
+
+
+def _damage(kind: str, d: Path, tmp_path: Path) -> None:
+    """Damage the tiny LLaMA directory ``d`` in place, as ``kind`` says (``tmp_path``: room for a scratch copy)."""
     if kind == "architecture":
         _edit_config(d, architectures=["GPT2LMHeadModel"])
     elif kind == "missing-shard":
-        shutil.rmtree(d)
-        hf_round_trip(llama(tmp_path / "full"), d, max_shard_bytes=40_000)
-        (d / "model-00002-of-{:05d}.safetensors".format(len(list(d.glob("model-*"))))).unlink()
+        _sharded(d, tmp_path)[1].unlink()
     elif kind == "shape":
         _edit_config(d, intermediate_size=128)
+    elif kind == "tensor-shape":
+        o_proj = "model.layers.0.self_attn.o_proj.weight"
+        _rewrite(d / "model.safetensors", lambda t: t.update({o_proj: t[o_proj][:, :32].contiguous()}))
+    elif kind == "missing-tensor":
+        _rewrite(d / "model.safetensors", lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))
+    elif kind == "no-kv-heads":  # the model has 2 key/value heads; without the key they are the 4 query heads
+        _edit_config(d, num_key_value_heads=None)
+    elif kind == "no-intermediate-size":
+        _edit_config(d, intermediate_size=None)
     elif kind == "truncated":
         data = (d / "model.safetensors").read_bytes()
         (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    elif kind == "truncated-shard":
+        last = _sharded(d, tmp_path)[-1]
+        last.write_bytes(last.read_bytes()[:-100])
+    elif kind == "index-misplaced":
+        first = _sharded(d, tmp_path)[0].name
+        index = json.loads((d / "model.safetensors.index.json").read_text())
+        index["weight_map"]["model.norm.weight"] = first
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
     elif kind == "pytorch-bin":
         (d / "model.safetensors").rename(d / "pytorch_model.bin")
     elif kind == "biases":
@@ -248,14 +280,32 @@ def _bad(kind: str, tmp_path: Path) -> Path:
         _edit_config(d, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0})
     elif kind == "no-config":
         (d / "config.json").unlink()
+
+
+def _bad(kind: str, tmp_path: Path) -> Path:
+    d = llama(tmp_path / kind)
+    _damage(kind, d, tmp_path)
     return d
 
 
+# What each damaged directory is refused with: the file, tensor or config.json key, by name.
 BAD = {
     "architecture": "architecture 'GPT2LMHeadModel' is not one mcx converts",
     "missing-shard": "shard(s) the index names are missing: model-00002-of-",
-    "shape": "mlp.gate_proj.weight: (96, 64), config.json implies (128, 64)",
-    "truncated": "model.safetensors is not a readable safetensors file",
+    "shape": "model.layers.*.mlp.gate_proj.weight (2 tensors) in model.safetensors: (96, 64), config.json implies "
+             "(128, 64) = (intermediate_size, hidden_size)",
+    "tensor-shape": "model.layers.0.self_attn.o_proj.weight in model.safetensors: (64, 32), config.json implies "
+                    "(64, 64) = (hidden_size, num_attention_heads x head_dim)",
+    "missing-tensor": "model.layers.1.mlp.down_proj.weight: missing from model.safetensors",
+    "no-kv-heads": "model.layers.*.self_attn.k_proj.weight (2 tensors) in model.safetensors: (32, 64), config.json "
+                   "implies (64, 64) = (num_key_value_heads x head_dim, hidden_size); model.layers.*.self_attn."
+                   "v_proj.weight (2 tensors) in model.safetensors: (32, 64), config.json implies (64, 64) = "
+                   "(num_key_value_heads x head_dim, hidden_size); config.json has no num_key_value_heads, so it is 4",
+    "no-intermediate-size": "config.json: intermediate_size is missing",
+    "truncated": "model.safetensors is cut off: its header describes",
+    "truncated-shard": "-of-00010.safetensors is cut off: its header describes",
+    "index-misplaced": "model.norm.weight: model.safetensors.index.json puts it in model-00001-of-00010.safetensors, "
+                       "whose header does not list it",
     "pytorch-bin": "has no safetensors files (it has pytorch_model.bin)",
     "biases": "attention_bias = true",
     "rope": "rope scaling",
@@ -303,6 +353,73 @@ def test_import_hf_writes_a_spec_that_plans_with_the_models_shapes(tmp_path):
     plan = mcx_subprocess(project, "plan", "experiments/mix.toml", "--set", "model.num_layers=3")
     assert plan.code == 2 and "model.num_layers" in plan.err and "3 here, 2 in hf:mix" in plan.err, plan.err
     assert directory.is_dir()
+
+
+# What issue 35 found passing import-hf and plan, then refused by the worker after a run directory and an
+# MLflow run existed: each is now refused by all three commands, before anything is written.
+DAMAGED = ["pytorch-bin", "truncated", "truncated-shard", "tensor-shape", "missing-tensor", "index-misplaced",
+           "missing-shard", "no-kv-heads", "no-intermediate-size"]
+
+
+@pytest.fixture(scope="module")
+def hf_project(tmp_path_factory, e2e_clean_env) -> Path:
+    return make_e2e_project(tmp_path_factory.mktemp("hfcheck") / "p")
+
+
+def _nothing_recorded(project: Path) -> None:
+    """No run directory, and no MLflow run in the embedded store (if the command made one at all)."""
+    import sqlite3
+
+    runs = project / ".mcx" / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), sorted(runs.iterdir())
+    db = project / ".mcx" / "mlflow.db"
+    if db.exists():
+        with sqlite3.connect(db) as c:
+            assert c.execute("select count(*) from runs").fetchone() == (0,)
+
+
+@pytest.mark.parametrize("kind", DAMAGED)
+def test_a_damaged_directory_is_refused_by_import_hf_plan_and_run_before_anything_is_written(hf_project, tmp_path,
+                                                                                            kind):
+    project = hf_project
+    good = llama(project / "models" / kind)
+    spec = f"experiments/hf-{kind}.toml"
+    made = mcx_inprocess(project, "import-hf", f"models/{kind}", "-o", spec, "--extends", "experiments/tiny.toml")
+    assert made.code == 0, made
+    planned = mcx_inprocess(project, "plan", spec)
+    assert planned.code == 0 and re.search(r"run [0-9a-f]{12}", planned.out), planned  # while the directory is whole
+    _damage(kind, good, tmp_path)
+
+    again = mcx_inprocess(project, "import-hf", f"models/{kind}", "-o", "experiments/again.toml",
+                          "--extends", "experiments/tiny.toml")
+    plan = mcx_inprocess(project, "plan", spec)
+    run = mcx_inprocess(project, "run", spec)
+    for result in (again, plan, run):
+        assert result.code == 2 and BAD[kind] in result.err and "Traceback" not in result.err, result
+        assert result.err.startswith("mcx: error:"), result.err
+    assert not (project / "experiments" / "again.toml").exists() and plan.out == ""
+    _nothing_recorded(project)
+
+
+def test_planning_from_a_hugging_face_directory_imports_neither_torch_nor_safetensors(hf_project):
+    """The check reads config.json and the headers with the standard library: `mcx plan` stays a light process."""
+    import subprocess
+    import sys
+
+    from conftest import e2e_env
+
+    llama(hf_project / "models" / "light")
+    made = mcx_inprocess(hf_project, "import-hf", "models/light", "-o", "experiments/light.toml",
+                         "--extends", "experiments/tiny.toml")
+    assert made.code == 0, made
+    probe = ("import atexit, runpy, sys\n"
+             "atexit.register(lambda: print('LOADED', sorted(m for m in ('torch', 'safetensors', 'transformers') "
+             "if m in sys.modules), file=sys.stderr))\n"
+             "sys.argv = ['mcx', *sys.argv[1:]]\nrunpy.run_module('mcx', run_name='__main__', alter_sys=True)\n")
+    proc = subprocess.run([sys.executable, "-c", probe, "--project", str(hf_project), "plan", "experiments/light.toml"],
+                          cwd=hf_project, env=e2e_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and re.search(r"run [0-9a-f]{12}", proc.stdout), proc.stderr[-2000:]
+    assert "LOADED []" in proc.stderr, proc.stderr[-2000:]
 
 
 # -- the chain, end to end ------------------------------------------------------------------------------

@@ -75,12 +75,15 @@ def collect_init(spec: ExperimentSpec, project_root: Path, rehash: bool = False)
 
 
 def _hf_source(spec: ExperimentSpec, root: Path, path: Path) -> dict[str, Any]:
-    """Check a Hugging Face source against the spec's model (SpecError naming every differing key); what
-    an export by mcx recorded of its origin (``mcx.json``), for the lineage."""
+    """Check a Hugging Face source: its safetensors headers against its config.json (InputError naming each
+    file or tensor), then its config.json against the spec's model (SpecError naming every differing key);
+    what an export by mcx recorded of its origin (``mcx.json``), for the lineage."""
     from mcx.data.vocab import tokenizer_vocab_size
     from mcx.weights.hfconfig import as_model_spec, read_config
+    from mcx.weights.hftensors import check_tensors
 
     hf = read_config(path)
+    check_tensors(path, hf)
     model = spec.model
     # unknown here: the worker's strict load names a vocabulary that does not fit
     vocab = model.vocab_size or tokenizer_vocab_size(spec.data, root) or hf.vocab_size

@@ -39,12 +39,14 @@ def import_hf(directory: str, project: Path, *, out: str | None = None, extends:
     from mcx.spec import load_spec
     from mcx.spec.load import apply_overrides
     from mcx.weights.hfconfig import model_table, read_config
+    from mcx.weights.hftensors import check_tensors
 
     source = Path(directory).expanduser().resolve()
     if not source.is_dir():
         raise InputError(f"{directory} is not a directory;", "give the Hugging Face model directory (config.json, "
                          "*.safetensors).")
     hf = read_config(source)
+    check_tensors(source, hf)  # the weights must be the model config.json describes before a spec starts from them
     if seq_length is not None and seq_length < 1:
         raise InputError(f"--seq-length {seq_length} must be positive;", "give the training sequence length.")
     seq = seq_length or min(hf.max_position_embeddings, SEQ_LENGTH_CAP)

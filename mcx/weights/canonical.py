@@ -56,14 +56,6 @@ def is_extra_state(name: str) -> bool:
     return name.endswith("_extra_state")
 
 
-def layer_key(layer: int, rest: str) -> str:
-    return f"decoder.layers.{layer}.{rest}"
-
-
-def expert_key(layer: int, expert: int, rest: str) -> str:
-    return f"decoder.layers.{layer}.mlp.experts.local_experts.{expert}.{rest}"
-
-
 VOCAB_TENSORS = ("embedding.word_embeddings.weight", "output_layer.weight")
 
 

@@ -1,16 +1,14 @@
 """Hugging Face safetensors <-> canonical weights, one tensor at a time.
 
-The mapping is a table of links: each canonical tensor is one Hugging Face tensor, or several joined:
-Megatron-Core's fused QKV holds, for each query group in turn, that group's query heads, then its key
-head, then its value head (so tensor parallelism splits it by whole groups); its first MLP linear holds
-the gate projection, then the up projection (SwiGLU computes silu(gate) * up). Experts and router map
-one to one. The vocabulary tensors keep the Hugging Face row count here (Megatron's padding rows are
-added or cut by ``canonical.with_vocab_rows``).
+The table of links (which Hugging Face tensors each canonical tensor is made of) and the check of a
+directory against config.json are ``hftensors``' (torch-free: the planner runs them too); here are the
+joins that build Megatron-Core's fused tensors (QKV interleaved by query group, gate then up rows) and
+split them again. The vocabulary tensors keep the Hugging Face row count here (Megatron's padding rows
+are added or cut by ``canonical.with_vocab_rows``).
 
-Reading opens each shard's header once (shapes without data) and reads a tensor's bytes when it is asked
+Reading checks the shards' headers first (shapes without data) and reads a tensor's bytes when it is asked
 for. Writing plans the shards from the shapes, then fills and writes one shard at a time, so the host
-holds at most one shard and one canonical tensor, whatever the model's size.
-"""
+holds at most one shard and one canonical tensor, whatever the model's size."""
 
 from __future__ import annotations
 
@@ -22,72 +20,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from attrs import frozen
 
 from mcx.errors import InputError
-from mcx.weights.canonical import Shape, Weights, expert_key, layer_key
-from mcx.weights.hfconfig import HfModel, read_config
+from mcx.weights.canonical import Shape, Weights
+from mcx.weights.hfconfig import read_config
+from mcx.weights.hftensors import INDEX, SINGLE, Link, Shapes, check_tensors, joined_shape, links, shapes_of
 
-INDEX = "model.safetensors.index.json"
-SINGLE = "model.safetensors"
-# Buffers older checkpoints carry that are recomputed, not learned.
-IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 HF_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-
-@frozen
-class Link:
-    """One canonical tensor and the Hugging Face tensors it is made of (``join``: how)."""
-
-    canonical: str
-    hf: tuple[str, ...]
-    join: str  # "same", "qkv" (q, k, v interleaved by query group) or "gate_up" (concatenated rows)
-
-
-@frozen
-class Shapes:
-    """What the links of a model depend on."""
-
-    num_layers: int
-    num_attention_heads: int
-    num_query_groups: int
-    head_dim: int
-    num_experts: int | None
-    tied: bool
-
-
-def shapes_of(hf: HfModel) -> Shapes:
-    return Shapes(hf.num_layers, hf.num_attention_heads, hf.num_query_groups, hf.head_dim, hf.num_experts, hf.tied)
-
-
-def links(s: Shapes) -> list[Link]:
-    """Every tensor of the model, in Hugging Face's order (embedding, layers, final norm, head)."""
-    out = [Link("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "same")]
-    for i in range(s.num_layers):
-        p = f"model.layers.{i}."
-        out += [
-            Link(layer_key(i, "input_layernorm.weight"), (p + "input_layernorm.weight",), "same"),
-            Link(layer_key(i, "self_attention.linear_qkv.weight"),
-                 tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv"), "qkv"),
-            Link(layer_key(i, "self_attention.linear_proj.weight"), (p + "self_attn.o_proj.weight",), "same"),
-            Link(layer_key(i, "pre_mlp_layernorm.weight"), (p + "post_attention_layernorm.weight",), "same"),
-        ]
-        if s.num_experts:
-            moe = p + "block_sparse_moe."
-            out.append(Link(layer_key(i, "mlp.router.weight"), (moe + "gate.weight",), "same"))
-            for e in range(s.num_experts):
-                x = f"{moe}experts.{e}."
-                out += [Link(expert_key(i, e, "linear_fc1.weight"), (x + "w1.weight", x + "w3.weight"), "gate_up"),
-                        Link(expert_key(i, e, "linear_fc2.weight"), (x + "w2.weight",), "same")]
-        else:
-            out += [Link(layer_key(i, "mlp.linear_fc1.weight"), (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
-                         "gate_up"),
-                    Link(layer_key(i, "mlp.linear_fc2.weight"), (p + "mlp.down_proj.weight",), "same")]
-    out.append(Link("decoder.final_layernorm.weight", ("model.norm.weight",), "same"))
-    if not s.tied:
-        out.append(Link("output_layer.weight", ("lm_head.weight",), "same"))
-    return out
 
 
 # -- the joins ------------------------------------------------------------------------------------
@@ -109,12 +49,6 @@ def split_qkv(qkv: torch.Tensor, s: Shapes) -> tuple[torch.Tensor, torch.Tensor,
     return q.reshape(-1, hidden), k.reshape(-1, hidden), v.reshape(-1, hidden)
 
 
-def joined_shape(link: Link, parts: list[Shape]) -> Shape:
-    if link.join == "same":
-        return parts[0]
-    return (sum(p[0] for p in parts), *parts[0][1:])
-
-
 def split(link: Link, tensor: torch.Tensor, s: Shapes) -> tuple[torch.Tensor, ...]:
     if link.join == "same":
         return (tensor,)
@@ -127,15 +61,16 @@ def split(link: Link, tensor: torch.Tensor, s: Shapes) -> tuple[torch.Tensor, ..
 
 def hf_weights(directory: Path) -> Weights:
     """A Hugging Face model directory (config.json + safetensors, sharded or not) as canonical Weights.
-    InputError for a missing shard, a missing, extra or mis-shaped tensor, a model mcx does not convert."""
+    InputError for a missing or damaged file, a missing, extra or mis-shaped tensor, a model mcx does not
+    convert (``hftensors.check_tensors``: the same check the planner made), before any tensor is read."""
     directory = Path(directory)
     hf = read_config(directory)
     s = shapes_of(hf)
-    files = _tensor_files(directory)
+    found = check_tensors(directory, hf)
     handles: dict[str, object] = {}
 
-    def handle(name: str):
-        file = files[name]
+    def handle(stored: str):
+        file = found.files[stored]
         if file not in handles:
             from safetensors import SafetensorError, safe_open
 
@@ -146,27 +81,13 @@ def hf_weights(directory: Path) -> Weights:
                                  "download it again (a cut-off download leaves a truncated file).") from None
         return handles[file]
 
-    have = {name: tuple(handle(name).get_slice(name).get_shape()) for name in files}
-    refs = {name: Ref(name) for name in have} | _stacked_experts(have, s)
     table = links(s)
-    wanted = {name for link in table for name in link.hf}
-    used = {refs[n].stored for n in wanted if n in refs}
-    problems = [f"{n}: missing" for n in sorted(wanted - refs.keys())]
-    problems += [f"{n}: not a tensor of a {hf.architecture}" for n in sorted(have.keys() - used)
-                 if not n.endswith(IGNORED_SUFFIXES)]
-    if not problems:
-        problems = [f"{n}: {refs[n].shape(have)}, config.json implies {e}" for link in table
-                    for n, e in zip(link.hf, _expected(link, hf)) if refs[n].shape(have) != e]
-    if problems:
-        raise InputError(f"hf:{directory}: the safetensors files do not hold the model config.json describes "
-                         f"({'; '.join(problems[:8])}{f'; and {len(problems) - 8} more' if len(problems) > 8 else ''});",
-                         "use the directory as published (every shard the index lists) with its own config.json.")
     by_name = {link.canonical: link for link in table}
-    shapes = {link.canonical: joined_shape(link, [refs[n].shape(have) for n in link.hf]) for link in table}
+    shapes = {link.canonical: joined_shape(link, [found.shape(n) for n in link.hf]) for link in table}
 
     def read(name: str) -> torch.Tensor:
         link = by_name[name]
-        parts = [refs[n].read(handle(refs[n].stored)) for n in link.hf]
+        parts = [found.refs[n].read(handle(found.refs[n].stored)) for n in link.hf]
         if link.join == "same":
             return parts[0]
         if link.join == "qkv":
@@ -174,90 +95,6 @@ def hf_weights(directory: Path) -> Weights:
         return torch.cat(parts, dim=0)
 
     return Weights(shapes, read, f"hf:{directory}")
-
-
-@frozen
-class Ref:
-    """Where a Hub-named tensor is stored: under its own name, or as one expert's rows of a stacked tensor."""
-
-    stored: str
-    expert: int | None = None
-    rows: tuple[int, int] | None = None
-
-    def shape(self, have: dict[str, Shape]) -> Shape:
-        shape = have[self.stored] if self.expert is None else have[self.stored][1:]
-        return shape if self.rows is None else (self.rows[1] - self.rows[0], *shape[1:])
-
-    def read(self, f) -> torch.Tensor:
-        if self.expert is None:
-            return f.get_tensor(self.stored)
-        part = f.get_slice(self.stored)[self.expert]
-        return part if self.rows is None else part[self.rows[0]:self.rows[1]]
-
-
-def _stacked_experts(have: dict[str, Shape], s: Shapes) -> dict[str, Ref]:
-    """transformers 5 can save Mixtral's experts stacked (``mlp.experts.gate_up_proj``: [E, 2F, H], gate rows
-    first; ``mlp.experts.down_proj``: [E, H, F]; the router as ``mlp.gate.weight``): the Hub's names for them."""
-    out: dict[str, Ref] = {}
-    for i in range(s.num_layers if s.num_experts else 0):
-        p, moe = f"model.layers.{i}.mlp.", f"model.layers.{i}.block_sparse_moe."
-        gate_up, down = p + "experts.gate_up_proj", p + "experts.down_proj"
-        if gate_up in have and down in have:
-            f = have[gate_up][1] // 2
-            for e in range(s.num_experts or 0):
-                x = f"{moe}experts.{e}."
-                out |= {x + "w1.weight": Ref(gate_up, e, (0, f)), x + "w3.weight": Ref(gate_up, e, (f, 2 * f)),
-                        x + "w2.weight": Ref(down, e)}
-        if p + "gate.weight" in have:
-            out[moe + "gate.weight"] = Ref(p + "gate.weight")
-    return out
-
-
-def _expected(link: Link, hf: HfModel) -> list[Shape]:
-    """The shape config.json implies for each Hugging Face tensor of ``link``."""
-    h, v, f, q, kv = hf.hidden_size, hf.vocab_size, hf.ffn_hidden_size, hf.num_attention_heads * hf.head_dim, \
-        hf.num_query_groups * hf.head_dim
-    by_end = {"embed_tokens.weight": (v, h), "lm_head.weight": (v, h), "norm.weight": (h,), "layernorm.weight": (h,),
-              "q_proj.weight": (q, h), "k_proj.weight": (kv, h), "v_proj.weight": (kv, h), "o_proj.weight": (h, q),
-              "gate_proj.weight": (f, h), "up_proj.weight": (f, h), "w1.weight": (f, h), "w3.weight": (f, h),
-              "down_proj.weight": (h, f), "w2.weight": (h, f), "gate.weight": (hf.num_experts or 0, h)}
-    return [next(shape for end, shape in by_end.items() if name.endswith(end)) for name in link.hf]
-
-
-def _tensor_files(directory: Path) -> dict[str, str]:
-    """Tensor name -> shard file, from the index (every shard it names must exist) or the one file."""
-    index = directory / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            assert isinstance(weight_map, dict)
-        except (OSError, ValueError, KeyError, AssertionError) as exc:
-            raise InputError(f"{index} is not a safetensors index ({exc});",
-                             "restore it from the model's source.") from None
-        absent = sorted({f for f in weight_map.values() if not (directory / f).is_file()})
-        if absent:
-            raise InputError(f"hf:{directory}: {len(absent)} shard(s) the index names are missing: {', '.join(absent[:5])}"
-                             f"{' ...' if len(absent) > 5 else ''};",
-                             "download the missing files (huggingface-cli download resumes), or copy the whole "
-                             "directory again.")
-        return weight_map
-    singles = sorted(p.name for p in directory.glob("*.safetensors"))
-    if len(singles) == 1:
-        from safetensors import SafetensorError, safe_open
-
-        try:
-            with safe_open(str(directory / singles[0]), "pt", device="cpu") as f:
-                return {name: singles[0] for name in f.keys()}
-        except (SafetensorError, OSError) as exc:
-            raise InputError(f"hf:{directory}: {singles[0]} is not a readable safetensors file ({exc});",
-                             "download it again (a cut-off download leaves a truncated file).") from None
-    if not singles:
-        bins = sorted(p.name for p in directory.glob("*.bin"))
-        raise InputError(f"hf:{directory} has no safetensors files" + (f" (it has {', '.join(bins[:3])})" if bins else "")
-                         + ";", "mcx reads safetensors only: save the model with transformers' "
-                         "save_pretrained (safetensors is its default), then point init.from at that directory.")
-    raise InputError(f"hf:{directory} has {len(singles)} safetensors files and no {INDEX};",
-                     f"restore {INDEX} from the model's source.")
 
 
 # -- writing ---------------------------------------------------------------------------------------

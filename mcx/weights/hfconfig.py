@@ -27,6 +27,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "
 # Megatron-Core's llama3 RoPE scaling has these three fixed (rotary_pos_embedding._apply_scaling); LLaMA 3.1,
 # 3.2 and 3.3 use them, with factor 8 (3.1, 3.3) or 32 (3.2).
 LLAMA3_ROPE = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# config.json keys that size the weights: named when absent, never filled with transformers' LLaMA 7B defaults.
+REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 @frozen(kw_only=True)
@@ -55,6 +57,7 @@ class HfModel:
     dtype: str | None
     bos_token_id: int | None
     eos_token_id: int | list[int] | None
+    defaulted: tuple[tuple[str, int], ...] = ()  # (key, value) config.json left out, read as transformers does
 
 
 def read_config(directory: Path) -> HfModel:
@@ -78,17 +81,14 @@ def _from_dict(raw: dict[str, Any], where: str) -> HfModel:
     if arch not in ARCHITECTURES:
         raise InputError(f"{where}: architecture {arch!r} is not one mcx converts;",
                          f"mcx reads and writes {', '.join(sorted(ARCHITECTURES))}.")
-
-    def need(key: str, kind: type = int) -> Any:
-        value = raw.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
-            problems.append(f"{key} = {value!r} (a {kind.__name__} is needed)")
-            return 0 if kind is not float else 0.0
-        return value
-
-    layers, hidden, heads = need("num_hidden_layers"), need("hidden_size"), need("num_attention_heads")
+    sizes = _sizes(raw, where)
+    layers, hidden, heads, ffn, vocab = (sizes[k] for k in REQUIRED)
+    # absent, these are what transformers' LlamaConfig, MistralConfig and MixtralConfig make of them: a
+    # key/value head per query head, hidden_size / num_attention_heads a head (the tensor check says so)
+    defaulted = tuple((k, v) for k, v in (("num_key_value_heads", heads), ("head_dim", hidden // heads))
+                      if raw.get(k) is None)
     groups = raw.get("num_key_value_heads") or heads
-    head_dim = raw.get("head_dim") or (hidden // heads if heads else 0)
+    head_dim = raw.get("head_dim") or hidden // heads
     if raw.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act = {raw.get('hidden_act')!r} (mcx's LLaMA block is SwiGLU: \"silu\")")
     for key in ("attention_bias", "mlp_bias"):
@@ -102,15 +102,32 @@ def _from_dict(raw: dict[str, Any], where: str) -> HfModel:
     eps = raw.get("rms_norm_eps", 1e-6)
     return HfModel(
         path=where, architecture=arch, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-        num_query_groups=int(groups), head_dim=int(head_dim), ffn_hidden_size=need("intermediate_size"),
-        vocab_size=need("vocab_size"), max_position_embeddings=int(raw.get("max_position_embeddings") or 2048),
+        num_query_groups=int(groups), head_dim=int(head_dim), ffn_hidden_size=ffn,
+        vocab_size=vocab, max_position_embeddings=int(raw.get("max_position_embeddings") or 2048),
         norm_epsilon=float(eps), rotary_base=base, rope_scaling_factor=factor,
         tied=bool(raw.get("tie_word_embeddings", False)), init_method_std=float(raw.get("initializer_range", 0.02)),
         sliding_window=raw.get("sliding_window") if isinstance(raw.get("sliding_window"), int) else None,
         num_experts=int(experts) if experts else None, moe_router_topk=int(raw.get("num_experts_per_tok", 2)),
         moe_aux_loss_coeff=float(raw.get("router_aux_loss_coef", 0.0)),
         dtype=raw.get("torch_dtype") or raw.get("dtype"), bos_token_id=raw.get("bos_token_id"),
-        eos_token_id=raw.get("eos_token_id"))
+        eos_token_id=raw.get("eos_token_id"), defaulted=defaulted)
+
+
+def _sizes(raw: dict[str, Any], where: str) -> dict[str, int]:
+    """The REQUIRED keys' values; InputError naming every one that is absent or not a positive integer
+    (transformers would fill an absent one with LLaMA 7B's size, which the weights then contradict)."""
+    def positive(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+    bad = [f"{k} {'is missing' if k not in raw else f'= {raw[k]!r}'}" for k in REQUIRED if not positive(raw.get(k))]
+    bad += [f"{k} = {raw[k]!r}" for k in ("num_key_value_heads", "head_dim") if raw.get(k) is not None
+            and not positive(raw[k])]
+    if bad:
+        raise InputError(f"{where}: " + "; ".join(bad) + f" (mcx reads {', '.join(REQUIRED)} from config.json, "
+                         "and num_key_value_heads and head_dim where given, each a positive integer);",
+                         "restore config.json from the model's source: transformers' save_pretrained writes every "
+                         "one of them.")
+    return {k: raw[k] for k in REQUIRED}
 
 
 def _rope(raw: dict[str, Any], problems: list[str]) -> tuple[int, float | None]:
