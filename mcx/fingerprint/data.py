@@ -22,6 +22,7 @@ a tracked but not yet pulled path from its DVC record: the ID is the same before
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -45,14 +46,35 @@ def not_pulled_warning(key: str, value: str, record: str) -> str:
             "before training")
 
 
+# Kernel file systems: endless files (/dev/zero), self-referring links (/proc/self/root), never a dataset.
+PSEUDO_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def _not_regular(path: Path, why: str) -> OSError:
+    return OSError(errno.EINVAL, why, str(path))
+
+
 def _files(path: Path) -> list[tuple[str, Path]]:
-    """(relative posix path, path) of every file under ``path`` (itself, if a file), sorted."""
+    """(relative posix path, path) of every file under ``path`` (itself, if a file), sorted.
+
+    Only regular files, each directory once: a device, FIFO or socket, a path under /proc, /sys or /dev,
+    or a directory reached twice through symbolic links (a loop) is an OSError naming it.
+    """
+    resolved = path.resolve()
+    if any(resolved == root or root in resolved.parents for root in PSEUDO_ROOTS):
+        raise _not_regular(path, "a kernel file system, not a dataset")
     if path.is_file():
         return [("", path)]
-    found = []
+    found, seen = [], set()
     for d, dirs, files in os.walk(path, followlinks=True):
+        st = os.stat(d)
+        if (st.st_dev, st.st_ino) in seen:
+            raise _not_regular(Path(d), "a directory reached twice through symbolic links")
+        seen.add((st.st_dev, st.st_ino))
         for name in files:
             full = Path(d, name)
+            if not full.is_file():
+                raise _not_regular(full, "not a regular file")
             found.append((full.relative_to(path).as_posix(), full))
     return sorted(found)
 
@@ -124,8 +146,8 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
     try:
         sha, nfiles, size = tree_sha256(full, hashes)
     except OSError as exc:
-        raise DataError(f"{key} = {value!r}: cannot read {exc.filename} ({exc.strerror})",
-                        "fix the file's permissions.") from None
+        fix = "fix the file's permissions." if exc.errno == errno.EACCES else "give a directory of regular files."
+        raise DataError(f"{key} = {value!r}: cannot read {exc.filename} ({exc.strerror})", fix) from None
     if nfiles == 0:
         raise DataError(f"{key} = {value!r}: {full} holds no files",
                         "prepare it with `mcx data prepare SPEC` or fetch it with `dvc pull`.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import difflib
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,38 @@ from mcx.spec.rules import check_spec
 from mcx.spec.schema import ExperimentSpec
 
 
+SPEC_BYTES_LIMIT = 4 * 1024 * 1024  # a spec is kilobytes; more is the wrong file (and /dev/zero never ends)
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads``; nesting too deep for its recursive parser is malformed TOML too."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:  # an array or inline table nested thousands deep
+        raise tomllib.TOMLDecodeError("arrays or tables nested too deep (end of document)") from None
+
+
+def _read_text(path: Path) -> str:
+    """A regular file's UTF-8 text, at most SPEC_BYTES_LIMIT bytes (devices, FIFOs and /proc refused)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer would block the open
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(21, "is a directory")
+        if not stat.S_ISREG(st.st_mode) or str(path.resolve()).startswith(("/proc/", "/sys/")):
+            raise SpecError([("", f"cannot read {path}: not a regular file; give a UTF-8 TOML file")])
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(SPEC_BYTES_LIMIT + 1)
+    finally:
+        os.close(fd)
+    if len(data) > SPEC_BYTES_LIMIT:
+        raise SpecError([("", f"cannot read {path}: larger than {SPEC_BYTES_LIMIT >> 20} MiB; give a spec file")])
+    return data.decode("utf-8")
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_text(path)
     except FileNotFoundError:
         raise SpecError([("", f"file not found: {path}; check the path")]) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
@@ -28,7 +58,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     except OSError as exc:  # ENAMETOOLONG, ELOOP, EIO, ...
         raise SpecError([("", f"cannot read {path}: {exc.strerror}; check the path")]) from None
     try:
-        return tomllib.loads(text)
+        return parse_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([("", f"malformed TOML: {exc}; fix the syntax there")], str(path)) from None
 
@@ -73,11 +103,15 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if not all(p and p.replace("_", "").replace("-", "").isalnum() for p in parts):
         raise SpecError([("--set", f"{key!r} is not a dotted key; write e.g. --set parallel.tensor=2")])
+    value = raw.strip()
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        parsed = parse_toml(f"v = {value}")
     except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return parts, value
+        parsed = {"v": value}
+    # one --set sets one key: 'train.lr=1\nname="x"' parses as two, and a bare value spanning lines hides one
+    if set(parsed) != {"v"} or (parsed["v"] == value and any(c in value for c in "\r\n")):
+        raise SpecError([("--set", f"{item!r} spans lines; give one KEY=VALUE per --set")])
+    return parts, parsed["v"]
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -126,7 +160,7 @@ def load_spec(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ..
 def loads_spec(text: str, source: str = "<string>") -> ExperimentSpec:
     """Structure a spec from TOML text (used for resolved specs written into run directories)."""
     try:
-        data = tomllib.loads(text)
+        data = parse_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([("", f"malformed TOML: {exc}; fix the syntax there")], source) from None
     spec = convert.structure(apply_preset(data), ExperimentSpec, source)
