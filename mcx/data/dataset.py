@@ -58,6 +58,21 @@ class Index:
         return int(self.sequence_lengths.sum(dtype="int64"))
 
 
+def token_dtype(idx_path: Path) -> str | None:
+    """The token dtype an ``.idx`` header names (its first bytes only); None when it is not a readable
+    Megatron-Core index of integer tokens (``read_index`` says what is wrong)."""
+    try:
+        with open(idx_path, "rb") as f:
+            header = f.read(_IDX_HEADER.size)
+    except OSError:
+        return None
+    if len(header) < _IDX_HEADER.size:
+        return None
+    magic, version, code, _, _ = _IDX_HEADER.unpack(header)
+    dtype = _DTYPES.get(code) if (magic, version) == (_IDX_MAGIC, _IDX_VERSION) else None
+    return dtype if dtype is not None and not dtype.startswith("float") else None
+
+
 def read_index(idx_path: Path, bin_path: Path) -> Index:
     """Read and check a Megatron-Core index against its data file."""
     import numpy as np

@@ -11,6 +11,9 @@ Hashed (``id``), for ``data.path`` and, when set, ``data.tokenizer.path`` / ``da
 - not tracked: ``{"source": "sha256", "value": ...}``, sha256 over the sorted relative paths and the
   sha256 of each file's bytes, with a warning (track it: `dvc add`).
 
+A prepared dataset's largest token id goes into ``info.dataset.max_token_id`` (not the ``id``: it follows
+from the content), kept with the ``.bin``'s hash; the planner checks it against the vocabulary.
+
 Each file's hash comes from ``FileHashes``: a ``stat`` for a file whose (inode, mtime, size) is
 unchanged since it was last hashed, a read otherwise; ``rehash=True`` (``mcx run --verify-data``,
 ``mcx reproduce``) reads every file. ``info.<name>.content`` counts the files and bytes read.
@@ -164,6 +167,20 @@ def _cost(hashes: FileHashes, before: dict[str, int]) -> dict[str, Any]:
     return {**{k: now[k] - before[k] for k in now}, "kept_hashes": "not used (full re-hash)" if hashes.full else "used"}
 
 
+def largest_token_id(data: DataSpec, project_root: Path, hashes: FileHashes) -> int | None:
+    """The largest token id in the prepared dataset's ``<prefix>.bin`` (dtype from its ``.idx`` header), kept
+    with the file's hash (read once per version); None where there is no readable dataset of integer tokens."""
+    from mcx.data.dataset import token_dtype
+
+    directory = norm(Path(project_root) / data.path)
+    bin_path = directory / f"{data.prefix}.bin"
+    dtype = token_dtype(directory / f"{data.prefix}.idx")
+    try:
+        return hashes.largest(bin_path, dtype) if dtype is not None and bin_path.is_file() else None
+    except OSError:  # unreadable: the dataset checks at launch name it
+        return None
+
+
 def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
     """The spec's data paths by their name in the data component: name -> (key, value); unset ones left out."""
     named = {"dataset": ("data.path", data.path), "tokenizer": ("data.tokenizer.path", data.tokenizer.path),
@@ -185,6 +202,11 @@ def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = 
         for name, (key, value) in data_paths(spec.data).items():
             part = content_identity(project_root, value, key, warnings, require_data, allow_absent, hashes)
             ident[name], info[name] = part["id"], part["info"]
+        # the largest token id, for the planner's vocabulary check: info, not id (the content fixes it)
+        if "dataset" in info and info["dataset"].get("verified") != NOT_PULLED:
+            top = largest_token_id(spec.data, project_root, hashes)
+            if top is not None:
+                info["dataset"]["max_token_id"] = top
     finally:
         hashes.save()  # what was read is worth keeping, whether or not the data passed
     return {"id": ident, "info": info, "warnings": warnings}
