@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import errno
 import os
 import stat
 import tomllib
@@ -19,7 +20,7 @@ from mcx.spec.rules import check_spec
 from mcx.spec.schema import ExperimentSpec
 
 
-SPEC_BYTES_LIMIT = 4 * 1024 * 1024  # a spec is kilobytes; more is the wrong file (and /dev/zero never ends)
+TEXT_BYTES_LIMIT = 4 * 1024 * 1024  # a spec or launch script is kilobytes; more is the wrong file
 
 
 def parse_toml(text: str) -> dict[str, Any]:
@@ -30,27 +31,29 @@ def parse_toml(text: str) -> dict[str, Any]:
         raise tomllib.TOMLDecodeError("arrays or tables nested too deep (end of document)") from None
 
 
-def _read_text(path: Path) -> str:
-    """A regular file's UTF-8 text, at most SPEC_BYTES_LIMIT bytes (devices, FIFOs and /proc refused)."""
+def read_regular_text(path: Path, limit: int = TEXT_BYTES_LIMIT) -> str:
+    """A regular file's UTF-8 text, at most ``limit`` bytes. A device, FIFO or socket, a file under /proc or
+    /sys (/dev/zero and /proc/self/... never end; a FIFO with no writer never answers), or a larger file is an
+    OSError saying so; bytes that are not UTF-8 a UnicodeDecodeError."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer would block the open
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
-            raise IsADirectoryError(21, "is a directory")
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
         if not stat.S_ISREG(st.st_mode) or str(path.resolve()).startswith(("/proc/", "/sys/")):
-            raise SpecError([("", f"cannot read {path}: not a regular file; give a UTF-8 TOML file")])
+            raise OSError(errno.EINVAL, "not a regular file: a device, FIFO or kernel file", str(path))
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(SPEC_BYTES_LIMIT + 1)
+            data = f.read(limit + 1)
     finally:
         os.close(fd)
-    if len(data) > SPEC_BYTES_LIMIT:
-        raise SpecError([("", f"cannot read {path}: larger than {SPEC_BYTES_LIMIT >> 20} MiB; give a spec file")])
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB", str(path))
     return data.decode("utf-8")
 
 
 def read_toml(path: Path) -> dict[str, Any]:
     try:
-        text = _read_text(path)
+        text = read_regular_text(path)
     except FileNotFoundError:
         raise SpecError([("", f"file not found: {path}; check the path")]) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
