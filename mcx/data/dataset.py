@@ -38,7 +38,9 @@ _IDX_VERSION = 1
 _IDX_HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
 _DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32", 8: "uint16"}
 
-_RESTORE = "restore it with `dvc checkout` (or `dvc pull`), or prepare it again with `mcx data prepare --force`."
+# --force: plain `dvc checkout` refuses to overwrite a file that differs from its record (a corrupt one)
+_RESTORE = ("restore it with `dvc checkout --force` (or `dvc pull --force`), or prepare it again with "
+            "`mcx data prepare --force`.")
 
 
 @frozen
