@@ -172,7 +172,7 @@ strings = st.one_of(
     st.sampled_from(["", " ", "3e-4", "1", "true", "nan", "bf16", "BF16", "fp8-hybrid", "H100", "h100", "cpu",
                      "any", "slurm", "local", "rope", "ü", "√2", "日本語", "../..", "969,30,1", "1,2", "04:00:00",
                      "1-00:00:00", "data/quickstart", "tiny.toml", "llama3-8b", "a;rm -rf /", "$(reboot)",
-                     "\x00", "\t\n", "'\"", "x" * 200]),
+                     "\x00", "\t\n", "'\"", "x" * 200, "/proc/self", "/dev/zero", "/sys", "/dev/stdin"]),
     st.text(max_size=24),
 )
 scalars = st.one_of(ints, floats, st.booleans(), strings)
@@ -481,7 +481,8 @@ def data_stays_home(ws: Workspace, path: Path, overrides: list[str]) -> bool:
     for value in (d.get("path"), tok.get("path"), tok.get("merges")):
         if isinstance(value, str) and "\x00" not in value:
             full = Path(os.path.normpath(ws.project / value))
-            if full.exists() and not full.is_relative_to(ws.project):
+            kernel = any(full.is_relative_to(root) for root in ("/proc", "/sys", "/dev"))  # refused, never walked
+            if full.exists() and not full.is_relative_to(ws.project) and not kernel:
                 return False
     return True
 
@@ -861,6 +862,10 @@ def _issue35_cases(root: Path) -> dict[str, tuple[list[str], str]]:
         "import-dev-zero": (["import", "/dev/zero"], "cannot read /dev/zero (not a regular file"),
         "import-fifo": (["import", str(fifo)], "launch.fifo (not a regular file"),
         "plan-fifo": (["plan", str(fifo)], "launch.fifo: not a regular file"),
+        "tokenizer-fifo": (["plan", str(tiny), "--set", 'data.tokenizer.kind="huggingface"', "--set",
+                            f"data.tokenizer.path={json.dumps(str(fifo))}"], "launch.fifo (not a regular file)"),
+        "tokenizer-dev-zero": (["plan", str(tiny), "--set", 'data.tokenizer.kind="sentencepiece"', "--set",
+                                'data.tokenizer.path="/dev/zero"'], "cannot read /dev/zero (a kernel file system"),
     }
     return cases
 
@@ -868,7 +873,8 @@ def _issue35_cases(root: Path) -> dict[str, tuple[list[str], str]]:
 ISSUE35 = ["deep-plan", "deep-run --dry-run", "deep-sweep --dry-run", "int64-train_iters", "int64-seed",
            "int64-eval_iters", "int64-eval_interval", "int64-set", "seed-past-numpy", "explain-hf-5000",
            "data-surrogate", "plan-dev-zero", "data-proc-self", "set-two-lines", "empty-data-path",
-           "unknown-tolerance", "tune-dev-full", "import-dev-zero", "import-fifo", "plan-fifo"]
+           "unknown-tolerance", "tune-dev-full", "import-dev-zero", "import-fifo", "plan-fifo",
+           "tokenizer-fifo", "tokenizer-dev-zero"]
 
 
 @pytest.fixture(scope="module")

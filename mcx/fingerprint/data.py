@@ -65,9 +65,11 @@ def _files(path: Path) -> list[tuple[str, Path]]:
     """
     resolved = path.resolve()
     if any(resolved == root or root in resolved.parents for root in PSEUDO_ROOTS):
-        raise _not_regular(path, "a kernel file system, not a dataset")
+        raise _not_regular(path, "a kernel file system, not data")
     if path.is_file():
         return [("", path)]
+    if not path.is_dir():
+        raise _not_regular(path, "not a regular file")
     found, seen = [], set()
     for d, dirs, files in os.walk(path, followlinks=True):
         st = os.stat(d)
@@ -149,7 +151,8 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
     try:
         sha, nfiles, size = tree_sha256(full, hashes)
     except OSError as exc:
-        fix = "fix the file's permissions." if exc.errno == errno.EACCES else "give a directory of regular files."
+        fix = ("fix the file's permissions." if exc.errno == errno.EACCES
+               else "give regular files (or directories of them).")
         raise DataError(f"{key} = {value!r}: cannot read {exc.filename} ({exc.strerror})", fix) from None
     if nfiles == 0:
         raise DataError(f"{key} = {value!r}: {full} holds no files",

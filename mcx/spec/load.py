@@ -31,24 +31,29 @@ def parse_toml(text: str) -> dict[str, Any]:
         raise tomllib.TOMLDecodeError("arrays or tables nested too deep (end of document)") from None
 
 
-def read_regular_text(path: Path, limit: int = TEXT_BYTES_LIMIT) -> str:
-    """A regular file's UTF-8 text, at most ``limit`` bytes. A device, FIFO or socket, a file under /proc or
-    /sys (/dev/zero and /proc/self/... never end; a FIFO with no writer never answers), or a larger file is an
-    OSError saying so; bytes that are not UTF-8 a UnicodeDecodeError."""
+def read_regular_bytes(path: Path, limit: int | None = TEXT_BYTES_LIMIT) -> bytes:
+    """A regular file's bytes, at most ``limit`` (None: any size). A device, FIFO or socket, a file under /proc
+    or /sys (/dev/zero and /proc/self/... never end; a FIFO with no writer never answers), or a larger file
+    is an OSError saying so."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer would block the open
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-        if not stat.S_ISREG(st.st_mode) or str(path.resolve()).startswith(("/proc/", "/sys/")):
+        if not stat.S_ISREG(st.st_mode) or str(Path(path).resolve()).startswith(("/proc/", "/sys/")):
             raise OSError(errno.EINVAL, "not a regular file: a device, FIFO or kernel file", str(path))
         with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(limit + 1)
+            data = f.read() if limit is None else f.read(limit + 1)
     finally:
         os.close(fd)
-    if len(data) > limit:
+    if limit is not None and len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB", str(path))
-    return data.decode("utf-8")
+    return data
+
+
+def read_regular_text(path: Path, limit: int = TEXT_BYTES_LIMIT) -> str:
+    """``read_regular_bytes`` as UTF-8 text (UnicodeDecodeError where it is not)."""
+    return read_regular_bytes(path, limit).decode("utf-8")
 
 
 def read_toml(path: Path) -> dict[str, Any]:
