@@ -834,6 +834,8 @@ def _issue35_cases(root: Path) -> dict[str, tuple[list[str], str]]:
     hf.write_text(_spec_text(init={"from": "hf:" + "a" * 5000}))
     surrogate = root / "surrogate.jsonl"
     surrogate.write_text('{"text": "ok"}\n{"text": "\\ud800 lone"}\n')
+    corpus = root / "corpus.jsonl"
+    corpus.write_text('{"text": "a small, good corpus"}\n')
     empty_path = root / "empty-path.toml"
     empty_path.write_text(_spec_text(data={"path": ""}))
     tolerance = root / "tolerance.toml"
@@ -866,6 +868,8 @@ def _issue35_cases(root: Path) -> dict[str, tuple[list[str], str]]:
                             f"data.tokenizer.path={json.dumps(str(fifo))}"], "launch.fifo (not a regular file)"),
         "tokenizer-dev-zero": (["plan", str(tiny), "--set", 'data.tokenizer.kind="sentencepiece"', "--set",
                                 'data.tokenizer.path="/dev/zero"'], "cannot read /dev/zero (a kernel file system"),
+        "prepare-tokenizer-fifo": (["data", "prepare", str(corpus), "--out", str(root / "out"), "--tokenizer-kind",
+                                    "huggingface", "--tokenizer", str(fifo)], "(not a regular file"),
     }
     return cases
 
@@ -874,7 +878,7 @@ ISSUE35 = ["deep-plan", "deep-run --dry-run", "deep-sweep --dry-run", "int64-tra
            "int64-eval_iters", "int64-eval_interval", "int64-set", "seed-past-numpy", "explain-hf-5000",
            "data-surrogate", "plan-dev-zero", "data-proc-self", "set-two-lines", "empty-data-path",
            "unknown-tolerance", "tune-dev-full", "import-dev-zero", "import-fifo", "plan-fifo",
-           "tokenizer-fifo", "tokenizer-dev-zero"]
+           "tokenizer-fifo", "tokenizer-dev-zero", "prepare-tokenizer-fifo"]
 
 
 @pytest.fixture(scope="module")

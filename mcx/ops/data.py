@@ -202,7 +202,8 @@ def check_pulled(project: Path, out: DvcOut, *, remote: str, again: str) -> None
 def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
     """``planned`` with each data path it knew only by its DVC record (not here when planned) identified again
     now that the run has brought it: checked by content, its record's info says so; an identity other than the
-    planned one is a DataError (exit 2) before anything trains."""
+    planned one is a DataError (exit 2) before anything trains, and so is a dataset holding token ids past the
+    vocabulary (``token_id_problems``, which planning could not check while the data was not here)."""
     from attrs import evolve
 
     from mcx.fingerprint.data import NOT_PULLED, content_identity, data_paths, largest_token_id, not_pulled_warning
