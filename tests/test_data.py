@@ -522,3 +522,63 @@ def test_the_readme_example_prepares_beside_data_and_the_quickstart_still_plans(
     assert res.code == 2 and "data.dvc" in res.err, res
     dvc("add", "data")
     assert mcx_subprocess(project, "plan", "experiments/tiny.toml").code == 0
+
+
+# ---------------------------------------------------------------- token ids against the vocabulary
+
+
+def test_largest_token_id_is_kept_with_the_files_hash_and_read_again_only_when_the_file_changes(tmp_path: Path) -> None:
+    import numpy as np
+
+    from mcx.fingerprint.filehashes import FileHashes, cache_path, load
+
+    (tmp_path / ".mcx").mkdir()
+    path = tmp_path / "corpus.bin"
+    np.array([3, 70000, 12, 69999], dtype=np.int32).tofile(path)
+    past = (int(1e9) * (int(os.path.getmtime(path)) - 60),) * 2
+    os.utime(path, ns=past)  # older than the racy window: kept
+    hashes = FileHashes.for_project(tmp_path)
+    assert hashes.largest(path, "int32") == 70000 and hashes.read == 1
+    hashes.hash(path, "sha256")
+    hashes.save()
+    entry = load(cache_path(tmp_path))[str(path)]
+    assert entry[3]["max:int32"] == 70000 and len(entry[3]["sha256"]) == 64  # one entry: the bound beside the hash
+    again = FileHashes.for_project(tmp_path)
+    assert again.largest(path, "int32") == 70000 and again.read == 0  # this version's bound is not read again
+    assert again.largest(path, "uint16") == 0x1170  # 70000 = 0x1_1170: another reading, another bound
+    np.array([3, 5], dtype=np.int32).tofile(path)
+    os.utime(path, ns=past)  # same mtime, another size: another version
+    assert FileHashes.for_project(tmp_path).largest(path, "int32") == 5
+    empty = tmp_path / "empty.bin"
+    empty.write_bytes(b"")
+    assert FileHashes.for_project(tmp_path).largest(empty, "uint16") is None
+
+
+def test_token_ids_past_the_vocabulary_are_refused_before_training(tmp_path: Path) -> None:
+    """An untracked copy of the quickstart with 0xFF bytes written over it: `mcx plan` and `mcx run` exit 2
+    naming data.path, the largest id and the vocabulary; the clean copy's bound is in the data's info."""
+    import numpy as np
+
+    from conftest import make_e2e_project, mcx_subprocess
+
+    from mcx.fingerprint.data import collect_data
+    from mcx.spec import load_spec
+
+    project = make_e2e_project(tmp_path / "project")
+    (project / ".mcx").mkdir()
+    mine = project / "corpora" / "mine"
+    shutil.copytree(project / "data" / "quickstart", mine)
+    spec = load_spec(project / "experiments" / "tiny.toml", ["data.path=corpora/mine"])
+    clean = collect_data(spec, project)
+    top = int(np.fromfile(mine / "corpus.bin", dtype=np.uint16).max())
+    assert clean["info"]["dataset"]["max_token_id"] == top < 4096
+    assert "max_token_id" not in json.dumps(clean["id"])  # info, not the identity
+    with open(mine / "corpus.bin", "r+b") as f:
+        f.seek(1000)
+        f.write(b"\xff" * 64)
+    for verb in (["plan"], ["run"], ["run", "--dry-run"]):
+        res = mcx_subprocess(project, *verb, "experiments/tiny.toml", "--set", "data.path=corpora/mine")
+        assert res.code == 2, res
+        assert "data.path: 'corpora/mine' holds token id 65535 in corpus.bin" in res.err, res.err
+        assert "the tokenizer's vocabulary has 4096 ids (0 to 4095)" in res.err and "Traceback" not in res.err
+    assert sorted(p.name for p in (project / ".mcx").iterdir()) == ["file-hashes.json"]  # nothing trained

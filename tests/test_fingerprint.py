@@ -392,16 +392,23 @@ def test_same_size_edit_of_tracked_data_is_refused_naming_the_files(project: Pat
     # Named from the record's .dir listing in DVC's cache.
     assert ("changed: data/quickstart/corpus.bin; added: data/quickstart/extra.bin; removed: data/other/notes.txt"
             in exc.value.message)
-    assert "`dvc add data`" in exc.value.hint and "`dvc checkout data.dvc`" in exc.value.hint
+    assert "`dvc add data`" in exc.value.hint and "`dvc checkout --force data.dvc`" in exc.value.hint
     assert exc.value.exit_code == 2
     assert clean["info"]["dataset"]["verified"] == "content matches the DVC record"
+    dvc(project, "checkout", "-q", "--force", "data.dvc")  # the advice, as given, restores the recorded data
+    assert collect_data(spec_in(project), project)["id"]["dataset"] == clean["id"]["dataset"]
 
 
 def test_without_dvcs_listing_the_kept_hashes_name_the_changed_file(project: Path) -> None:
     shutil.rmtree(project / ".dvc" / "cache")
     corpus = project / "data" / "quickstart" / "corpus.bin"
-    old = flip(corpus)  # nothing kept yet: the difference is found, not where
-    with pytest.raises(DataError, match=r"it hashes to \w+\.dir, DVC recorded \w+\.dir; `dvc status` names the files"):
+    old = flip(corpus)  # nothing kept yet: named as the file written after data.dvc was
+    with pytest.raises(DataError, match=r"it hashes to \w+\.dir, DVC recorded \w+\.dir; modified after data.dvc "
+                                        r"was written: data/quickstart/corpus.bin\)"):
+        collect_data(spec_in(project), project)
+    age(project / "data")  # no later file either: unknown, and the command that brings the listing
+    with pytest.raises(DataError, match=r"which files differ is unknown here, as DVC's cache holds no listing of "
+                                        r"\w+\.dir \(`dvc fetch data.dvc` brings it\)"):
         collect_data(spec_in(project), project)
     assert flip(corpus) != old and corpus.read_bytes()[1000:1064] == old  # the recorded bytes again
     (project / ".mcx").mkdir()
@@ -507,7 +514,7 @@ def test_mcx_run_refuses_an_in_place_edit_before_training_and_plan_agrees(tmp_pa
         res = mcx_subprocess(project, *verb, "experiments/tiny.toml", "--json")
         assert res.code == 2, res
         assert "changed since DVC recorded it in data.dvc" in res.err and "data/quickstart/corpus.bin" in res.err
-        assert "`dvc add data`" in res.err and "`dvc checkout data.dvc`" in res.err and "Traceback" not in res.err
+        assert "`dvc add data`" in res.err and "`dvc checkout --force data.dvc`" in res.err and "Traceback" not in res.err
     assert sorted(p.name for p in (project / ".mcx").iterdir()) == ["file-hashes.json"]  # nothing trained
     flip(project / "data" / "quickstart" / "corpus.bin")
     assert (project / "data" / "quickstart" / "corpus.bin").read_bytes()[1000:1064] == old

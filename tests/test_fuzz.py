@@ -164,14 +164,15 @@ def near_miss(draw, name: str) -> str:
 
 random_keys = st.text(st.characters(blacklist_characters=".[]", blacklist_categories=("Cs",)), max_size=12)
 ints = st.one_of(st.sampled_from([0, -1, 1, 2, 3, 4, 5, 7, 8, 12, 16, 64, 127, 128, 1000, 4096, 65536]),
-                 st.integers(-3, 70), st.integers(-(2 ** 16), 2 ** 16))
+                 st.integers(-3, 70), st.integers(-(2 ** 16), 2 ** 16),
+                 st.sampled_from([2 ** 31, 2 ** 32, 2 ** 63 - 1, 2 ** 63, -(2 ** 63) - 1, 2 ** 64, 10 ** 30]))
 floats = st.one_of(st.sampled_from([0.0, -0.0, 1.0, 0.5, 3e-4, 1e-300, 1e300, -1.0, math.nan, math.inf, -math.inf]),
                    st.floats(allow_nan=True, allow_infinity=True))
 strings = st.one_of(
     st.sampled_from(["", " ", "3e-4", "1", "true", "nan", "bf16", "BF16", "fp8-hybrid", "H100", "h100", "cpu",
                      "any", "slurm", "local", "rope", "ü", "√2", "日本語", "../..", "969,30,1", "1,2", "04:00:00",
                      "1-00:00:00", "data/quickstart", "tiny.toml", "llama3-8b", "a;rm -rf /", "$(reboot)",
-                     "\x00", "\t\n", "'\"", "x" * 200]),
+                     "\x00", "\t\n", "'\"", "x" * 200, "/proc/self", "/dev/zero", "/sys", "/dev/stdin"]),
     st.text(max_size=24),
 )
 scalars = st.one_of(ints, floats, st.booleans(), strings)
@@ -254,6 +255,9 @@ _toml_literals = st.one_of(
                      "[1,", '"open', "= 2", "01", "1.", ".5"]),
     values.map(lambda v: tomli_w.dumps({"v": v})[4:].strip()),  # (arrays of tables come out as junk: fine)
     st.text(max_size=12),
+    st.sampled_from(["9223372036854775808", "-9223372036854775809", "99999999999999999999999", "4294967296"]),
+    st.integers(1, 6000).map(lambda n: "[" * n + "]" * n),  # nesting past the parser's recursion limit
+    st.integers(1, 3000).map(lambda n: "{a = " * n + "1" + "}" * n),
 )
 _toml_keys = st.one_of(st.sampled_from(sorted({k.split(".")[-1] for k in FIELDS})), random_keys.map(json.dumps),
                        st.sampled_from(sorted(FIELDS)).flatmap(near_miss), st.sampled_from(sorted(FIELDS)))
@@ -394,7 +398,7 @@ def load_and_plan(path: Path, overrides: list[str] = (), limit: float = LIMIT_S)
 def _raw(path: Path) -> Any:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):  # (mcx says "nested too deep")
         return None
 
 
@@ -439,7 +443,9 @@ override_items = st.one_of(
     st.builds(lambda k, v: f"{k}={v}", st.sampled_from(sorted(FIELDS)).flatmap(near_miss), _toml_literals),
     st.builds(lambda k, v: f"{k}={v}", st.lists(random_keys, min_size=1, max_size=3).map(".".join), _toml_literals),
     st.sampled_from(["train.lr", "=1", "train..lr=1", " = ", "model=3", "train.lr.x=1", "model.preset=gpt5",
-                     "model.preset=llama3-8b", "launch.slurm.extra_sbatch=[1]", "a b=1", "train.lr=fast"]),
+                     "model.preset=llama3-8b", "launch.slurm.extra_sbatch=[1]", "a b=1", "train.lr=fast",
+                     'train.lr=1\nname="x"', "name=a\nb", "train.lr=1\r\n[model]", 'name="""a\nb"""']),
+    st.builds(lambda k, v, w: f"{k}={v}\n{w}", st.sampled_from(sorted(FIELDS)), _toml_literals, _toml_line),
     st.text(max_size=20),
 )
 
@@ -475,7 +481,8 @@ def data_stays_home(ws: Workspace, path: Path, overrides: list[str]) -> bool:
     for value in (d.get("path"), tok.get("path"), tok.get("merges")):
         if isinstance(value, str) and "\x00" not in value:
             full = Path(os.path.normpath(ws.project / value))
-            if full.exists() and not full.is_relative_to(ws.project):
+            kernel = any(full.is_relative_to(root) for root in ("/proc", "/sys", "/dev"))  # refused, never walked
+            if full.exists() and not full.is_relative_to(ws.project) and not kernel:
                 return False
     return True
 
@@ -518,6 +525,7 @@ VERB_MODULES = {
     "sync": ["mcx.ops.records"], "baseline": ["mcx.ops.records"], "reproduce": ["mcx.ops.reproduce"],
     "compare": ["mcx.ops.compare"], "import": ["mcx.ops.interop"], "export": ["mcx.ops.interop"],
     "tune": ["mcx.ops.tune"], "import-hf": ["mcx.ops.hf"], "export-hf": ["mcx.ops.hf"], "sweep": ["mcx.ops.sweep"],
+    "pull": ["mcx.ops.pull"], "lineage": ["mcx.ops.records"], "gc": ["mcx.ops.gc"],
 }
 
 
@@ -548,8 +556,12 @@ def bad_specs(ws: Workspace, always: bool = False) -> list[str]:
             (ws.specs / name).write_text(text)
     (ws.specs / "latin1.toml").write_bytes(b'name = "caf\xe9"\n')
     (ws.specs / "a_dir.toml").mkdir(exist_ok=True)
-    names = [*broken, "latin1.toml", "a_dir.toml", "missing.toml"] + ([] if always else [*repairable])
-    return [str(ws.specs / n) for n in names]
+    (ws.specs / "deep.toml").write_text(f'{tomli_w.dumps(SEEDS["tiny"])}\nx = {"[" * 5000}{"]" * 5000}\n')
+    if not (ws.specs / "fifo.toml").exists():
+        os.mkfifo(ws.specs / "fifo.toml")  # no writer: reading it would block forever
+    names = [*broken, "latin1.toml", "a_dir.toml", "missing.toml", "deep.toml", "fifo.toml"]
+    names += [] if always else [*repairable]
+    return [str(ws.specs / n) for n in names] + ["/dev/zero", "/proc/self/status"]
 
 
 FLAGS = ["--json", "--set", "--help", "-h", "--version", "--project", "--stage", "--force", "--yes", "--dry-run",
@@ -609,6 +621,10 @@ def verb_argv(ws: Workspace, verb: str) -> st.SearchStrategy:
                                                          "--name=", "--set=train.lr=fast"]), max_size=2)),
         "sweep": st.tuples(st.one_of(broken, st.just("show"), st.just("ls")), st.sampled_from(["", "nope", "../x"]),
                            st.lists(st.sampled_from(["--json", "--dry-run", "--yes"]), max_size=2)),
+        "pull": st.tuples(ids, st.lists(st.sampled_from(["--json", "--remote=", "--remote=/nonexistent",
+                                                         "--remote=../x"]), max_size=2)),
+        "lineage": st.tuples(ids, common),
+        "gc": st.tuples(st.lists(st.sampled_from(["--json", "--dry-run", "--keep-final", "--bogus", "x"]), max_size=3)),
         "export-hf": st.tuples(ids, st.just("-o=hf-out"),
                                st.lists(st.sampled_from(["--step=0", "--step=x", "--dtype=int8", "--json",
                                                          "--max-shard-size=big", "--max-shard-size=0"]), max_size=2)),
@@ -746,6 +762,7 @@ def bad_output_paths(root: Path, kind: str) -> dict[str, str]:
         "proc file": "/proc/mcx-out.txt",
         "sys": "/sys/mcx-out.txt",
         "under a file": str(root / "a_file" / "out.txt"),
+        "a device": "/dev/full",  # every write fails: found before the work, not after it
     }
     if kind == "file":
         paths["a directory"] = str(root / "a_dir")
@@ -772,7 +789,7 @@ def test_every_output_option_refuses_a_bad_path(ws, tmp_path, words, flag, kind,
         assert path in err and "Nothing was written" in err, (name, err)
         assert any(fix in err for fix in ("choose", "create it", "give a")), (name, err)
         assert ws.snapshot(project) == before and ws.snapshot(outside) == around, name
-        assert not Path(path).exists() or name in ("a directory", "a file"), name
+        assert not Path(path).exists() or name in ("a directory", "a file", "a device"), name
 
 
 @examples(60)
@@ -782,7 +799,7 @@ def test_output_options_with_generated_paths(ws, data):
     no traceback; exit 2 writes nothing."""
     words, flag, kind, positionals = data.draw(st.sampled_from(OUTPUT_OPTIONS))
     base = data.draw(st.sampled_from([str(ws.root / "gen" / "missing"), "/proc", "/proc/self", "/sys/kernel", "/",
-                                      str(ws.specs / "tiny.toml"), ""]))
+                                      str(ws.specs / "tiny.toml"), "", "/dev/full", "/dev/zero"]))
     tail = data.draw(st.lists(st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12),
                               min_size=1, max_size=3))
     path = "/".join([base, *tail])
@@ -792,3 +809,95 @@ def test_output_options_with_generated_paths(ws, data):
     code, out, err = run_main(["--project", str(project), *words, *positionals, flag, path], project)
     assert code == 2 and "Traceback" not in err and err.startswith("mcx: error: "), (path, code, err)
     assert ws.snapshot(project) == before
+
+
+# --- the tail of issue 35: each case by name ------------------------------------------------------
+
+
+def _spec_text(**sections: dict) -> str:
+    data = json.loads(json.dumps(SEEDS["tiny"]))
+    for name, table in sections.items():
+        data[name] = {**data.get(name, {}), **table}
+    return tomli_w.dumps(data)
+
+
+def _issue35_cases(root: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (argv after ``--project P``, what the one-paragraph error must say), files made under ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    deep = root / "deep.toml"
+    deep.write_text(_spec_text() + f"\nx = {'[' * 5000}{']' * 5000}\n")
+    huge = {}
+    for key in ("train_iters", "seed", "eval_iters", "eval_interval"):
+        huge[key] = root / f"huge-{key}.toml"
+        huge[key].write_text(_spec_text().replace(f"\n{key} = ", f"\n{key} = 1{'0' * 25} # ", 1))
+    hf = root / "hf.toml"
+    hf.write_text(_spec_text(init={"from": "hf:" + "a" * 5000}))
+    surrogate = root / "surrogate.jsonl"
+    surrogate.write_text('{"text": "ok"}\n{"text": "\\ud800 lone"}\n')
+    corpus = root / "corpus.jsonl"
+    corpus.write_text('{"text": "a small, good corpus"}\n')
+    empty_path = root / "empty-path.toml"
+    empty_path.write_text(_spec_text(data={"path": ""}))
+    tolerance = root / "tolerance.toml"
+    tolerance.write_text(_spec_text(baseline={"tolerances": {"valid_los": 0.01}}))
+    proc = root / "proc.toml"
+    proc.write_text(_spec_text(data={"path": "/proc/self"}))
+    tiny = root / "tiny.toml"
+    tiny.write_text(_spec_text())
+    fifo = root / "launch.fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    cases = {
+        **{f"deep-{' '.join(v)}": ([*v, str(deep)], "nested too deep")
+           for v in (["plan"], ["run", "--dry-run"], ["sweep", "--dry-run"])},
+        **{f"int64-{k}": (["plan", str(p)], f"train.{k}: 1{'0' * 25} does not fit in 64 bits") for k, p in huge.items()},
+        "int64-set": (["run", "--dry-run", str(tiny), "--set", "train.seed=18446744073709551616"], "64 bits"),
+        "seed-past-numpy": (["plan", str(tiny), "--set", "train.seed=4294967296"], "train.seed: 4294967296 is above"),
+        "explain-hf-5000": (["explain", str(tiny), str(hf)], "init.from: 'aaaa"),
+        "data-surrogate": (["data", "prepare", str(surrogate), "--out", str(root / "out")], "lone surrogate '\\ud800'"),
+        "plan-dev-zero": (["plan", "/dev/zero"], "cannot read /dev/zero: not a regular file"),
+        "data-proc-self": (["plan", str(proc)], "data.path = '/proc/self': cannot read /proc/self"),
+        "set-two-lines": (["plan", str(tiny), "--set", 'train.lr=1\nname="x"'], "spans lines"),
+        "empty-data-path": (["run", "--dry-run", str(empty_path)], "data.path: is empty"),
+        "unknown-tolerance": (["run", "--dry-run", str(tolerance)], "baseline.tolerances.valid_los: unknown metric"),
+        "tune-dev-full": (["tune", str(tiny), "-o", "/dev/full"], "-o /dev/full: is a device"),
+        "import-dev-zero": (["import", "/dev/zero"], "cannot read /dev/zero (not a regular file"),
+        "import-fifo": (["import", str(fifo)], "launch.fifo (not a regular file"),
+        "plan-fifo": (["plan", str(fifo)], "launch.fifo: not a regular file"),
+        "tokenizer-fifo": (["plan", str(tiny), "--set", 'data.tokenizer.kind="huggingface"', "--set",
+                            f"data.tokenizer.path={json.dumps(str(fifo))}"], "launch.fifo (not a regular file)"),
+        "tokenizer-dev-zero": (["plan", str(tiny), "--set", 'data.tokenizer.kind="sentencepiece"', "--set",
+                                'data.tokenizer.path="/dev/zero"'], "cannot read /dev/zero (a kernel file system"),
+        "prepare-tokenizer-fifo": (["data", "prepare", str(corpus), "--out", str(root / "out"), "--tokenizer-kind",
+                                    "huggingface", "--tokenizer", str(fifo)], "(not a regular file"),
+    }
+    return cases
+
+
+ISSUE35 = ["deep-plan", "deep-run --dry-run", "deep-sweep --dry-run", "int64-train_iters", "int64-seed",
+           "int64-eval_iters", "int64-eval_interval", "int64-set", "seed-past-numpy", "explain-hf-5000",
+           "data-surrogate", "plan-dev-zero", "data-proc-self", "set-two-lines", "empty-data-path",
+           "unknown-tolerance", "tune-dev-full", "import-dev-zero", "import-fifo", "plan-fifo",
+           "tokenizer-fifo", "tokenizer-dev-zero", "prepare-tokenizer-fifo"]
+
+
+@pytest.fixture(scope="module")
+def issue35(ws) -> dict[str, tuple[list[str], str]]:
+    cases = _issue35_cases(ws.root / "issue35")
+    assert sorted(cases) == sorted(ISSUE35)
+    return cases
+
+
+@pytest.mark.parametrize("name", ISSUE35)
+def test_issue35_case_exits_2_in_one_paragraph_writing_nothing(ws, issue35, name):
+    """Each case the generated hunt of issue 35 found: exit 2 within the hang guard, one paragraph (a spec's
+    problems are one list), the key or path and the fix named, no traceback, nothing written."""
+    argv, says = issue35[name]
+    project = ws.new_project(f"issue35-{name}")
+    before, around = ws.snapshot(project), ws.snapshot(ws.root / "issue35")
+    with time_limit(60):  # the hangs (/dev/zero, /proc/self) fail here, not in CI's global timeout
+        code, out, err = run_main(["--project", str(project), *argv], project)
+    assert code == 2 and out == "", (code, out, err)
+    assert err.startswith("mcx: error: ") and "Traceback" not in err and says in err, err
+    assert "\n\n" not in err.strip()
+    assert ws.snapshot(project) == before and ws.snapshot(ws.root / "issue35") == around

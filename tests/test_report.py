@@ -31,7 +31,7 @@ from mcx.report.jsondoc import to_json
 from mcx.report.markdown import to_markdown
 from mcx.metrics.curves import curve, read_metrics
 from mcx.report.rundata import RunData, load_run_dir, summarize_run
-from mcx.report.table import to_table
+from mcx.report.table import to_table, to_table_text
 from mcx.report.verdict import Band, seed_spread_band, verdict, verdict_to_dict
 from mcx.metrics.summary import BY_KEY, METRICS, spread
 from mcx.report import fmt
@@ -296,6 +296,9 @@ def test_summary_names_the_better_run_and_says_the_noise_is_unknown(two_runs: tu
     assert "<code>mcx run SPEC --set train.seed=N</code>" in page
     md = to_markdown(cmp)
     assert md.index("### Summary") < md.index("### Metrics") and "`mcx run SPEC --set train.seed=N`" in md
+    text = to_table_text(cmp)  # the table as a pipe and `--format table -o` have it: each sentence one line
+    assert text.index("Summary\n") < text.index("Runs") < text.index("Metrics")
+    assert all(f"\n  {line}\n" in text for line in lines(cmp)), text
     doc = to_json(cmp)
     assert doc["summary"]["best"] == a.run_id and doc["summary"]["metric"] == "valid_loss"
     assert doc["summary"]["noise"]["source"] == "unknown" and doc["summary"]["text"] == lines(cmp)
@@ -364,6 +367,37 @@ def test_mcx_compare_gathers_the_seed_runs_of_the_project(tmp_path: Path) -> Non
     noise = doc["summary"]["noise"]
     assert noise["source"] == "seed spread" and noise["of"] == b and noise["spread"] == pytest.approx(0.01)
     assert [r["run_id"] for r in noise["seed_runs"]] == [b, s7] and noise["margin_within"] is False
+
+
+def test_mcx_compare_table_carries_the_summary_on_a_pipe_and_into_a_file(tmp_path: Path) -> None:
+    """`mcx compare` piped and `--format table -o FILE` (once refused): the same plain text, summary first,
+    no line wrapped however narrow COLUMNS is."""
+    import contextlib
+    import io
+
+    from mcx.cli.main import main
+
+    project = tmp_path / "project"
+    a = _recorded_run(project, seed=1234, lr=3e-3, loss_shift=0.0)
+    b = _recorded_run(project, seed=1234, lr=1e-3, loss_shift=0.05)
+    piped = io.StringIO()
+    with contextlib.redirect_stdout(piped), contextlib.chdir(project):
+        assert main(["--project", str(project), "compare", a, b]) == 0
+    assert piped.getvalue().startswith("Summary\n  What differs: config train.lr (0.003 → 0.001).")
+    out = tmp_path / "report.txt"
+    with contextlib.chdir(project):
+        assert main(["--project", str(project), "compare", a, b, "--format", "table", "-o", str(out)]) == 0
+    written = out.read_text(encoding="utf-8")
+    assert written == "".join(line.rstrip() + "\n" for line in piped.getvalue().splitlines())
+    summary = json.loads(compare_op_json(project, a, b))["summary"]["text"]
+    assert all(f"\n  {line}\n" in written for line in summary)
+    assert max(len(line) for line in written.splitlines()) > 80  # long lines kept whole, not folded
+
+
+def compare_op_json(project: Path, *ids: str) -> str:
+    from mcx.ops.compare import compare as compare_op
+
+    return compare_op(list(ids), project=project, experiment=None, baseline=None, fmt="json", out=None)
 
 
 def test_within_noise_deltas_are_not_flagged_anywhere(tmp_path: Path) -> None:
@@ -677,3 +711,23 @@ def test_throughput_is_total_work_over_total_time_and_noise_is_not_a_change() ->
     quicker = RunData(run_id="k", name="k", curves={"train/tokens_per_s_per_gpu": curve(steps, [1020.0] * 100)})
     cell = compare([quicker], steady).metrics[0].cells[1]
     assert cell.improved and not cell.within_noise  # 2% with no step noise is a change
+
+
+def test_table_titles_stay_on_one_line_on_a_pipe() -> None:
+    """A title wider than its table (mcx gc --dry-run with nothing to remove) was wrapped to the table's width,
+    a column of word fragments, although docs/cli.md says nothing is wrapped off a terminal."""
+    from rich.text import Text
+
+    from mcx.ops.gc import GcResult
+    from mcx.report.gc_view import render_gc
+    from mcx.report.plain import plain_text
+    from mcx.report.titled import titled_table
+
+    text = plain_text(render_gc(GcResult(True, (), (), 0, 0, 0), Path("/p")))
+    assert "mcx gc: would remove 0 items (--dry-run: nothing was removed)\n" in text, text
+    narrow = titled_table(Text("sweep s: running", style="bold") + " (random, 3 of 40 trials done; objective "
+                          "valid_loss, minimize)", style="italic")
+    narrow.add_column("n")
+    narrow.add_row("1")
+    assert plain_text(narrow).startswith("sweep s: running (random, 3 of 40 trials done; objective valid_loss, "
+                                         "minimize)\n")

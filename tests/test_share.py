@@ -152,6 +152,9 @@ def test_a_clone_without_the_data_pulls_it_checks_it_and_trains_on_it(shared, ri
     assert not [w for w in fingerprint["warnings"] if "not in the workspace" in w], fingerprint["warnings"]
     first = json.loads((shared.first / ".mcx" / "runs" / rid / "fingerprint.json").read_text())
     assert fingerprint["data"]["id"] == first["data"]["id"]  # the same data (the commit differs: the pointers')
+    # its largest token id, taken once pulled (planning could not) and checked against the vocabulary (D51)
+    top = fingerprint["data"]["info"]["dataset"]["max_token_id"]
+    assert top == first["data"]["info"]["dataset"]["max_token_id"] < 4096
     assert hashes(fourth / "data") == hashes(shared.first / "data")
 
 

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-UNWRAPPED = 1 << 16  # columns of a console that is not a terminal: wide enough never to wrap a line
+from mcx.report.plain import plain_console
 
 
 def is_terminal(stream: Any) -> bool:
@@ -30,8 +30,7 @@ def console(stderr: bool = False) -> Any:
     stream = sys.stderr if stderr else sys.stdout
     if is_terminal(stream):
         return Console(stderr=stderr, highlight=False, soft_wrap=False)
-    return Console(file=stream, width=UNWRAPPED, color_system=None, highlight=False, soft_wrap=False,
-                   emoji=False, force_terminal=False)
+    return plain_console(stream)
 
 
 @contextlib.contextmanager

@@ -139,6 +139,8 @@ def _expand(paths: Sequence[str | Path], suffixes: tuple[str, ...], what: str) -
             files.extend(found)
         elif path.is_file():
             files.append(path)
+        elif path.exists():  # a device or FIFO: /dev/zero would never end
+            raise DataError(f"{path} is not a regular file.", f"give {what} or a directory of them.")
         else:
             raise DataError(f"{path} does not exist.", "check the path.")
     return tuple(files)
@@ -219,6 +221,11 @@ def jsonl_corpus(paths: Sequence[str | Path], *, text_key: str = "text") -> Corp
             value = obj[text_key]
             if not isinstance(value, str):
                 raise DataError(f'{where}: "{text_key}" is {type(value).__name__}, not a string.', "store the text as a string.")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:  # JSON's "\ud800" escape: a lone surrogate, no character at all
+                raise DataError(f'{where}: "{text_key}" holds a lone surrogate {value[exc.start]!a} (character '
+                                f"{exc.start}), which is not text.", "fix that escape, or remove the line.") from None
             if value:
                 yield value
 

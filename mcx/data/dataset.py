@@ -38,7 +38,9 @@ _IDX_VERSION = 1
 _IDX_HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document count
 _DTYPES = {1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64", 7: "float32", 8: "uint16"}
 
-_RESTORE = "restore it with `dvc checkout` (or `dvc pull`), or prepare it again with `mcx data prepare --force`."
+# --force: plain `dvc checkout` refuses to overwrite a file that differs from its record (a corrupt one)
+_RESTORE = ("restore it with `dvc checkout --force` (or `dvc pull --force`), or prepare it again with "
+            "`mcx data prepare --force`.")
 
 
 @frozen
@@ -56,6 +58,21 @@ class Index:
     @property
     def tokens(self) -> int:
         return int(self.sequence_lengths.sum(dtype="int64"))
+
+
+def token_dtype(idx_path: Path) -> str | None:
+    """The token dtype an ``.idx`` header names (its first bytes only); None when it is not a readable
+    Megatron-Core index of integer tokens (``read_index`` says what is wrong)."""
+    try:
+        with open(idx_path, "rb") as f:
+            header = f.read(_IDX_HEADER.size)
+    except OSError:
+        return None
+    if len(header) < _IDX_HEADER.size:
+        return None
+    magic, version, code, _, _ = _IDX_HEADER.unpack(header)
+    dtype = _DTYPES.get(code) if (magic, version) == (_IDX_MAGIC, _IDX_VERSION) else None
+    return dtype if dtype is not None and not dtype.startswith("float") else None
 
 
 def read_index(idx_path: Path, bin_path: Path) -> Index:

@@ -146,8 +146,10 @@ def _first_token(backend: Any, candidates: Iterable[str]) -> int | None:
 
 
 def _read(path: Path, key: str) -> bytes:
+    from mcx.spec.load import read_regular_bytes
+
     try:
-        return path.read_bytes()
+        return read_regular_bytes(path, None)  # a FIFO or /dev/zero would never end
     except FileNotFoundError:
         raise DataError(
             f"{key} = {str(path)!r} does not exist.", f"fix {key}; relative paths start at the spec's project."

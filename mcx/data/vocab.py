@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mcx.spec.load import read_regular_bytes
 from mcx.spec.schema import DataSpec
 
 MANIFEST = "manifest.json"  # mcx.data.dataset.MANIFEST, without importing numpy
@@ -19,7 +20,7 @@ MANIFEST = "manifest.json"  # mcx.data.dataset.MANIFEST, without importing numpy
 
 def _manifest_vocab(data_dir: Path) -> int | None:
     try:
-        value = json.loads((data_dir / MANIFEST).read_text(encoding="utf-8"))["tokenizer"]["vocab_size"]
+        value = json.loads(read_regular_bytes(data_dir / MANIFEST, None))["tokenizer"]["vocab_size"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return value if isinstance(value, int) and value > 0 else None
@@ -93,7 +94,7 @@ def tokenizer_vocab_size(data: DataSpec, root: Path) -> int | None:
     if tok.kind == "huggingface" and path.is_dir():  # the directory Megatron-LM's --tokenizer-model names
         path = path / "tokenizer.json"
     try:
-        raw = path.read_bytes()
-    except OSError:
+        raw = read_regular_bytes(path, None)  # a FIFO or /dev/zero named here would never end: the fingerprint says
+    except (OSError, ValueError):            # what is wrong with it (ValueError: a NUL in the path)
         return None
     return hf_vocab_size(raw) if tok.kind == "huggingface" else sentencepiece_vocab_size(raw)

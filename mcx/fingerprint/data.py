@@ -11,6 +11,9 @@ Hashed (``id``), for ``data.path`` and, when set, ``data.tokenizer.path`` / ``da
 - not tracked: ``{"source": "sha256", "value": ...}``, sha256 over the sorted relative paths and the
   sha256 of each file's bytes, with a warning (track it: `dvc add`).
 
+A prepared dataset's largest token id goes into ``info.dataset.max_token_id`` (not the ``id``: it follows
+from the content), kept with the ``.bin``'s hash; the planner checks it against the vocabulary.
+
 Each file's hash comes from ``FileHashes``: a ``stat`` for a file whose (inode, mtime, size) is
 unchanged since it was last hashed, a read otherwise; ``rehash=True`` (``mcx run --verify-data``,
 ``mcx reproduce``) reads every file. ``info.<name>.content`` counts the files and bytes read.
@@ -22,6 +25,7 @@ a tracked but not yet pulled path from its DVC record: the ID is the same before
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Any
@@ -45,14 +49,37 @@ def not_pulled_warning(key: str, value: str, record: str) -> str:
             "before training")
 
 
+# Kernel file systems: endless files (/dev/zero), self-referring links (/proc/self/root), never a dataset.
+PSEUDO_ROOTS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def _not_regular(path: Path, why: str) -> OSError:
+    return OSError(errno.EINVAL, why, str(path))
+
+
 def _files(path: Path) -> list[tuple[str, Path]]:
-    """(relative posix path, path) of every file under ``path`` (itself, if a file), sorted."""
+    """(relative posix path, path) of every file under ``path`` (itself, if a file), sorted.
+
+    Only regular files, each directory once: a device, FIFO or socket, a path under /proc, /sys or /dev,
+    or a directory reached twice through symbolic links (a loop) is an OSError naming it.
+    """
+    resolved = path.resolve()
+    if any(resolved == root or root in resolved.parents for root in PSEUDO_ROOTS):
+        raise _not_regular(path, "a kernel file system, not data")
     if path.is_file():
         return [("", path)]
-    found = []
+    if not path.is_dir():
+        raise _not_regular(path, "not a regular file")
+    found, seen = [], set()
     for d, dirs, files in os.walk(path, followlinks=True):
+        st = os.stat(d)
+        if (st.st_dev, st.st_ino) in seen:
+            raise _not_regular(Path(d), "a directory reached twice through symbolic links")
+        seen.add((st.st_dev, st.st_ino))
         for name in files:
             full = Path(d, name)
+            if not full.is_file():
+                raise _not_regular(full, "not a regular file")
             found.append((full.relative_to(path).as_posix(), full))
     return sorted(found)
 
@@ -124,8 +151,9 @@ def content_identity(project_root: Path, value: str, key: str, warnings: list[st
     try:
         sha, nfiles, size = tree_sha256(full, hashes)
     except OSError as exc:
-        raise DataError(f"{key} = {value!r}: cannot read {exc.filename} ({exc.strerror})",
-                        "fix the file's permissions.") from None
+        fix = ("fix the file's permissions." if exc.errno == errno.EACCES
+               else "give regular files (or directories of them).")
+        raise DataError(f"{key} = {value!r}: cannot read {exc.filename} ({exc.strerror})", fix) from None
     if nfiles == 0:
         raise DataError(f"{key} = {value!r}: {full} holds no files",
                         "prepare it with `mcx data prepare SPEC` or fetch it with `dvc pull`.")
@@ -140,6 +168,20 @@ def _cost(hashes: FileHashes, before: dict[str, int]) -> dict[str, Any]:
     """What checking one path cost: files looked at, files and bytes read, whether kept hashes were used."""
     now = hashes.stats()
     return {**{k: now[k] - before[k] for k in now}, "kept_hashes": "not used (full re-hash)" if hashes.full else "used"}
+
+
+def largest_token_id(data: DataSpec, project_root: Path, hashes: FileHashes) -> int | None:
+    """The largest token id in the prepared dataset's ``<prefix>.bin`` (dtype from its ``.idx`` header), kept
+    with the file's hash (read once per version); None where there is no readable dataset of integer tokens."""
+    from mcx.data.dataset import token_dtype
+
+    directory = norm(Path(project_root) / data.path)
+    bin_path = directory / f"{data.prefix}.bin"
+    dtype = token_dtype(directory / f"{data.prefix}.idx")
+    try:
+        return hashes.largest(bin_path, dtype) if dtype is not None and bin_path.is_file() else None
+    except OSError:  # unreadable: the dataset checks at launch name it
+        return None
 
 
 def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
@@ -163,6 +205,11 @@ def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = 
         for name, (key, value) in data_paths(spec.data).items():
             part = content_identity(project_root, value, key, warnings, require_data, allow_absent, hashes)
             ident[name], info[name] = part["id"], part["info"]
+        # the largest token id, for the planner's vocabulary check: info, not id (the content fixes it)
+        if "dataset" in info and info["dataset"].get("verified") != NOT_PULLED:
+            top = largest_token_id(spec.data, project_root, hashes)
+            if top is not None:
+                info["dataset"]["max_token_id"] = top
     finally:
         hashes.save()  # what was read is worth keeping, whether or not the data passed
     return {"id": ident, "info": info, "warnings": warnings}

@@ -4,8 +4,9 @@ The output is walked as DVC walks it (``.git``, ``.hg`` and ``.dvc`` left out, a
 ``.dvcignore`` patterns name), each file's md5 comes from ``FileHashes`` (a ``stat`` when the file
 has not changed), and the output's hash is DVC's (``mcx.data.dvc_hash.tree_md5`` for a directory).
 A different hash is a DataError that names the files that differ (from the record's ``.dir``
-listing in DVC's cache, else the files whose content changed since mcx last hashed them) and the
-two fixes, ``dvc add`` and ``dvc checkout``.
+listing in DVC's cache, else the files whose content changed since mcx last hashed them, else the files
+written after the record) and the two fixes, ``dvc add`` and ``dvc checkout --force`` (plain ``dvc checkout``
+refuses to overwrite modified files).
 
 A warning instead, where a difference may not be real: a ``.dvcignore`` pattern that is not a plain
 name glob (negation, a slash inside: DVC's own matcher decides), and DVC 2 records (``md5-dos2unix``:
@@ -156,7 +157,14 @@ def _differences(out: DvcOut, now: dict[str, str], value: str, hashes: FileHashe
     known = sorted(p for p in hashes.changed if out.path in p.parents)
     if known:
         return f"changed since mcx last hashed them: {shown_paths(known, project_root)}"
-    return f"it hashes to {value}, DVC recorded {out.value}; `dvc status` names the files"
+    # No listing to compare with: name the files written after the record was (what an edit leaves behind).
+    since = out.record.stat().st_mtime_ns
+    newer = sorted(out.path / r for r in now if (out.path / r).stat().st_mtime_ns > since)
+    if newer:
+        return (f"it hashes to {value}, DVC recorded {out.value}; modified after {shown_path(out.record, project_root)} "
+                f"was written: {shown_paths(newer, project_root)}")
+    return (f"it hashes to {value}, DVC recorded {out.value}; which files differ is unknown here, as DVC's cache "
+            f"holds no listing of {out.value} (`dvc fetch {shown_path(out.record, project_root)}` brings it)")
 
 
 def check_output(out: DvcOut, hashes: FileHashes, *, key: str, shown: str, project_root: Path,
@@ -202,4 +210,4 @@ def check_output(out: DvcOut, hashes: FileHashes, *, key: str, shown: str, proje
     raise DataError(f"{key} = {shown!r}: {where} changed since DVC recorded it in {record} "
                     f"({_differences(out, now, value, hashes, project_root)});",
                     f"record the new version with `dvc add {where}` (or `dvc commit {record}`), "
-                    f"or restore the recorded one with `dvc checkout {record}`.")
+                    f"or restore the recorded one, discarding these edits, with `dvc checkout --force {record}`.")

@@ -7,7 +7,9 @@ hashes are only written), which is the only way to see a change that kept inode,
 (a write followed by ``os.utime`` back).
 
 The file: ``<project>/.mcx/file-hashes.json``, ``{"format": FORMAT, "version": 1, "files":
-{absolute path: [inode, mtime_ns, size, {"md5" | "sha256": hex}]}}``, replaced atomically. One that
+{absolute path: [inode, mtime_ns, size, {"md5" | "sha256": hex, "max:<dtype>": int}]}}``, replaced
+atomically. ``max:<dtype>`` is the largest value of the file read as ``<dtype>`` integers: a prepared
+dataset's largest token id (``largest``), kept beside the hashes so it too is read once per version. One that
 is not exactly that (torn, hand-edited, another program's) is ignored as a whole and rebuilt. It is
 written only into an existing ``.mcx/``: a project mcx never ran in gets nothing from ``mcx plan``
 or from a refused command (they write nothing), and pays a full hash until its first run.
@@ -42,13 +44,37 @@ def cache_path(project_root: Path) -> Path:
     return state_dir(project_root) / CACHE_FILE
 
 
+_INT_DTYPES = frozenset({"uint8", "int8", "int16", "uint16", "int32", "int64"})  # what a .idx may name
+
+
+def _valid_field(name: str, value: Any) -> bool:
+    if name.startswith("max:"):
+        return name[4:] in _INT_DTYPES and type(value) is int
+    return (name in _HEX_LEN and isinstance(value, str) and len(value) == _HEX_LEN[name]
+            and value.strip("0123456789abcdef") == "")
+
+
 def _valid(entry: Any) -> bool:
     if not (isinstance(entry, list) and len(entry) == 4 and isinstance(entry[3], dict) and entry[3]):
         return False
     if not all(type(x) is int and x >= 0 for x in entry[:3]):
         return False
-    return all(algo in _HEX_LEN and isinstance(h, str) and len(h) == _HEX_LEN[algo]
-               and h.strip("0123456789abcdef") == "" for algo, h in entry[3].items())
+    return all(isinstance(name, str) and _valid_field(name, value) for name, value in entry[3].items())
+
+
+def _largest(path: Path, dtype: str) -> int | None:
+    """The largest ``dtype`` integer in the file (None: empty), read in chunks by NumPy."""
+    import numpy as np
+
+    chunk = 1 << 24  # 16 MiB: a multiple of every item size
+    best: int | None = None
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            values = np.frombuffer(block, dtype=dtype, count=len(block) // np.dtype(dtype).itemsize)
+            if values.size:
+                top = int(values.max())
+                best = top if best is None else max(best, top)
+    return best
 
 
 def load(path: Path) -> dict[str, list[Any]]:
@@ -85,16 +111,34 @@ class FileHashes:
     def stats(self) -> dict[str, int]:
         return {"files": self.files, "read": self.read, "bytes_read": self.bytes_read}
 
+    def _known(self, name: str, key: list[int], field: str) -> Any:
+        for entries in (self._fresh, {} if self.full else self._kept):
+            entry = entries.get(name)
+            if entry is not None and entry[:3] == key and field in entry[3]:
+                return entry[3][field]
+        return None
+
+    def _keep(self, name: str, key: list[int], field: str, value: Any, started: int, after: os.stat_result) -> None:
+        """Keep ``field`` of the file's version ``key``, beside what is kept of that same version."""
+        old = self._fresh.get(name) or self._kept.get(name)
+        same = old is not None and old[:3] == key and old[3].get(field) in (None, value)
+        entry = [*key, {**(old[3] if same else {}), field: value}]
+        if [after.st_ino, after.st_mtime_ns, after.st_size] != key:
+            return  # written to while read: neither kept nor reused
+        self._fresh[name] = entry
+        if started - key[1] > RACY_NS:
+            self._kept[name] = entry
+            self._dirty = True
+
     def hash(self, path: Path, algo: str) -> str:
         """``algo`` ("md5" or "sha256") of the file's bytes, read only when its key is not known."""
         name = str(path)
         st = os.stat(path)
         key = [st.st_ino, st.st_mtime_ns, st.st_size]
         self.files += 1
-        for entries in (self._fresh, {} if self.full else self._kept):
-            entry = entries.get(name)
-            if entry is not None and entry[:3] == key and algo in entry[3]:
-                return entry[3][algo]
+        known = self._known(name, key, algo)
+        if known is not None:
+            return known
         started = time.time_ns()
         with open(path, "rb") as f:
             value = hashlib.file_digest(f, _ALGOS[algo]).hexdigest()
@@ -104,14 +148,26 @@ class FileHashes:
         old = self._fresh.get(name) or self._kept.get(name)
         if old is not None and old[3].get(algo) not in (None, value):
             self.changed.append(path)
-        same = old is not None and old[:3] == key and old[3].get(algo) in (None, value)
-        entry = [*key, {**(old[3] if same else {}), algo: value}]
-        if [after.st_ino, after.st_mtime_ns, after.st_size] != key:
-            return value  # written to while read: neither kept nor reused
-        self._fresh[name] = entry
-        if started - st.st_mtime_ns > RACY_NS:
-            self._kept[name] = entry
-            self._dirty = True
+        self._keep(name, key, algo, value, started, after)
+        return value
+
+    def largest(self, path: Path, dtype: str) -> int | None:
+        """The largest value of the file read as ``dtype`` integers (a dataset's largest token id; None:
+        empty), read only when not kept for the file's version."""
+        if dtype not in _INT_DTYPES:
+            raise ValueError(f"{dtype} is not an integer dtype of a Megatron index")
+        name, field = str(path), f"max:{dtype}"
+        st = os.stat(path)
+        key = [st.st_ino, st.st_mtime_ns, st.st_size]
+        known = self._known(name, key, field)
+        if known is not None:
+            return known
+        started = time.time_ns()
+        value = _largest(path, dtype)
+        self.read += 1
+        self.bytes_read += st.st_size
+        if value is not None:
+            self._keep(name, key, field, value, started, os.stat(path))
         return value
 
     def forget_under(self, top: Path, seen: set[str]) -> None:

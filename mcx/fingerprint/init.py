@@ -55,11 +55,16 @@ def collect_init(spec: ExperimentSpec, project_root: Path, rehash: bool = False)
             if problems:
                 raise SpecError(problems)
         return source
-    path = Path(rest).expanduser()
-    path = (path if path.is_absolute() else root / path).resolve()
-    if not path.is_dir():
-        raise InputError(f"init.from: {rest!r} is not a directory (looked at {path});",
-                         f"point init.from at the {'Hugging Face model' if kind == 'hf' else 'checkpoint'} directory.")
+    fix = f"point init.from at the {'Hugging Face model' if kind == 'hf' else 'checkpoint'} directory."
+    try:
+        path = Path(rest).expanduser()
+        path = (path if path.is_absolute() else root / path).resolve()
+        found = path.is_dir()
+    except (OSError, RuntimeError) as exc:  # ENAMETOOLONG, ELOOP; RuntimeError: ~user of no such user
+        raise InputError(f"init.from: {rest[:80]!r}{'...' if len(rest) > 80 else ''} cannot be looked up "
+                         f"({getattr(exc, 'strerror', None) or exc});", fix) from None
+    if not found:
+        raise InputError(f"init.from: {rest!r} is not a directory (looked at {path});", fix)
     info: dict[str, Any] = {}
     if kind == "hf":
         info = _hf_source(spec, root, path)

@@ -199,13 +199,17 @@ def spec_name(path: Path) -> str:
 def import_file(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
                 args: Sequence[str] = (), overrides: Sequence[str] = ()) -> tuple[str, ImportResult]:
     """Read and import a launch script: (TOML text to write, the result). InputError if unreadable."""
+    from mcx.spec.load import read_regular_text
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = read_regular_text(p)
     except FileNotFoundError:
         raise InputError(f"launch script not found: {p};", "check the path.") from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read {p} ({exc.__class__.__name__});", "give a readable UTF-8 bash script.") from None
+    except OSError as exc:  # a device, FIFO or /proc file (they never end), a huge file, a name too long
+        raise InputError(f"cannot read {p} ({exc.strerror});", "give a readable UTF-8 bash script.") from None
     result = import_script(text, name=spec_name(p), description=f"Imported from the Megatron-LM script {p.name}.",
                            env=env, args=args, overrides=overrides, source=p.name)
     return to_toml(result, p.name), result

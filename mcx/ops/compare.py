@@ -26,8 +26,6 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
     from mcx.ops.outputs import check_output_file, write_text
 
     if out:  # a bad -o is bad input, said before any run is read
-        if fmt == "table":
-            raise InputError("-o needs --format md, json or html;", "the table format prints to the terminal.")
         check_output_file(out, "-o")
     section = None
     if sweep is not None:
@@ -54,9 +52,9 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
     if section is not None:
         cmp = attrs.evolve(cmp, sweep=section)
     if fmt == "table":
-        from mcx.report.table import to_table
+        from mcx.report.table import to_table, to_table_text
 
-        rendered: Any = to_table(cmp)
+        rendered: Any = to_table_text(cmp) if out else to_table(cmp)
     elif fmt == "md":
         from mcx.report.markdown import to_markdown
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mcx.errors import DataError
+from mcx.errors import DataError, SpecError
 from mcx.ops.progress import Note, Progress
 from mcx.spec.schema import DataSpec, TokenizerSpec
 
@@ -202,10 +202,13 @@ def check_pulled(project: Path, out: DvcOut, *, remote: str, again: str) -> None
 def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
     """``planned`` with each data path it knew only by its DVC record (not here when planned) identified again
     now that the run has brought it: checked by content, its record's info says so; an identity other than the
-    planned one is a DataError (exit 2) before anything trains."""
+    planned one is a DataError (exit 2) before anything trains, and so is a dataset holding token ids past the
+    vocabulary (``token_id_problems``, which planning could not check while the data was not here)."""
     from attrs import evolve
 
-    from mcx.fingerprint.data import NOT_PULLED, content_identity, data_paths, not_pulled_warning
+    from mcx.fingerprint.data import NOT_PULLED, content_identity, data_paths, largest_token_id, not_pulled_warning
+    from mcx.fingerprint.filehashes import FileHashes
+    from mcx.ops.plan import token_id_problems
 
     data = planned.record.data
     stale = [name for name, info in (data.get("info") or {}).items() if info.get("verified") == NOT_PULLED]
@@ -222,8 +225,19 @@ def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
         info[name] = part["info"]
         stale_warning = f"data: {not_pulled_warning(key, value, data['info'][name]['record'])}"
         warnings = [w for w in warnings if w != stale_warning]
-    return evolve(planned, record=evolve(planned.record, data={**data, "info": info},
-                                         warnings=(*warnings, *(f"data: {w}" for w in fresh))))
+    if "dataset" in stale:  # its largest token id, as planning data that was here records it
+        hashes = FileHashes.for_project(root)
+        try:
+            top = largest_token_id(planned.spec.data, root, hashes)
+        finally:
+            hashes.save()
+        if top is not None:
+            info["dataset"] = {**info["dataset"], "max_token_id": top}
+    record = evolve(planned.record, data={**data, "info": info}, warnings=(*warnings, *(f"data: {w}" for w in fresh)))
+    problems = token_id_problems(planned.spec, root, record)
+    if problems:
+        raise SpecError(problems)
+    return evolve(planned, record=record)
 
 
 def _verify_quickstart(project: Path) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from pathlib import Path
 
 from mcx.errors import InputError
@@ -62,6 +63,21 @@ def _place(base: Path, flag: str, value: str) -> None:
                       "permissions")
 
 
+def _takes_text(path: Path) -> bool:
+    """An existing path text can be written to: not a device, except /dev/null and terminals (/dev/full
+    and disks fail or do harm only once the work is done)."""
+    st = path.stat()
+    if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)):
+        return True
+    if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.stat(os.devnull).st_rdev:
+        return True
+    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        return os.isatty(fd)
+    finally:
+        os.close(fd)
+
+
 def check_output_file(value: str, flag: str) -> Path:
     """A file mcx will create or replace at ``value``: its directory must exist and take files."""
     if not value or "\x00" in value:
@@ -82,6 +98,13 @@ def check_output_file(value: str, flag: str) -> Path:
     _place(parent, flag, value)
     if path.exists() and not os.access(path, os.W_OK):
         raise _refuse(flag, value, "exists and is not writable", "choose another path or fix its permissions")
+    try:
+        takes_text = not path.exists() or _takes_text(path)
+    except OSError as exc:
+        raise _refuse(flag, value, f"cannot be opened ({exc.strerror or exc})", "choose another path") from None
+    if not takes_text:
+        raise _refuse(flag, value, "is a device, which takes no report (of devices, only /dev/null and terminals "
+                      "do)", "choose a file path")
     return path
 
 

@@ -96,6 +96,25 @@ def _site(spec: ExperimentSpec, root: Path, record: Any, params: int | None) -> 
     return problems
 
 
+def token_id_problems(spec: ExperimentSpec, root: Path, record: Any) -> Problems:
+    """A dataset holding token ids at or past the vocabulary (an embedding row the model does not have, or
+    one no tokenizer token trains): refused, from the largest id the data fingerprint recorded."""
+    from mcx.data.vocab import tokenizer_vocab_size
+    from mcx.plan.params import effective_vocab_size
+
+    top = ((record.data.get("info") or {}).get("dataset") or {}).get("max_token_id")
+    vocab, source = tokenizer_vocab_size(spec.data, root), "the tokenizer's vocabulary"
+    if vocab is None:
+        vocab = effective_vocab_size(spec)
+        source = "model.vocab_size" if spec.model.vocab_size is not None else source
+    if top is None or vocab is None or top < vocab:
+        return []
+    return [("data.path", f"{spec.data.path!r} holds token id {top} in {spec.data.prefix}.bin, but {source} has "
+                          f"{vocab} ids (0 to {vocab - 1}), so the model cannot read it; prepare the data again with "
+                          f"this tokenizer (`mcx data prepare SOURCE --out {spec.data.path} --force`), or point "
+                          "data.tokenizer at the tokenizer that made it")]
+
+
 def _params(spec: ExperimentSpec, plan: Any, vocab: int | None) -> int | None:
     """The model's parameters, also for a spec whose layout did not plan (counted at TP 1)."""
     from mcx.plan.params import count_params, effective_vocab_size
@@ -122,13 +141,15 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
     ``code_path``: that worktree, whose own mcx (where it holds one) the worker imports."""
     from mcx.data.vocab import tokenizer_vocab_size
     from mcx.fingerprint.record import collect, run_id
+    from mcx.metrics.summary import METRIC_KEYS
     from mcx.plan.params import effective_vocab_size
     from mcx.plan.planner import make_plan, plan_to_dict
 
     notes: list[str] = []
     te = te_for_plan(spec, at_launch, notes)
     vocab = None if effective_vocab_size(spec) is not None else tokenizer_vocab_size(spec.data, project)
-    problems: Problems = []
+    problems: Problems = [(f"baseline.tolerances.{metric}", f"unknown metric; use one of {', '.join(METRIC_KEYS)}")
+                          for metric in spec.baseline.tolerances if metric not in METRIC_KEYS]
     plan = None
     try:
         plan = make_plan(spec, te_available=te, vocab_size=vocab)
@@ -139,6 +160,7 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
                          rehash_data=verify_data, state_root=state_root, code_path=code_path)
     except DataError as exc:  # e.g. a tracked dataset changed since `dvc add`: said with the rest
         raise SpecError(_dedupe([*problems, ("", str(exc))])) from None
+    problems += token_id_problems(spec, project, record)
     site = _site(spec, project, record, _params(spec, plan, vocab))
     if at_launch:
         data_keys = ("data.path", "data.prefix", "data.tokenizer.path", "data.tokenizer.merges")

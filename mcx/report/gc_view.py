@@ -26,11 +26,12 @@ def _where(path: Path, project: Path) -> str:
 def render_gc(result: Any, project: Path) -> Any:
     """``result`` is mcx.ops.gc.GcResult: one row per removal, the kept items grouped by kind and reason."""
     from rich.console import Group
-    from rich.table import Table
+
+    from mcx.report.titled import titled_table
 
     verb = "would remove" if result.dry_run else "removed"
-    gone = Table(title=f"mcx gc: {verb} {len(result.removed)} item{'s' * (len(result.removed) != 1)}"
-                 + (" (--dry-run: nothing was removed)" if result.dry_run else ""), title_justify="left")
+    gone = titled_table(f"mcx gc: {verb} {len(result.removed)} item{'s' * (len(result.removed) != 1)}"
+                        + (" (--dry-run: nothing was removed)" if result.dry_run else ""))
     for col in ("path", "kind", "size", "why"):
         gone.add_column(col, overflow="fold", no_wrap=col in ("kind", "size"),
                         justify="right" if col == "size" else "left")
@@ -39,7 +40,7 @@ def render_gc(result: Any, project: Path) -> Any:
     groups: dict[tuple[str, str], list[Any]] = {}
     for item in result.kept:
         groups.setdefault((item.kind, item.why), []).append(item)
-    kept = Table(title="kept", title_justify="left")
+    kept = titled_table("kept")
     for col in ("kind", "items", "size", "why"):
         kept.add_column(col, overflow="fold", no_wrap=col != "why",
                         justify="right" if col in ("items", "size") else "left")

@@ -13,6 +13,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from mcx.report.titled import titled_table
+
 _GiB = 1 << 30
 _VERDICT_STYLE = {"fits": "bold green", "tight": "bold yellow", "does not fit": "bold red", "unknown": "dim"}
 _DASH = "—"
@@ -56,8 +58,8 @@ def _seconds(s: float | None) -> str:
 
 
 def _table(title: str, *columns: str, right: tuple[int, ...] = ()) -> Table:
-    t = Table(title=title, title_justify="left", title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
-              show_header=bool(columns and any(columns)), min_width=len(title) + 2)
+    t = titled_table(title, style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                     show_header=bool(columns and any(columns)), min_width=len(title) + 2)
     for i, c in enumerate(columns):
         t.add_column(c, justify="right" if i in right else "left")
     return t

@@ -26,9 +26,9 @@ def render_runs(rows: list[dict[str, Any]], plain: bool = False) -> Any:
                       metric("tokens_per_s_per_gpu", final.get("tokens_per_s_per_gpu")), str(tracking.get("state", tracking.get("target", "")))])
     if plain:
         return "".join("\t".join(" ".join(c.split()) or "-" for c in line) + "\n" for line in [list(RUN_COLUMNS), *cells])
-    from rich.table import Table
+    from mcx.report.titled import titled_table
 
-    t = Table(title=f"{len(rows)} runs", title_justify="left")
+    t = titled_table(f"{len(rows)} runs")
     for col in ("run ID", "name", "status", "created", "stages", "train loss", "valid loss", "tokens/s/GPU", "tracking"):
         # Words are never split ("finish/ed"): the name and the stages wrap at spaces, the rest stays whole.
         t.add_column(col, no_wrap=col not in ("name", "stages"))
@@ -45,6 +45,7 @@ def render_run(record: dict[str, Any]) -> Any:
     from rich.table import Table
 
     from mcx.metrics.summary import BY_KEY
+    from mcx.report.titled import titled_table
 
     head = Table.grid(padding=(0, 2))
     head.add_column(no_wrap=True)
@@ -78,7 +79,7 @@ def render_run(record: dict[str, Any]) -> Any:
         dvc = f", DVC md5 {ck['md5']}" + (f" on remote {ck['remote']}" if ck.get("remote") else "") if ck.get("md5") else ""
         head.add_row(f"{stage} checkpoint", where + dvc)
     stage_recs = {name: st or {} for name, st in (record.get("stages") or {}).items()}
-    stages = Table(title="stages (metrics as docs/metrics.md defines them)", title_justify="left")
+    stages = titled_table("stages (metrics as docs/metrics.md defines them)")
     stages.add_column("", no_wrap=True)
     for name in stage_recs:
         stages.add_column(name, justify="right", overflow="fold")
@@ -87,7 +88,7 @@ def render_run(record: dict[str, Any]) -> Any:
         stages.add_row(label, *(cell(st) for st in stage_recs.values()))
     for key in SHOW_METRICS:
         stages.add_row(BY_KEY[key].label, *(metric(key, (st.get("final") or {}).get(key)) for st in stage_recs.values()))
-    tags = Table(title="fingerprint", title_justify="left")
+    tags = titled_table("fingerprint")
     tags.add_column("tag", overflow="fold")
     tags.add_column("value", overflow="fold")
     for k, v in sorted((record.get("tags") or {}).items()):
@@ -111,9 +112,9 @@ def code_line(code: dict[str, Any]) -> str:
 
 def render_lineage(chain: dict[str, Any]) -> Any:
     """`mcx lineage`: the first source at the top, then each ancestor, the run, and its descendants indented."""
-    from rich.table import Table
+    from mcx.report.titled import titled_table
 
-    t = Table(title=f"lineage of {chain['run']['run_id']}", title_justify="left")
+    t = titled_table(f"lineage of {chain['run']['run_id']}")
     for col in ("", "run ID / source", "name", "status", "started from"):
         t.add_column(col, no_wrap=col != "name")
     ancestors = chain["ancestors"]

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mcx.report.fmt import metric
+from mcx.report.titled import titled_table
 
 
 
@@ -27,7 +28,7 @@ def render_run_result(summary: dict[str, Any]) -> RenderableType:
     title = Text(f"run {summary.get('run_id')} ({summary.get('name', '')}): {summary.get('status')}", style="bold")
     if summary.get("cached"):
         title.append(" (cached: not trained again)")
-    t = Table(title=title, title_justify="left")
+    t = titled_table(title)
     for col in ("stage", "status", "checks", "final train loss", "valid loss", "tokens/s/GPU", "MFU"):
         t.add_column(col, no_wrap=True)
     for name, st in (summary.get("stages") or {}).items():
@@ -89,7 +90,7 @@ def render_verdict(out: dict[str, Any]) -> RenderableType:
 
 def render_tune(result: dict[str, Any]) -> RenderableType:
     """`mcx tune`: every trial, the best and the spec written."""
-    t = Table(title=Text("micro-batch sweep", style="bold"), title_justify="left")
+    t = titled_table("micro-batch sweep", style="bold")
     for col in ("micro-batch", "fits", "tokens/s/GPU", "MFU", "peak memory", "expandable segments"):
         t.add_column(col, no_wrap=True)
     for trial in result.get("trials") or []:
@@ -119,8 +120,8 @@ def _overheads(predicted: dict[str, Any]) -> str:
 
 def render_tune_layouts(result: dict[str, Any]) -> RenderableType:
     """`mcx tune --layouts`: the model's ranking, the measured trials beside their predictions, the spec written."""
-    t = Table(title=Text(f"layouts ranked by the step-time model ({result['fitting']:,} of {result['considered']:,} "
-                         "valid layouts fit)", style="bold"), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t = titled_table(f"layouts ranked by the step-time model ({result['fitting']:,} of {result['considered']:,} valid "
+                     "layouts fit)", style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "memory", "step", "tokens/s/GPU", "MFU",
                 "beside compute"):
         t.add_column(col, no_wrap=True, justify="left" if col in ("recompute", "beside compute") else "right")
@@ -136,7 +137,7 @@ def render_tune_layouts(result: dict[str, Any]) -> RenderableType:
                   f"{p['tokens_per_s_per_gpu']:,.0f}", f"{p['mfu']:.0%}", _overheads(p))
     parts: list[RenderableType] = [t]
     if result.get("trials"):
-        m = Table(title=Text("measured", style="bold"), title_justify="left")
+        m = titled_table("measured", style="bold")
         for col in ("#", "fits", "tokens/s/GPU", "predicted", "model error", "peak memory", "expandable segments"):
             m.add_column(col, no_wrap=True)
         for trial in result["trials"]:

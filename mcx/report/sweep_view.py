@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mcx.report.fmt import config_value, metric
+from mcx.report.titled import titled_table
 
 
 def render_sweep(result: dict[str, Any]) -> RenderableType:
@@ -19,7 +20,7 @@ def render_sweep(result: dict[str, Any]) -> RenderableType:
     done = sum(t["state"] in ("complete", "pruned", "failed") for t in result["trials"])
     title.append(f" ({result['method']}, {done} of {result['max_trials']} trials done; objective {objective}, "
                  f"{result['direction']})")
-    t = Table(title=title, title_justify="left")
+    t = titled_table(title)
     for col in ("trial", *result["parameters"], "state", objective, "run", ""):
         t.add_column(col, no_wrap=col != "")
     best = (result.get("best") or {}).get("number")

@@ -10,6 +10,8 @@ from rich.text import Text
 
 from mcx.report import fmt
 from mcx.report.compare import ABSENT, Comparison, DiffRow, MetricRow, same_key
+from mcx.report.outcome import lines
+from mcx.report.titled import titled_table
 
 WIDE_MAX = 6  # runs shown as columns; more runs become rows
 VALUE_WIDTH = 48  # long values (hashes, paths, package lists) are cut on a terminal; a pipe, JSON and HTML keep them
@@ -53,7 +55,7 @@ def _grid(title: str, corner: str, row_heads: Sequence[Text], run_heads: Sequenc
         row_heads, col_heads = run_heads, row_heads
     else:
         col_heads = run_heads
-    table = Table(title=Text(title), title_justify="left", title_style="bold")
+    table = titled_table(title, style="bold")
     table.add_column(corner, no_wrap=True)
     for head in col_heads:
         table.add_column(head, justify="right" if right else "left", overflow="fold")
@@ -91,9 +93,21 @@ def to_table(cmp: Comparison) -> RenderableType:
     return _Report(cmp)
 
 
+def to_table_text(cmp: Comparison) -> str:
+    """The table as a pipe receives it: plain, whole lines, values uncut (``--format table -o FILE``)."""
+    from mcx.report.plain import plain_text
+
+    return plain_text(to_table(cmp))
+
+
 def _build(cmp: Comparison, shorten: bool) -> RenderableType:
     parts: list[RenderableType] = []
-    runs = Table(title="Runs", title_justify="left", title_style="bold")
+    if cmp.summary is not None:  # first, as in the Markdown, JSON and HTML reports
+        summary = Text("Summary", style="bold")
+        for line in lines(cmp):
+            summary.append(f"\n  {line}")
+        parts.append(summary)
+    runs = titled_table("Runs", style="bold")
     for col in ("run", "name", "status", ""):
         runs.add_column(col)
     for h in cmp.runs:

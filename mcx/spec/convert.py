@@ -52,9 +52,14 @@ class _WrongType(TypeError):
         super().__init__(f"expected {_TYPE_NAMES[want]}, got {got} {toml_value(value)}")
 
 
+INT64 = (-(1 << 63), (1 << 63) - 1)  # TOML's integers (tomllib and --set read larger ones)
+
+
 def _strict_int(v: Any, _: type) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise _WrongType(v, int)
+    if not INT64[0] <= v <= INT64[1]:
+        raise ValueError(f"{v} does not fit in 64 bits (TOML integers are 64-bit); use a realistic value")
     return v
 
 

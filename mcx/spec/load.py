@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import errno
 import os
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -18,9 +20,45 @@ from mcx.spec.rules import check_spec
 from mcx.spec.schema import ExperimentSpec
 
 
+TEXT_BYTES_LIMIT = 4 * 1024 * 1024  # a spec or launch script is kilobytes; more is the wrong file
+
+
+def parse_toml(text: str) -> dict[str, Any]:
+    """``tomllib.loads``; nesting too deep for its recursive parser is malformed TOML too."""
+    try:
+        return tomllib.loads(text)
+    except RecursionError:  # an array or inline table nested thousands deep
+        raise tomllib.TOMLDecodeError("arrays or tables nested too deep (end of document)") from None
+
+
+def read_regular_bytes(path: Path, limit: int | None = TEXT_BYTES_LIMIT) -> bytes:
+    """A regular file's bytes, at most ``limit`` (None: any size). A device, FIFO or socket, a file under /proc
+    or /sys (/dev/zero and /proc/self/... never end; a FIFO with no writer never answers), or a larger file
+    is an OSError saying so."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO with no writer would block the open
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        if not stat.S_ISREG(st.st_mode) or str(Path(path).resolve()).startswith(("/proc/", "/sys/")):
+            raise OSError(errno.EINVAL, "not a regular file: a device, FIFO or kernel file", str(path))
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read() if limit is None else f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if limit is not None and len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit >> 20} MiB", str(path))
+    return data
+
+
+def read_regular_text(path: Path, limit: int = TEXT_BYTES_LIMIT) -> str:
+    """``read_regular_bytes`` as UTF-8 text (UnicodeDecodeError where it is not)."""
+    return read_regular_bytes(path, limit).decode("utf-8")
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path)
     except FileNotFoundError:
         raise SpecError([("", f"file not found: {path}; check the path")]) from None
     except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
@@ -28,7 +66,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     except OSError as exc:  # ENAMETOOLONG, ELOOP, EIO, ...
         raise SpecError([("", f"cannot read {path}: {exc.strerror}; check the path")]) from None
     try:
-        return tomllib.loads(text)
+        return parse_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([("", f"malformed TOML: {exc}; fix the syntax there")], str(path)) from None
 
@@ -73,11 +111,15 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     parts = key.strip().split(".")
     if not all(p and p.replace("_", "").replace("-", "").isalnum() for p in parts):
         raise SpecError([("--set", f"{key!r} is not a dotted key; write e.g. --set parallel.tensor=2")])
+    value = raw.strip()
     try:
-        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        parsed = parse_toml(f"v = {value}")
     except tomllib.TOMLDecodeError:
-        value = raw.strip()
-    return parts, value
+        parsed = {"v": value}
+    # one --set sets one key: 'train.lr=1\nname="x"' parses as two, and a bare value spanning lines hides one
+    if set(parsed) != {"v"} or (parsed["v"] == value and any(c in value for c in "\r\n")):
+        raise SpecError([("--set", f"{item!r} spans lines; give one KEY=VALUE per --set")])
+    return parts, parsed["v"]
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -126,7 +168,7 @@ def load_spec(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ..
 def loads_spec(text: str, source: str = "<string>") -> ExperimentSpec:
     """Structure a spec from TOML text (used for resolved specs written into run directories)."""
     try:
-        data = tomllib.loads(text)
+        data = parse_toml(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError([("", f"malformed TOML: {exc}; fix the syntax there")], source) from None
     spec = convert.structure(apply_preset(data), ExperimentSpec, source)

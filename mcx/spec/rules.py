@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 import re
 
-
 from mcx.spec.schema import ExperimentSpec
 
 Problems = list[tuple[str, str]]
@@ -50,8 +49,14 @@ _COUNTS = ["model.num_layers", "model.num_attention_heads", "model.num_query_gro
            "parallel.virtual_pipeline", "parallel.context", "parallel.expert"]
 
 
+# NumPy seeds are 32-bit and Megatron adds 100 per pipeline stage: keep the seed in 31 bits.
+MAX_SEED = (1 << 31) - 1
+
+
 def _range_rules(spec: ExperimentSpec) -> Problems:
     out: Problems = []
+    if spec.train.seed > MAX_SEED:
+        out.append(("train.seed", f"{spec.train.seed} is above {MAX_SEED} (NumPy seeds are 32-bit); use a smaller seed"))
     for dotted in _COUNTS:
         v = _get(spec, dotted)
         if v is not None and v > MAX_COUNT:
@@ -157,6 +162,8 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
         out.append(("launch.master_port", f"{spec.launch.master_port} must be in 1024..65535"))
     if not re.fullmatch(r"(\d+-)?\d{1,3}:\d{2}(:\d{2})?", spec.launch.slurm.time):
         out.append(("launch.slurm.time", f"{spec.launch.slurm.time!r} is not a Slurm time such as \"04:00:00\" or \"1-00:00:00\""))
+    if not spec.data.path.strip():
+        out.append(("data.path", "is empty; name the prepared dataset directory, e.g. \"data/quickstart\""))
     for metric, tol in spec.baseline.tolerances.items():
         if tol < 0:
             out.append((f"baseline.tolerances.{metric}", f"must not be negative, got {tol}"))

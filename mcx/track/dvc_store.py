@@ -339,7 +339,8 @@ def keep_version(project_root: Path, path: Path, *, md5: str, remote: str | None
                     raise DataError(f"{target} hashes to {out.hash_info.value}, but DVC records {md5} for it "
                                     "(a change that kept every file's size);",
                                     f"record the new version with `dvc add {target}` (or `dvc commit`), or "
-                                    "restore the recorded one with `dvc checkout`.")
+                                    "restore the recorded one, discarding the change, with "
+                                    f"`dvc checkout --force {target}`.")
                 _locked(out.commit, relink=False)
             if name is not None:
                 _locked(repo.push, targets=[str(pointer)], remote=name)
