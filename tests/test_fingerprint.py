@@ -30,7 +30,6 @@ from mcx.fingerprint import (
     patch_bytes,
     record_from_dict,
     record_to_dict,
-    render_explanation,
     run_id,
 )
 from mcx.fingerprint.code import collect_code, module_changes, worker_package
@@ -39,6 +38,7 @@ from mcx.fingerprint.data import collect_data
 from mcx.fingerprint.environment import collect_environment, cuda_version
 from mcx.fingerprint.explain import flatten
 from mcx.fingerprint.filehashes import cache_path, load
+from mcx.report.explain_view import render_explanation
 from mcx.fingerprint.modules import dependencies, imported_names, module_files
 from mcx.fingerprint.record import FingerprintRecord
 from mcx.fingerprint.modules import dependencies, imported_names, module_files

@@ -54,7 +54,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
         _emit_json(explanation_to_dict(expl))
     else:
-        from mcx.fingerprint.explain import render_explanation
+        from mcx.report.explain_view import render_explanation
 
         _console().print(render_explanation(expl))
     return 0

@@ -12,7 +12,6 @@ from mcx.fingerprint.explain import (
     explain,
     explanation_to_dict,
     load_record,
-    render_explanation,
 )
 from mcx.fingerprint.record import (
     COMPONENTS,
@@ -39,6 +38,5 @@ __all__ = [
     "patch_bytes",
     "record_from_dict",
     "record_to_dict",
-    "render_explanation",
     "run_id",
 ]
