@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from attrs import asdict, frozen
 
 from mcx.errors import DataError, EnvironmentProblem, InputError
+from mcx.jsonfile import write_bytes_atomic
 from mcx.track import paths
 
 if TYPE_CHECKING:
@@ -261,18 +262,14 @@ def _pointer(root: Path, md5: str, target: Path, *, unique: bool = False) -> Pat
     pdir.mkdir(parents=True, exist_ok=True)
     stem = f"{target.name}-{md5.split('.')[0][:12]}"
     rel = json.dumps(os.path.relpath(target, pdir))  # a JSON string is a YAML double-quoted scalar
-    fd, tmp = tempfile.mkstemp(prefix=f"{stem}-", suffix=".dvc" if unique else ".tmp", dir=pdir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(f"outs:\n- md5: {md5}\n  hash: md5\n  path: {rel}\n")
-        if unique:
-            return Path(tmp)
-        pointer = pdir / f"{stem}.dvc"
-        os.replace(tmp, pointer)
-        return pointer
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    body = f"outs:\n- md5: {md5}\n  hash: md5\n  path: {rel}\n".encode()
+    if not unique:
+        write_bytes_atomic(pdir / f"{stem}.dvc", body)
+        return pdir / f"{stem}.dvc"
+    fd, tmp = tempfile.mkstemp(prefix=f"{stem}-", suffix=".dvc", dir=pdir)  # nobody else opens it
+    with os.fdopen(fd, "wb") as f:
+        f.write(body)
+    return Path(tmp)
 
 
 def restore(
