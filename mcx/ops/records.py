@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,9 @@ def sync(*, project: Path, to: str | None = None) -> dict[str, Any]:
     from mcx.track.sync import sync as replay
     from mcx.track.target import check_uri, unreachable_hint
 
+    if to is not None and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", check_uri(to, "--to")):
+        raise InputError(f"--to {to!r} is not a tracking URI (MLflow would take it for a directory to create)",
+                         "give the server's URI, e.g. --to http://mlflow.example:5000 (or sqlite:///path/mlflow.db).")
     report = replay(project, tracking_uri=None if to is None else check_uri(to, "--to"))
     pending = report.pending()
     lines = [f"sent {report.ops_sent} records and {report.metrics_sent} metrics for {len(report.runs)} runs"
@@ -70,15 +74,15 @@ def sync(*, project: Path, to: str | None = None) -> dict[str, Any]:
     errors = []
     for outage in report.outages:
         count = sum(e.target == outage.target for e in pending)
-        where = "the embedded store" if outage.target == "embedded" else f"the tracking server {outage.target}"
-        errors.append(f"{where} could not be reached ({outage.reason}, after {outage.waited_s:g} s; not tried "
-                      f"again for the other runs): the records of {count} runs stay spooled; "
-                      + unreachable_hint(outage.target))
+        errors.append(f"the tracking server {outage.target} could not be reached ({outage.reason}, after "
+                      f"{outage.waited_s:g} s; not tried again for the other runs): the records of {count} runs "
+                      "stay spooled; " + unreachable_hint(outage.target))
     down = {o.target for o in report.outages}
     for e in pending:
         if e.target not in down and e.error:
-            errors.append(f"run {e.run_id} was not sent to {e.target}: {e.error}; its records stay spooled: "
-                          "fix what the store refused, then run `mcx sync` again.")
+            fix = unreachable_hint(e.target) if e.target == "embedded" else \
+                "fix what the store refused, then run `mcx sync` again."
+            errors.append(f"run {e.run_id} was not sent to {e.target} ({e.error}); its records stay spooled: {fix}")
     return {"ok": report.ok, "ops_sent": report.ops_sent, "metrics_sent": report.metrics_sent,
             "runs": [{"run_id": e.run_id, "state": e.state, "target": e.target, "pending": list(e.pending_records),
                       "error": e.error} for e in report.runs],

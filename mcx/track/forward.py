@@ -149,7 +149,7 @@ class Recorder(Protocol):
 
     outages: Outages
 
-    def flush(self, *, probe: bool = False) -> FlushResult: ...
+    def flush(self, *, probe: bool = False, until: float | None = None) -> FlushResult: ...
 
     def stages(self) -> list[str]: ...
 
@@ -254,7 +254,7 @@ class MetricsForwarder:
         if not is_transient(exc):
             return describe_error(exc)
         reason = outage_reason(exc)
-        self.recorder.outages.mark(self.recorder.target.name, reason, waited_s)
+        self.recorder.outages.mark(self.recorder.target, reason, waited_s)
         return reason
 
     @staticmethod

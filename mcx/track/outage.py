@@ -12,7 +12,12 @@ from __future__ import annotations
 import threading
 import time
 
+from typing import TYPE_CHECKING
+
 from attrs import frozen
+
+if TYPE_CHECKING:
+    from mcx.track.target import Target
 
 
 @frozen
@@ -36,10 +41,14 @@ class Outages:
         with self._lock:
             return self._down.get(target)
 
-    def mark(self, target: str, reason: str, waited_s: float) -> Outage:
+    def mark(self, target: Target, reason: str, waited_s: float) -> Outage | None:
+        """Mark a server down. The embedded store is never marked: its failures are a moment's lock by
+        another process writing (a sweep's parallel trials), over as soon as that write is."""
+        if target.embedded:
+            return None
         with self._lock:
-            outage = self._down.get(target) or Outage(target, reason, round(waited_s, 1), time.time())
-            self._down[target] = outage
+            outage = self._down.get(target.name) or Outage(target.name, reason, round(waited_s, 1), time.time())
+            self._down[target.name] = outage
             return outage
 
     def clear(self, target: str) -> None:

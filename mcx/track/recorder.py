@@ -51,6 +51,9 @@ TARGET_FILE = "target.json"
 IDS_FILE = "ids.json"
 LOCK_FILE = "lock"
 RUN = "run"
+# How long the end of `mcx run` (close()) sends before it leaves the rest to `mcx sync`: a store that
+# answers, slowly, would otherwise hold the finished run and its lock for as long as it likes (D50).
+CLOSE_SEND_S = 30.0
 # The step-time model's check (mcx.plan.steptime.PredictionCheck) as MLflow metrics: not summary metrics (the
 # median step it is compared with leaves out the stalls that docs/metrics.md's step_time_s counts).
 PREDICTION_METRICS = {"predicted_s": "step_time_model_s", "measured_s": "step_time_median_s",
@@ -319,8 +322,9 @@ class RunRecorder:
         """The outage this command found for the store, if any (its sends are skipped until it clears)."""
         return self.outages.get(self.target.name)
 
-    def flush(self, *, probe: bool = False) -> FlushResult:
-        """Send every journaled operation not yet acknowledged, in order; stop at the first failure.
+    def flush(self, *, probe: bool = False, until: float | None = None) -> FlushResult:
+        """Send every journaled operation not yet acknowledged, in order; stop at the first failure, or
+        before an operation once ``time.monotonic()`` is past ``until``.
 
         A store this command found down is not tried again (the records stay spooled), unless ``probe``:
         the forwarder's polls during training ask whether it came back."""
@@ -330,12 +334,17 @@ class RunRecorder:
         with self.sending() as mine:
             if not mine:
                 return FlushResult(0, len(self.journal.pending()), busy=True)
-            return self._flush_locked()
+            return self._flush_locked(until)
 
-    def _flush_locked(self) -> FlushResult:
+    def _flush_locked(self, until: float | None = None) -> FlushResult:
         pending = self.journal.pending()
         sent = 0
+        started = time.monotonic()
         for op in pending:
+            if until is not None and time.monotonic() > until:
+                return FlushResult(sent, len(pending) - sent, f"the store answered too slowly: {sent} of "
+                                   f"{len(pending)} records sent in {time.monotonic() - started:.0f} s",
+                                   transient=True)
             t0 = time.monotonic()
             try:
                 store = self.store()
@@ -356,7 +365,7 @@ class RunRecorder:
         transient = is_transient(exc)
         msg = outage_reason(exc) if transient else describe_error(exc)
         if transient:
-            self.outages.mark(self.target.name, msg, waited_s)
+            self.outages.mark(self.target, msg, waited_s)
         level = logging.DEBUG if transient or msg == self._last_send_error else logging.WARNING
         self._last_send_error = msg
         log.log(level, "%s of run %s stays spooled: %s", what, self.run_id, describe_error(exc))
@@ -372,8 +381,9 @@ class RunRecorder:
         return seen
 
     def close(self) -> SyncEntry:
-        """Send everything still pending (journal and every stage's metrics); say what is left."""
-        return sync_recorder(self)
+        """Send everything still pending (journal and every stage's metrics) for at most CLOSE_SEND_S, so
+        that a slow store cannot hold the run (and its lock) after its last stage; say what is left."""
+        return sync_recorder(self, until=time.monotonic() + CLOSE_SEND_S)
 
 
 def _read_spec_table(run_dir: Path) -> dict[str, Any]:

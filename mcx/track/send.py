@@ -37,9 +37,10 @@ class SyncEntry:
         return "synced"
 
 
-def sync_recorder(record: Recorder) -> SyncEntry:
-    """Send what one recorder has pending: its journal, then every stage's metrics."""
-    flushed = record.flush()
+def sync_recorder(record: Recorder, *, until: float | None = None) -> SyncEntry:
+    """Send what one recorder has pending: its journal, then every stage's metrics; journal operations
+    only until ``time.monotonic()`` passes ``until`` (then the rest waits, as for a store that is down)."""
+    flushed = record.flush(until=until)
     error = flushed.error
     busy = flushed.busy
     metrics_sent = pending_bytes = 0
