@@ -217,6 +217,38 @@ def test_the_end_of_a_run_leaves_what_a_slow_server_has_not_taken_to_sync(
 
 
 @pytest.mark.slow
+def test_a_drain_to_a_slow_server_stops_when_its_time_is_up_and_the_next_sends_the_rest_once(
+        tmp_path: Path, mlflow_server: MlflowServer) -> None:
+    """A stage's backlog sent to a server that answers slowly goes in time slices (the end of a stage
+    waits one slice at most), each resuming where the last stopped, every metric exactly once."""
+    from test_track import assert_exactly_once, expected_curves, runs_of
+
+    if mlflow_server.proc is None:
+        mlflow_server.start()
+    proxy = SlowProxy(mlflow_server.port, delay=0.5)
+    try:
+        project = tmp_path / "p"
+        rid = "00000000e003"
+        rdir = make_run_dir(project, rid, stages=("smoke",))
+        rec = RunRecorder.for_run(project, rdir, tracking_uri=proxy.uri)
+        rec.start(launcher="local")
+        rec.start_stage("smoke")
+        assert rec.flush().pending == 0  # the records exist; the backlog is the metrics
+        lines = stage_lines(1, 800)  # 5,760 metrics: 6 requests of at most 1,000
+        total = sum(len(values) for values in expected_curves(lines).values())
+        append_lines(rdir / "smoke", lines)
+        fwd = rec.forwarder("smoke")
+        sliced = fwd.drain(until=time.monotonic() + 0.2)
+        assert sliced.error.startswith("the store answered too slowly"), sliced
+        assert 0 < sliced.metrics < total and sliced.pending_bytes > 0, sliced
+        rest = fwd.drain()
+        assert rest.error is None and rest.pending_bytes == 0 and sliced.metrics + rest.metrics == total, rest
+        assert_exactly_once(client_for(mlflow_server.uri), runs_of(client_for(mlflow_server.uri), rid)["smoke"], lines)
+    finally:
+        proxy.close()
+
+
+@pytest.mark.slow
 def test_server_down_then_up_sync_sends_everything_and_exits_0(tmp_path: Path, mlflow_server: MlflowServer) -> None:
     mlflow_server.stop()
     project = tmp_path / "p"

@@ -66,6 +66,9 @@ MAX_BACKOFF_S = 30.0
 # for 1 metric or 1000), so the thread sends at most every POLL_S: metrics appear in MLflow a few
 # seconds late, and forwarding costs well under 1 % of a core.
 POLL_S = 5.0
+# A poll, and the stage's last drain, send for at most this long before they give the thread back: a
+# store that answers, slowly, cannot hold the end of a stage on a long backlog (D50).
+SEND_SLICE_S = 10.0
 
 
 @frozen
@@ -215,7 +218,7 @@ class MetricsForwarder:
             result = self._cycle(probe=not stopping)  # the last drain does not wait again on a store found down
             if stopping:
                 return
-            if result.error is not None and not result.busy:
+            if result.error is not None and not result.busy and not result.metrics:  # sent some: it answers
                 delay = min(max(delay * 2, self.poll_s), MAX_BACKOFF_S)
             else:
                 delay = self.poll_s
@@ -236,7 +239,7 @@ class MetricsForwarder:
             return self.last  # nothing new since everything was sent
         t0 = time.perf_counter()
         try:
-            result = self.drain(probe=probe)
+            result = self.drain(probe=probe, until=time.monotonic() + SEND_SLICE_S)
         except Exception as exc:  # noqa: BLE001 - the thread must outlive anything the store does
             log.warning("metrics forwarding for %s paused: %s", self.stage, describe_error(exc))
             left = sum(self._pending(s, None) for s in self.streams())
@@ -285,11 +288,12 @@ class MetricsForwarder:
             total += self._pending(stream, cursor)
         return total
 
-    def drain(self, *, probe: bool = False) -> ForwardResult:
-        """Send every complete line not yet sent (journal first, so the stage run exists). A store this
-        command found down is not tried again unless ``probe`` (mcx.track.recorder.RunRecorder.flush)."""
+    def drain(self, *, probe: bool = False, until: float | None = None) -> ForwardResult:
+        """Send every complete line not yet sent (journal first, so the stage run exists), stopping between
+        requests once ``time.monotonic()`` passes ``until``. A store this command found down is not tried
+        again unless ``probe`` (mcx.track.recorder.RunRecorder.flush)."""
         record = self.recorder
-        flushed = record.flush(probe=probe)
+        flushed = record.flush(probe=probe, until=until)
         uuid = record.record_uuid(f"stage:{self.stage}")
         if uuid is None or (flushed.error is not None and flushed.transient):  # not created, or the store is down
             left = self.pending_bytes()
@@ -306,13 +310,13 @@ class MetricsForwarder:
                     pending += self._pending(stream, cursor)
                     continue
                 cursor.check(stream.file)
-                part = self._send_from(stream, cursor, uuid)
+                part = self._send_from(stream, cursor, uuid, until)
                 sent_metrics, sent_lines, pending = sent_metrics + part.metrics, sent_lines + part.lines, \
                     pending + part.pending_bytes
                 error, transient = part.error, part.transient
             return ForwardResult(sent_metrics, sent_lines, pending, error, transient)
 
-    def _send_from(self, stream: Stream, cursor: Cursor, uuid: str) -> ForwardResult:
+    def _send_from(self, stream: Stream, cursor: Cursor, uuid: str, until: float | None) -> ForwardResult:
         store = self.recorder.store()
         sent_metrics = sent_lines = 0
         with open(stream.file, "rb") as f:
@@ -323,6 +327,10 @@ class MetricsForwarder:
                 if end < 0:
                     break  # nothing complete yet (a line longer than READ_CHUNK is not a metrics line)
                 for batch in _batches(data[: end + 1], cursor, stream.rule):
+                    if batch.metrics and until is not None and time.monotonic() > until:
+                        return ForwardResult(sent_metrics, sent_lines, self._pending(stream, cursor),
+                                             f"the store answered too slowly: {sent_metrics} metrics sent before "
+                                             "the time for this send was up", transient=True)
                     if batch.metrics:
                         t0 = time.monotonic()
                         try:

@@ -38,8 +38,8 @@ class SyncEntry:
 
 
 def sync_recorder(record: Recorder, *, until: float | None = None) -> SyncEntry:
-    """Send what one recorder has pending: its journal, then every stage's metrics; journal operations
-    only until ``time.monotonic()`` passes ``until`` (then the rest waits, as for a store that is down)."""
+    """Send what one recorder has pending: its journal, then every stage's metrics, until
+    ``time.monotonic()`` passes ``until`` (then the rest waits, as for a store that is down)."""
     flushed = record.flush(until=until)
     error = flushed.error
     busy = flushed.busy
@@ -51,7 +51,7 @@ def sync_recorder(record: Recorder, *, until: float | None = None) -> SyncEntry:
         if busy or unreachable:  # another process sends them, or the store is down: do not wait on it again
             left = fwd.pending_bytes()
         else:
-            result = fwd.drain()
+            result = fwd.drain(until=until)
             metrics_sent += result.metrics
             left = result.pending_bytes
             busy = busy or result.busy
