@@ -141,6 +141,8 @@ def _record_verbs(sub: argparse._SubParsersAction) -> None:
     s.set_defaults(func=verbs.cmd_lineage)
 
     s = sub.add_parser("sync", help="replay records spooled while the tracking server was unreachable")
+    s.add_argument("--to", metavar="URI", default=None,
+                   help="send every run's records to this tracking server instead of the one it was recorded for")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=verbs.cmd_sync)
 

@@ -190,12 +190,14 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
     project = project_root(args)
     with children_to_stderr():
-        report = sync(project=project)
+        report = sync(project=project, to=args.to)
     if args.json:
         _emit_json(report)
     else:
-        _console().print(report.get("summary", report), markup=False)
-    return 0 if report.get("ok", True) else 1  # records still pending: not done, run it again later
+        _console().print(report["summary"], markup=False)
+    if report["error"]:
+        sys.stderr.write(f"mcx: error: {report['error']}\n")
+    return 0 if report["ok"] else 1  # records still pending: not done, run it again later
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

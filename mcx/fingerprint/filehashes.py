@@ -25,10 +25,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from mcx.jsonfile import write_bytes_atomic
 
 FORMAT = "mcx file hashes"
 VERSION = 1
@@ -183,15 +184,8 @@ class FileHashes:
         if not self._dirty or self.path is None or not self.path.parent.is_dir():
             return
         body = {"format": FORMAT, "version": VERSION, "files": self._kept}
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(body, f, separators=(",", ":"))
-                os.replace(tmp, self.path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+        try:  # concurrent runs each replace it whole; the last one's entries stay (a lost one costs a read)
+            write_bytes_atomic(self.path, json.dumps(body, separators=(",", ":")).encode("utf-8"))
         except OSError:
             return
         self._dirty = False

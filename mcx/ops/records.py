@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +57,37 @@ def lineage(run_id: str, *, project: Path) -> dict[str, Any]:
     return chain(project, check_run_id(run_id))
 
 
-def sync(*, project: Path) -> dict[str, Any]:
+def sync(*, project: Path, to: str | None = None) -> dict[str, Any]:
+    """`mcx sync`: send every spooled record to the store its run was recorded for (``to``: that store
+    instead). ``ok`` once nothing is pending; ``error``: one paragraph on why some is, and the fix."""
     from mcx.track.sync import sync as replay
+    from mcx.track.target import check_uri, unreachable_hint
 
-    report = replay(project, tracking_uri=None)  # each run goes to the store it was recorded for
+    if to is not None and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", check_uri(to, "--to")):
+        raise InputError(f"--to {to!r} is not a tracking URI (MLflow would take it for a directory to create)",
+                         "give the server's URI, e.g. --to http://mlflow.example:5000 (or sqlite:///path/mlflow.db).")
+    report = replay(project, tracking_uri=None if to is None else check_uri(to, "--to"))
     pending = report.pending()
-    summary = (f"sent {report.ops_sent} records and {report.metrics_sent} metrics for {len(report.runs)} runs"
-               + (f"; {len(pending)} still pending: {pending[0].error}" if pending else "; nothing pending"))
+    lines = [f"sent {report.ops_sent} records and {report.metrics_sent} metrics for {len(report.runs)} runs"
+             + (f"; {len(pending)} still pending (run: stages waiting):" if pending else "; nothing pending")]
+    lines += [f"  {e.run_id}: {', '.join(e.pending_records) or 'run'} -> {e.target}" for e in pending]
+    errors = []
+    for outage in report.outages:
+        count = sum(e.target == outage.target for e in pending)
+        errors.append(f"the tracking server {outage.target} could not be reached ({outage.reason}, after "
+                      f"{outage.waited_s:g} s; not tried again for the other runs): the records of {count} runs "
+                      "stay spooled; " + unreachable_hint(outage.target))
+    down = {o.target for o in report.outages}
+    for e in pending:
+        if e.target not in down and e.error:
+            fix = unreachable_hint(e.target) if e.target == "embedded" else \
+                "fix what the store refused, then run `mcx sync` again."
+            errors.append(f"run {e.run_id} was not sent to {e.target} ({e.error}); its records stay spooled: {fix}")
     return {"ok": report.ok, "ops_sent": report.ops_sent, "metrics_sent": report.metrics_sent,
-            "runs": [{"run_id": e.run_id, "state": e.state, "error": e.error} for e in report.runs],
-            "summary": summary, "seconds": report.seconds}
+            "runs": [{"run_id": e.run_id, "state": e.state, "target": e.target, "pending": list(e.pending_records),
+                      "error": e.error} for e in report.runs],
+            "unreachable": [{"target": o.target, "reason": o.reason, "waited_s": o.waited_s} for o in report.outages],
+            "summary": "\n".join(lines), "error": " ".join(errors) or None, "seconds": report.seconds}
 
 
 def baseline_set(name: str, run_id: str, *, project: Path) -> dict[str, Any]:

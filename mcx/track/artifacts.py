@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
+from mcx.jsonfile import write_bytes_atomic
 from mcx.track import paths
 from mcx.track.records import environment_report
 from mcx.track.redact import redact, redact_text
@@ -48,16 +48,18 @@ class Stager:
     def _rel(self, out: Path) -> str:
         return out.relative_to(self.run_dir).as_posix()
 
+    # Copies are written whole (renamed into place): an `mcx sync` may upload one while the run rewrites it.
     def json(self, dest: str, data: Any) -> str:
         out = self._out(dest)
-        out.write_text(json.dumps(redact(data), indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+        text = json.dumps(redact(data), indent=1, sort_keys=True, default=str) + "\n"
+        write_bytes_atomic(out, text.encode("utf-8"))
         return self._rel(out)
 
     def data(self, dest: str, raw: bytes) -> str:
         """Text bytes, redacted (undecodable bytes pass through unchanged)."""
         out = self._out(dest)
         text = raw.decode("utf-8", "surrogateescape")
-        out.write_bytes(redact_text(text).encode("utf-8", "surrogateescape"))
+        write_bytes_atomic(out, redact_text(text).encode("utf-8", "surrogateescape"))
         return self._rel(out)
 
     def file(self, dest: str, src: Path) -> str:
@@ -66,7 +68,7 @@ class Stager:
             raw.decode("utf-8")
         except UnicodeDecodeError:  # binary (a PNG plot): nothing in it reads as a secret
             out = self._out(dest)
-            shutil.copyfile(src, out)
+            write_bytes_atomic(out, raw)
             return self._rel(out)
         return self.data(dest, raw)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from attrs import asdict, frozen
 
 from mcx.errors import DataError, EnvironmentProblem, InputError
+from mcx.jsonfile import write_bytes_atomic
 from mcx.track import paths
 
 if TYPE_CHECKING:
@@ -249,16 +251,25 @@ def _git_view(root: Path, dvc_file: Path) -> bool:
     return not paths.git_ignores(root, dvc_file)
 
 
-def _pointer(root: Path, md5: str, target: Path) -> Path:
-    """A .dvc file under .mcx/restore/ that points at ``target`` with ``md5``."""
+def _pointer(root: Path, md5: str, target: Path, *, unique: bool = False) -> Path:
+    """A .dvc file under .mcx/restore/ that points at ``target`` with ``md5``, written whole (a
+    temporary file renamed into place: a concurrent run reads the old or the new one, never a torn one).
+    ``unique``: a name of its own, for a pointer its caller removes when done, so that a concurrent
+    run's removal of its own pointer cannot take this one away (D50)."""
     if not md5 or "/" in md5 or len(md5.split(".")[0]) != 32:
         raise InputError(f"{md5!r} is not a DVC md5", "give the md5 recorded for the checkpoint or dataset.")
     pdir = paths.state_dir(root) / RESTORE_DIR
     pdir.mkdir(parents=True, exist_ok=True)
-    pointer = pdir / f"{target.name}-{md5.split('.')[0][:12]}.dvc"
+    stem = f"{target.name}-{md5.split('.')[0][:12]}"
     rel = json.dumps(os.path.relpath(target, pdir))  # a JSON string is a YAML double-quoted scalar
-    pointer.write_text(f"outs:\n- md5: {md5}\n  hash: md5\n  path: {rel}\n", encoding="utf-8")
-    return pointer
+    body = f"outs:\n- md5: {md5}\n  hash: md5\n  path: {rel}\n".encode()
+    if not unique:
+        write_bytes_atomic(pdir / f"{stem}.dvc", body)
+        return pdir / f"{stem}.dvc"
+    fd, tmp = tempfile.mkstemp(prefix=f"{stem}-", suffix=".dvc", dir=pdir)  # nobody else opens it
+    with os.fdopen(fd, "wb") as f:
+        f.write(body)
+    return Path(tmp)
 
 
 def restore(
@@ -327,8 +338,8 @@ def keep_version(project_root: Path, path: Path, *, md5: str, remote: str | None
     """
     root = _root(project_root)
     target = _inside(root, Path(path), "dataset")
-    pointer = _pointer(root, md5, target)
     name = ensure_remote(root, remote) if push else None
+    pointer = _pointer(root, md5, target, unique=True)  # removed below: concurrent runs each keep their own
     try:
         with _repo(root, git_view=False) as repo, _quiet():
             out = repo.stage.load_one(str(pointer)).outs[0]

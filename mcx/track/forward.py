@@ -51,7 +51,8 @@ from mcx.track.lines import (
     system_metrics,
 )
 from mcx.track.mlflow_store import METRICS_PER_BATCH
-from mcx.track.target import Target, describe_error, is_transient
+from mcx.track.outage import Outages
+from mcx.track.target import Target, describe_error, is_transient, outage_reason
 
 if TYPE_CHECKING:
     from mcx.track.mlflow_store import MlflowStore
@@ -59,11 +60,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 4 << 20
+TAIL_SCAN = 64 << 10  # how far back from a file's end a line's newline is looked for (lines are < 1 KiB)
 MAX_BACKOFF_S = 30.0
 # A send costs the store a transaction (about 5-20 ms of CPU for the embedded SQLite store, the same
 # for 1 metric or 1000), so the thread sends at most every POLL_S: metrics appear in MLflow a few
 # seconds late, and forwarding costs well under 1 % of a core.
 POLL_S = 5.0
+# A poll, and the stage's last drain, send for at most this long before they give the thread back: a
+# store that answers, slowly, cannot hold the end of a stage on a long backlog (D50).
+SEND_SLICE_S = 10.0
 
 
 @frozen
@@ -145,7 +150,9 @@ class Recorder(Protocol):
 
     def sending(self) -> AbstractContextManager[bool]: ...
 
-    def flush(self) -> FlushResult: ...
+    outages: Outages
+
+    def flush(self, *, probe: bool = False, until: float | None = None) -> FlushResult: ...
 
     def stages(self) -> list[str]: ...
 
@@ -208,10 +215,10 @@ class MetricsForwarder:
         delay = self.poll_s
         while True:
             stopping = self._stop.wait(delay)
-            result = self._cycle()
+            result = self._cycle(probe=not stopping)  # the last drain does not wait again on a store found down
             if stopping:
                 return
-            if result.error is not None and not result.busy:
+            if result.error is not None and not result.busy and not result.metrics:  # sent some: it answers
                 delay = min(max(delay * 2, self.poll_s), MAX_BACKOFF_S)
             else:
                 delay = self.poll_s
@@ -226,17 +233,17 @@ class MetricsForwarder:
                 out.append(None)
         return tuple(out)
 
-    def _cycle(self) -> ForwardResult:
+    def _cycle(self, *, probe: bool = True) -> ForwardResult:
         seen = self._files_stat()
         if self.last is not None and seen == self._idle:
             return self.last  # nothing new since everything was sent
         t0 = time.perf_counter()
         try:
-            result = self.drain()
+            result = self.drain(probe=probe, until=time.monotonic() + SEND_SLICE_S)
         except Exception as exc:  # noqa: BLE001 - the thread must outlive anything the store does
             log.warning("metrics forwarding for %s paused: %s", self.stage, describe_error(exc))
             left = sum(self._pending(s, None) for s in self.streams())
-            result = ForwardResult(0, 0, left, describe_error(exc), is_transient(exc))
+            result = ForwardResult(0, 0, left, self._reason(exc, time.perf_counter() - t0), is_transient(exc))
         self.busy_s += time.perf_counter() - t0
         self.cycles += 1
         self.last = result
@@ -245,13 +252,32 @@ class MetricsForwarder:
         return result
 
     # one pass ----------------------------------------------------------------------------------
+    def _reason(self, exc: Exception, waited_s: float) -> str:
+        """The failure in a line; a store that cannot be reached is marked down for the command."""
+        if not is_transient(exc):
+            return describe_error(exc)
+        reason = outage_reason(exc)
+        self.recorder.outages.mark(self.recorder.target, reason, waited_s)
+        return reason
+
     @staticmethod
     def _pending(stream: Stream, cursor: Cursor | None) -> int:
+        """Bytes of whole lines not sent yet: a torn last line (a worker killed mid-write) is not pending,
+        as it can never be sent; it becomes pending once the line is complete."""
+        offset = cursor.offset if cursor else 0
         try:
-            size = stream.file.stat().st_size
+            with open(stream.file, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size <= offset:
+                    return 0
+                tail = min(size - offset, TAIL_SCAN)
+                f.seek(size - tail)
+                end = f.read(tail).rfind(b"\n")
         except FileNotFoundError:
             return 0
-        return max(0, size - (cursor.offset if cursor else 0))
+        if end < 0:
+            return 0 if tail == size - offset else size - offset
+        return size - tail + end + 1 - offset
 
     def pending_bytes(self) -> int:
         """Bytes of the stage's files the store does not hold yet, as far as the cursors know."""
@@ -262,10 +288,12 @@ class MetricsForwarder:
             total += self._pending(stream, cursor)
         return total
 
-    def drain(self) -> ForwardResult:
-        """Send every complete line not yet sent (journal first, so the stage run exists)."""
+    def drain(self, *, probe: bool = False, until: float | None = None) -> ForwardResult:
+        """Send every complete line not yet sent (journal first, so the stage run exists), stopping between
+        requests once ``time.monotonic()`` passes ``until``. A store this command found down is not tried
+        again unless ``probe`` (mcx.track.recorder.RunRecorder.flush)."""
         record = self.recorder
-        flushed = record.flush()
+        flushed = record.flush(probe=probe, until=until)
         uuid = record.record_uuid(f"stage:{self.stage}")
         if uuid is None or (flushed.error is not None and flushed.transient):  # not created, or the store is down
             left = self.pending_bytes()
@@ -282,13 +310,13 @@ class MetricsForwarder:
                     pending += self._pending(stream, cursor)
                     continue
                 cursor.check(stream.file)
-                part = self._send_from(stream, cursor, uuid)
+                part = self._send_from(stream, cursor, uuid, until)
                 sent_metrics, sent_lines, pending = sent_metrics + part.metrics, sent_lines + part.lines, \
                     pending + part.pending_bytes
                 error, transient = part.error, part.transient
             return ForwardResult(sent_metrics, sent_lines, pending, error, transient)
 
-    def _send_from(self, stream: Stream, cursor: Cursor, uuid: str) -> ForwardResult:
+    def _send_from(self, stream: Stream, cursor: Cursor, uuid: str, until: float | None) -> ForwardResult:
         store = self.recorder.store()
         sent_metrics = sent_lines = 0
         with open(stream.file, "rb") as f:
@@ -299,12 +327,18 @@ class MetricsForwarder:
                 if end < 0:
                     break  # nothing complete yet (a line longer than READ_CHUNK is not a metrics line)
                 for batch in _batches(data[: end + 1], cursor, stream.rule):
+                    if batch.metrics and until is not None and time.monotonic() > until:
+                        return ForwardResult(sent_metrics, sent_lines, self._pending(stream, cursor),
+                                             f"the store answered too slowly: {sent_metrics} metrics sent before "
+                                             "the time for this send was up", transient=True)
                     if batch.metrics:
+                        t0 = time.monotonic()
                         try:
                             store.log_metrics(uuid, batch.metrics)
                         except Exception as exc:  # noqa: BLE001 - left in the file, sent next time
                             return ForwardResult(sent_metrics, sent_lines, self._pending(stream, cursor),
-                                                 describe_error(exc), is_transient(exc))
+                                                 self._reason(exc, time.monotonic() - t0), is_transient(exc))
+                        self.recorder.outages.clear(self.recorder.target.name)
                     batch.commit(cursor)
                     cursor.save()
                     sent_metrics += len(batch.metrics)

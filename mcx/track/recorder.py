@@ -39,7 +39,8 @@ from mcx.track.journal import FlushResult, Journal
 from mcx.track.records import TAG_VALUE_LIMIT, clip, fingerprint_tags, scalar_text, spec_params
 from mcx.track.redact import redact_text
 from mcx.track.send import SyncEntry, sync_recorder
-from mcx.track.target import Target, describe_error, is_transient, resolve_target, target_from_name
+from mcx.track.outage import Outage, Outages
+from mcx.track.target import Target, describe_error, is_transient, outage_reason, resolve_target, target_from_name
 
 if TYPE_CHECKING:
     from mcx.track.mlflow_store import MlflowStore
@@ -50,6 +51,9 @@ TARGET_FILE = "target.json"
 IDS_FILE = "ids.json"
 LOCK_FILE = "lock"
 RUN = "run"
+# How long the end of `mcx run` (close()) sends before it leaves the rest to `mcx sync`: a store that
+# answers, slowly, would otherwise hold the finished run and its lock for as long as it likes (D50).
+CLOSE_SEND_S = 30.0
 # The step-time model's check (mcx.plan.steptime.PredictionCheck) as MLflow metrics: not summary metrics (the
 # median step it is compared with leaves out the stalls that docs/metrics.md's step_time_s counts).
 PREDICTION_METRICS = {"predicted_s": "step_time_model_s", "measured_s": "step_time_median_s",
@@ -74,6 +78,7 @@ class RunRecorder:
     def __init__(
         self, project_root: Path, run_dir: Path, *, target: Target, experiment: str, run_id: str,
         reproduces: str | None = None, reproduction: str | None = None, attempt: int = 1,
+        outages: Outages | None = None,
     ) -> None:
         if (reproduces is None) != (reproduction is None):
             raise ValueError("a reproduction needs both reproduces= and reproduction=")
@@ -94,6 +99,7 @@ class RunRecorder:
         self._send_lock = threading.RLock()
         self._last_send_error: str | None = None  # a failure is logged once at warning level, not per flush
         self._store: MlflowStore | None = None
+        self.outages = outages if outages is not None else Outages()  # shared by every recorder of an `mcx sync`
         self._bind_target()
 
     def _checked(self, run_id: str) -> str:
@@ -122,10 +128,12 @@ class RunRecorder:
                    reproduces=reproduces, reproduction=reproduction, attempt=attempt if isinstance(attempt, int) else 1)
 
     @classmethod
-    def load(cls, project_root: Path, run_dir: Path, tracking_uri: str | None = None) -> RunRecorder:
+    def load(cls, project_root: Path, run_dir: Path, tracking_uri: str | None = None,
+             outages: Outages | None = None) -> RunRecorder:
         """The recorder a previous process set up in ``run_dir`` (for ``mcx sync``).
 
-        ``tracking_uri`` sends the run to another store instead (everything is replayed there).
+        ``tracking_uri`` sends the run to another store instead (everything is replayed there);
+        ``outages``: the stores this command found down (shared by every run it syncs).
         """
         state = paths.read_json(Path(run_dir) / paths.TRACK_DIR / TARGET_FILE)
         if not isinstance(state, dict) or "target" not in state:
@@ -134,7 +142,7 @@ class RunRecorder:
                   else target_from_name(project_root, state["target"]))
         return cls(project_root, run_dir, target=target, experiment=state["experiment"], run_id=state["run_id"],
                    reproduces=state.get("reproduces"), reproduction=state.get("reproduction"),
-                   attempt=state.get("attempt", 1))
+                   attempt=state.get("attempt", 1), outages=outages)
 
     def _bind_target(self) -> None:
         state = {"target": self.target.name, "experiment": self.experiment, "run_id": self.run_id,
@@ -310,31 +318,58 @@ class RunRecorder:
             finally:
                 os.close(fd)
 
-    def flush(self) -> FlushResult:
-        """Send every journaled operation not yet acknowledged, in order; stop at the first failure."""
+    def down(self) -> Outage | None:
+        """The outage this command found for the store, if any (its sends are skipped until it clears)."""
+        return self.outages.get(self.target.name)
+
+    def flush(self, *, probe: bool = False, until: float | None = None) -> FlushResult:
+        """Send every journaled operation not yet acknowledged, in order; stop at the first failure, or
+        before an operation once ``time.monotonic()`` is past ``until``.
+
+        A store this command found down is not tried again (the records stay spooled), unless ``probe``:
+        the forwarder's polls during training ask whether it came back."""
+        outage = None if probe else self.down()
+        if outage is not None:
+            return FlushResult(0, len(self.journal.pending()), outage.reason, transient=True)
         with self.sending() as mine:
             if not mine:
                 return FlushResult(0, len(self.journal.pending()), busy=True)
-            return self._flush_locked()
+            return self._flush_locked(until)
 
-    def _flush_locked(self) -> FlushResult:
+    def _flush_locked(self, until: float | None = None) -> FlushResult:
         pending = self.journal.pending()
         sent = 0
+        started = time.monotonic()
         for op in pending:
+            if until is not None and time.monotonic() > until:
+                return FlushResult(sent, len(pending) - sent, f"the store answered too slowly: {sent} of "
+                                   f"{len(pending)} records sent in {time.monotonic() - started:.0f} s",
+                                   transient=True)
+            t0 = time.monotonic()
             try:
+                store = self.store()
+                t0 = time.monotonic()  # the request's wait, not mlflow's import
                 ids = self._ids()
-                if self.store().apply(op, ids, run_dir=self.run_dir, experiment=self.experiment):
+                if store.apply(op, ids, run_dir=self.run_dir, experiment=self.experiment):
                     self._save_ids(ids)
             except Exception as exc:  # noqa: BLE001 - every failure leaves the op spooled
-                transient = is_transient(exc)
-                msg = describe_error(exc)
-                level = logging.DEBUG if transient or msg == self._last_send_error else logging.WARNING
-                self._last_send_error = msg
-                log.log(level, "tracking operation %s of run %s stays spooled: %s", op["seq"], self.run_id, msg)
-                return FlushResult(sent, len(pending) - sent, msg, transient)
+                return self._failed(exc, time.monotonic() - t0, f"tracking operation {op['seq']}",
+                                    FlushResult(sent, len(pending) - sent))
+            self.outages.clear(self.target.name)
             self.journal.ack(op["seq"])
             sent += 1
         return FlushResult(sent, 0)
+
+    def _failed(self, exc: Exception, waited_s: float, what: str, left: FlushResult) -> FlushResult:
+        """``left`` with the failure's reason; a store that cannot be reached is marked down for this command."""
+        transient = is_transient(exc)
+        msg = outage_reason(exc) if transient else describe_error(exc)
+        if transient:
+            self.outages.mark(self.target, msg, waited_s)
+        level = logging.DEBUG if transient or msg == self._last_send_error else logging.WARNING
+        self._last_send_error = msg
+        log.log(level, "%s of run %s stays spooled: %s", what, self.run_id, describe_error(exc))
+        return FlushResult(left.sent, left.pending, msg, transient)
 
     def stages(self) -> list[str]:
         """Stages this run opened, in order."""
@@ -346,8 +381,9 @@ class RunRecorder:
         return seen
 
     def close(self) -> SyncEntry:
-        """Send everything still pending (journal and every stage's metrics); say what is left."""
-        return sync_recorder(self)
+        """Send everything still pending (journal and every stage's metrics) for at most CLOSE_SEND_S, so
+        that a slow store cannot hold the run (and its lock) after its last stage; say what is left."""
+        return sync_recorder(self, until=time.monotonic() + CLOSE_SEND_S)
 
 
 def _read_spec_table(run_dir: Path) -> dict[str, Any]:

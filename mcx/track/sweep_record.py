@@ -15,6 +15,7 @@ from typing import Any
 
 from mcx.errors import InputError
 from mcx.track import paths
+from mcx.track.outage import Outages
 from mcx.track.records import TAG_VALUE_LIMIT, clip, scalar_text
 from mcx.track.recorder import MLFLOW_STATUS, RUN, TARGET_FILE, RunRecorder, now_ms
 from mcx.track.target import resolve_target, target_from_name
@@ -27,11 +28,11 @@ class SweepRecorder(RunRecorder):
     """The MLflow record of one sweep directory."""
 
     def __init__(self, project_root: Path, sweep_dir: Path, *, target, experiment: str, name: str,
-                 definition: str | None = None) -> None:
+                 definition: str | None = None, outages: Outages | None = None) -> None:
         # ``definition``: the sweep's identity (mcx.ops.sweep.definition_identity), so that a sweep started over
         # under its name with another definition gets a parent run of its own
         self.definition = definition
-        super().__init__(project_root, sweep_dir, target=target, experiment=experiment, run_id=name)
+        super().__init__(project_root, sweep_dir, target=target, experiment=experiment, run_id=name, outages=outages)
 
     def _checked(self, run_id: str) -> str:
         if not _NAME.fullmatch(run_id):
@@ -48,7 +49,8 @@ class SweepRecorder(RunRecorder):
                    experiment=experiment, name=name, definition=definition)
 
     @classmethod
-    def load(cls, project_root: Path, run_dir: Path, tracking_uri: str | None = None) -> SweepRecorder:
+    def load(cls, project_root: Path, run_dir: Path, tracking_uri: str | None = None,
+             outages: Outages | None = None) -> SweepRecorder:
         """The recorder a previous `mcx sweep` set up in ``run_dir`` (for ``mcx sync``: its journal names the
         parent run's identity, so the definition is not needed again)."""
         state = paths.read_json(Path(run_dir) / paths.TRACK_DIR / TARGET_FILE)
@@ -56,7 +58,8 @@ class SweepRecorder(RunRecorder):
             raise InputError(f"{run_dir} has no tracking state", "it was never recorded; nothing to sync.")
         target = (resolve_target(project_root, tracking_uri) if tracking_uri is not None
                   else target_from_name(project_root, state["target"]))
-        return cls(project_root, run_dir, target=target, experiment=state["experiment"], name=state["run_id"])
+        return cls(project_root, run_dir, target=target, experiment=state["experiment"], name=state["run_id"],
+                   outages=outages)
 
     def stages(self) -> list[str]:
         return []  # a sweep has no metrics files of its own: its trials' runs do

@@ -18,6 +18,7 @@ from attrs import frozen
 from mcx.errors import InputError
 from mcx.track import paths
 from mcx.track.forward import MetricsForwarder
+from mcx.track.outage import Outage, Outages
 from mcx.track.recorder import RUN, TARGET_FILE, RunRecorder
 from mcx.track.send import SyncEntry, sync_recorder
 from mcx.track.sweep_record import SweepRecorder
@@ -29,6 +30,7 @@ _NOT_RUN_DIRS = frozenset({"checkpoints", paths.TRACK_DIR, "plots"})
 class SyncReport:
     runs: tuple[SyncEntry, ...]
     seconds: float
+    outages: tuple[Outage, ...] = ()  # the stores found unreachable (each waited on once)
 
     @property
     def ok(self) -> bool:
@@ -76,20 +78,28 @@ def unsent(project_root: Path, run_dir: Path) -> tuple[int, int]:
 def sync(project_root: Path, *, tracking_uri: str | None = None, run_ids: list[str] | None = None) -> SyncReport:
     """Send every spooled record of the project (or of ``run_ids``) to its tracking store.
 
-    ``tracking_uri`` sends them to that store instead of the one each run was recorded for.
+    ``tracking_uri`` sends them to that store instead of the one each run was recorded for. The first
+    request that finds a store unreachable marks it down for the rest of this call: the other runs
+    recorded for it are reported pending without waiting on it again (mcx.track.outage).
     """
     t0 = time.perf_counter()
     wanted = {paths.check_run_id(r) for r in run_ids} if run_ids else None
+    outages = Outages()
     entries = []
+    targets: dict[str, None] = {}
     for run_dir in tracked_run_dirs(project_root):
-        record = RunRecorder.load(project_root, run_dir, tracking_uri)
+        record = RunRecorder.load(project_root, run_dir, tracking_uri, outages)
         if wanted is not None and record.run_id not in wanted and record.reproduces not in wanted:
             continue
         entries.append(sync_recorder(record))
+        targets[record.target.name] = None
     if wanted is None:  # after the runs: a sweep's record adopts its trials' runs
         for sweep_dir in tracked_sweep_dirs(project_root):
-            entries.append(sync_recorder(SweepRecorder.load(project_root, sweep_dir, tracking_uri)))
-    return SyncReport(tuple(entries), time.perf_counter() - t0)
+            record = SweepRecorder.load(project_root, sweep_dir, tracking_uri, outages)
+            entries.append(sync_recorder(record))
+            targets[record.target.name] = None
+    down = tuple(o for o in map(outages.get, targets) if o is not None)
+    return SyncReport(tuple(entries), time.perf_counter() - t0, down)
 
 
 def tracked_sweep_dirs(project_root: Path) -> list[Path]:

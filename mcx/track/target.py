@@ -5,10 +5,13 @@ SQLite database at ``<project>/.mcx/mlflow.db`` with artifacts under ``<project>
 Credentials come only from the environment (``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/``TOKEN``,
 read by MLflow itself); a URI holding ``user:pass@`` is refused, so no secret is ever stored.
 
-The client is made with short network limits (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` 0 and
-``MLFLOW_HTTP_REQUEST_TIMEOUT`` 10 s unless the environment sets them): mcx retries on its own
+The client is made with short network limits (no retries, and ``MLFLOW_HTTP_REQUEST_TIMEOUT``
+10 s unless the environment sets it): mcx retries on its own
 schedule from its spool, so a slow or absent server costs a background thread seconds, never the
-training.
+training. MLflow's own retries are always off in mcx's process (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` 0:
+its default backoff waits minutes per request, and the spool retries anyway); a timeout the user set
+is kept. A command waits on a down store once: the first request that fails marks it down for the
+rest of the command (mcx.track.outage, D50).
 """
 
 from __future__ import annotations
@@ -30,11 +33,14 @@ if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient
 
 EMBEDDED = "embedded"
-# Set unless the environment sets them: short network limits (the spool retries), and no usage
-# telemetry from MLflow (training clusters rarely allow egress; opt in with MLFLOW_DISABLE_TELEMETRY=false).
-CLIENT_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
-                       "MLFLOW_DISABLE_TELEMETRY": "true"}
+# Set unless the environment sets them: a short wait per request, and no usage telemetry from MLflow
+# (training clusters rarely allow egress; opt in with MLFLOW_DISABLE_TELEMETRY=false).
+CLIENT_ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_DISABLE_TELEMETRY": "true"}
+# Set always in mcx's process: MLflow's own retries (7 with exponential backoff by default, minutes per
+# request) would multiply every wait, and mcx's spool is the retry (`mcx sync`); D50.
+CLIENT_ENV_FIXED = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
 _TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
+_TIMEOUTS = frozenset({"ReadTimeout", "ConnectTimeout", "ReadTimeoutError", "ConnectTimeoutError", "Timeout"})
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 _client_lock = threading.Lock()
 
@@ -63,7 +69,7 @@ def embedded_uri(project_root: Path) -> str:
     return "sqlite:///" + str((paths.state_dir(project_root) / paths.EMBEDDED_DB).resolve())
 
 
-def _check_uri(uri: str, where: str) -> str:
+def check_uri(uri: str, where: str) -> str:
     uri = uri.strip()
     if not uri:
         raise InputError(f"{where} is empty", "leave it unset for the embedded store, or give a server URI.")
@@ -81,10 +87,10 @@ def resolve_target(project_root: Path, uri: str | None = None) -> Target:
     """``uri`` (the spec's ``[tracking] uri``), else ``$MLFLOW_TRACKING_URI``, else the embedded store."""
     root = Path(project_root).resolve()
     if uri is not None:
-        return _named(root, _check_uri(uri, "tracking.uri"))
+        return _named(root, check_uri(uri, "tracking.uri"))
     env = os.environ.get("MLFLOW_TRACKING_URI")
     if env:
-        return _named(root, _check_uri(env, "MLFLOW_TRACKING_URI"))
+        return _named(root, check_uri(env, "MLFLOW_TRACKING_URI"))
     return Target(embedded_uri(root), True, root)
 
 
@@ -104,6 +110,7 @@ def open_client(target: Target) -> MlflowClient:
     """An MlflowClient for ``target`` (imports mlflow: about 4 s the first time in a process)."""
     for key, value in CLIENT_ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
+    os.environ.update(CLIENT_ENV_FIXED)
     with _client_lock:  # mlflow's first import and its store registry are not thread-safe
         try:
             from mlflow.tracking import MlflowClient
@@ -150,6 +157,38 @@ def _http_status(err: BaseException) -> int | None:
         return int(get())
     except (TypeError, ValueError):
         return None
+
+
+def outage_reason(exc: BaseException) -> str:
+    """Why the store could not be reached, in a few words (never MlflowException's whole text)."""
+    import socket
+
+    chain = _chain(exc)
+    for err in chain:  # the network's own errors first: MlflowException wraps them as HTTP 500
+        if isinstance(err, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(err, socket.gaierror):
+            return "its host name does not resolve"
+        if isinstance(err, TimeoutError) or type(err).__name__ in _TIMEOUTS:
+            return f"no answer within {os.environ.get('MLFLOW_HTTP_REQUEST_TIMEOUT', '120')} s"
+        if type(err).__module__.startswith("sqlalchemy"):
+            return "its database is locked or unreadable"
+    for err in reversed(chain):  # the innermost cause says most: "[Errno 113] No route to host"
+        if isinstance(err, OSError) and err.strerror:
+            return err.strerror[0].lower() + err.strerror[1:]
+    for err in chain:
+        status = _http_status(err)
+        if status is not None and status in _TRANSIENT_HTTP:
+            return f"it answered HTTP {status}"
+    return describe_error(exc)
+
+
+def unreachable_hint(target: str) -> str:
+    """The fix for records left spooled because ``target`` (Target.name) could not be reached."""
+    if target == EMBEDDED:
+        return "run `mcx sync` again once .mcx/mlflow.db is not locked by another process."
+    return ("start the server (or check the URI), then run `mcx sync` again, or send them to another server "
+            "with `mcx sync --to URI`.")
 
 
 def describe_error(exc: BaseException) -> str:
