@@ -39,7 +39,9 @@ class LaunchOutcome:
     ``exit_code`` follows subprocess's convention: the worker's exit status, or ``-N`` when
     signal N ended it (None while it runs or when nothing reports it). ``result`` is the
     worker's ``result.json`` when it wrote one; ``log`` the file that holds the launch's output
-    (Slurm's ``slurm-<job>.out``, or the file a local launcher was given).
+    (Slurm's ``slurm-<job>.out``, or the file a local launcher was given). ``interrupted_by`` names the
+    signal (SIGINT, SIGTERM) to the control plane on which it stopped the workers: the user's stop, which
+    `mcx run` ends "interrupted" (exit 130), not a preemption (D47).
     """
 
     state: State
@@ -49,6 +51,7 @@ class LaunchOutcome:
     result: dict[str, Any] | None = None
     log: Path | None = None
     restarts: int = 0
+    interrupted_by: str | None = None
 
     @property
     def done(self) -> bool:
