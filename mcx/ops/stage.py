@@ -149,10 +149,25 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
         result = evolve(result, control_checks={**result.control_checks,
                                                 "memory_prediction": memory_prediction(planned, result)})
     if outcome.interrupted_by:  # the user stopped `mcx run` (Ctrl-C, SIGTERM): not a preemption, the run ends (D47)
+        stopped_by_user = result.status != "finished"
         result = evolve(result, status="interrupted",
                         error=interruption(stage, stage_path, result, outcome.interrupted_by, rerun=code_path is not None))
+        if stopped_by_user:
+            _mark_interrupted(stage_path, result.error)
     recorder.finish_stage(stage, checkpoint=checkpoint)
     return result
+
+
+def _mark_interrupted(stage_path: Path, error: str | None) -> None:
+    """result.json says "interrupted" where the worker wrote "preempted" on the SIGTERM mcx forwarded for the user,
+    so the stage's record (`mcx ls`, `mcx show`, MLflow) tells it from a scheduler's preemption; the worker's own
+    view stays in ``details.stop_signal``."""
+    from mcx.launch.base import RESULT_FILE, read_result
+    from mcx.jsonfile import write_json_atomic
+
+    written = read_result(stage_path)
+    if written is not None:
+        write_json_atomic(stage_path / RESULT_FILE, {**written, "status": "interrupted", "error": error}, allow_nan=True)
 
 
 def interruption(stage: str, stage_path: Path, result: StageResult, signal_name: str, *, rerun: bool = False) -> str:
