@@ -407,6 +407,24 @@ def test_local_cancel_checkpoints_and_a_rerun_resumes(tmp_path: Path):
     assert metric_steps(stage_dir) == [1, 2, 3, 4, 5, 6]
 
 
+def test_the_latest_checkpoint_is_read_where_the_job_keeps_its_checkpoints(tmp_path: Path):
+    """checkpoint.dir puts a stage's checkpoints outside its run directory: `latest` (the resume, the
+    checkpoint recorded in DVC, what an interrupted run says it resumes from) is read where job.json says."""
+    from mcx.launch.base import latest_checkpoint, resume_note
+
+    stage_dir, elsewhere = tmp_path / "run" / "full", tmp_path / "ckpt" / "run" / "full"
+    stage_dir.mkdir(parents=True)
+    assert latest_checkpoint(stage_dir) is None and resume_note(stage_dir).startswith("No checkpoint was saved")
+    (stage_dir / "checkpoints").mkdir()
+    (stage_dir / "checkpoints" / "latest").write_text("iter_0000004\n")
+    assert latest_checkpoint(stage_dir) == "iter_0000004"  # no job.json: the default place
+    (stage_dir / "job.json").write_text(json.dumps({"checkpoint_dir": str(elsewhere)}))
+    assert latest_checkpoint(stage_dir) is None  # the job's checkpoints are elsewhere, and none is saved there yet
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "latest").write_text("iter_0000008\n")
+    assert latest_checkpoint(stage_dir) == "iter_0000008" and "iter_0000008" in resume_note(stage_dir)
+
+
 CONTROL_PLANE = """
 import sys
 from pathlib import Path

@@ -29,7 +29,7 @@ TERMINAL: frozenset[str] = frozenset(
 )
 
 RESULT_FILE = "result.json"
-LATEST_FILE = "checkpoints/latest"
+JOB_FILE = "job.json"
 
 
 @frozen(kw_only=True)
@@ -143,10 +143,23 @@ def clear_result(stage_dir: Path) -> None:
     (stage_dir / RESULT_FILE).unlink(missing_ok=True)
 
 
-def latest_checkpoint(stage_dir: Path) -> str | None:
-    """The name ``checkpoints/latest`` points at, or None before the first checkpoint."""
+def checkpoint_root(stage_dir: Path) -> Path:
+    """Where the stage's worker keeps its checkpoints: job.json's ``checkpoint_dir`` (``checkpoint.dir`` puts
+    them outside the run directory), else ``checkpoints/`` in the stage directory."""
     try:
-        name = (stage_dir / LATEST_FILE).read_text(encoding="utf-8").strip()
+        job = json.loads((stage_dir / JOB_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        job = None
+    where = job.get("checkpoint_dir") if isinstance(job, dict) else None
+    return Path(where) if isinstance(where, str) and where else stage_dir / "checkpoints"
+
+
+def latest_checkpoint(stage_dir: Path) -> str | None:
+    """The name the stage's ``latest`` points at, or None before the first checkpoint."""
+    from mcx.weights.paths import LATEST
+
+    try:
+        name = (checkpoint_root(stage_dir) / LATEST).read_text(encoding="utf-8").strip()
     except (FileNotFoundError, UnicodeDecodeError):
         return None
     return name or None

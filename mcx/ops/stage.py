@@ -151,7 +151,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     if outcome.interrupted_by:  # the user stopped `mcx run` (Ctrl-C, SIGTERM): not a preemption, the run ends (D47)
         stopped_by_user = result.status != "finished"
         result = evolve(result, status="interrupted",
-                        error=interruption(stage, stage_path, result, outcome.interrupted_by, rerun=code_path is not None))
+                        error=_interruption(stage, stage_path, result, outcome.interrupted_by, rerun=code_path is not None))
         if stopped_by_user:
             _mark_interrupted(stage_path, result.error)
     recorder.finish_stage(stage, checkpoint=checkpoint)
@@ -170,7 +170,7 @@ def _mark_interrupted(stage_path: Path, error: str | None) -> None:
         write_json_atomic(stage_path / RESULT_FILE, {**written, "status": "interrupted", "error": error}, allow_nan=True)
 
 
-def interruption(stage: str, stage_path: Path, result: StageResult, signal_name: str, *, rerun: bool = False) -> str:
+def _interruption(stage: str, stage_path: Path, result: StageResult, signal_name: str, *, rerun: bool = False) -> str:
     """One line: where the user's signal stopped the stage and how it goes on (``rerun``: a reproduction's,
     which `mcx reproduce` runs afresh)."""
     from mcx.launch.base import latest_checkpoint
