@@ -1,11 +1,11 @@
 """Fault injection: mcx and its worker under real faults, with nothing replaced.
 
 Every fault is the real thing: SIGKILL and SIGTERM sent to real worker processes (found in the
-process tree of a real `mcx run`), a real full filesystem (a tmpfs mounted small as
-checkpoint.dir), NaN injected into the live weights of a real Megatron-Core model (the worker's
-documented test hook), a real `mlflow server` stopped for a whole run and in the middle of one,
-two real `mcx run` processes racing for one run ID, and a hostile project path and spec values
-rendered into a Slurm batch script that real bash then runs.
+process tree of a real `mcx run`), SIGTERM to `mcx run` and SIGINT to its process group (a Ctrl-C),
+a real full filesystem (a tmpfs mounted small as checkpoint.dir), NaN injected into the live
+weights of a real Megatron-Core model (the worker's documented test hook), a real `mlflow server`
+stopped for a whole run and in the middle of one, two real `mcx run` processes racing for one run ID,
+and a hostile project path and spec values rendered into a Slurm batch script that real bash then runs.
 
 The model is the quickstart shrunk to seconds on CPU (FAULT). One uninterrupted `mcx run` of it is
 the reference every interrupted run must match bit for bit (train loss, gradient norm and learning
@@ -784,7 +784,7 @@ def test_nan_in_the_weights_stops_mcx_run_as_diverged_with_advice(new_project, r
     assert parent.info.status == "FAILED" and parent.data.tags["mcx.status"] == "diverged"
 
 
-# -- 5. SIGTERM -----------------------------------------------------------------------------------------
+# -- 5. SIGTERM and Ctrl-C -------------------------------------------------------------------------------
 
 TERM_GRACE_S = 30  # Slurm's default KillWait: the time between its SIGTERM and its SIGKILL
 
@@ -798,15 +798,24 @@ def wait_exit(pid: int, timeout: float) -> float:
     return time.monotonic() - t0
 
 
-def test_sigterm_checkpoints_within_the_grace_and_the_rerun_matches(new_project, reference, reaper):
-    """SIGTERM to the worker (a scheduler preempting it), then SIGTERM to `mcx run` itself (forwarded
-    to the worker): each time the worker saves a checkpoint at the step it reached and exits 0
-    within the grace, `mcx run` exits 0 with status preempted; a third `mcx run` resumes and the
-    curve is the uninterrupted one."""
+# Where the signal goes, which signal, and how `mcx run` ends: a scheduler preempting the worker is the
+# worker's own documented stop (exit 0, "preempted"); SIGTERM to `mcx run` (`kill PID`) and Ctrl-C (SIGINT
+# to the terminal's whole foreground process group) are the user's, exit 130, "interrupted" (D47).
+STOPS = (("worker", signal.SIGTERM, 0, "preempted"), ("mcx run", signal.SIGTERM, 130, "interrupted"),
+         ("process group", signal.SIGINT, 130, "interrupted"))
+
+
+def test_sigterm_and_ctrl_c_checkpoint_within_the_grace_and_the_rerun_matches(new_project, reference, reaper):
+    """SIGTERM to the worker (a scheduler preempting it), SIGTERM to `mcx run` itself, then SIGINT to the
+    process group of `mcx run` as a terminal's Ctrl-C sends it (both forwarded to the worker as SIGTERM):
+    each time the worker saves a checkpoint at the step it reached and exits within the grace. The
+    preempted run exits 0 with status preempted; the interrupted ones exit 130 with status interrupted
+    and one line saying that the stage is resumable, from which checkpoint, and how. A last `mcx run`
+    resumes and the curve is the uninterrupted one."""
     rng = random.Random(KILL_SEED + 3)
     project = new_project()
     stops = []
-    for target in ("worker", "mcx run"):
+    for target, sig, exit_code, status in STOPS:
         since = time.time()
         proc = mcx_popen(project, *RUN)
         reaper.add(proc.pid)
@@ -814,24 +823,38 @@ def test_sigterm_checkpoints_within_the_grace_and_the_rerun_matches(new_project,
         stage = stage_of(worker)
         step = latest_step(stage / "checkpoints") + rng.randint(2, 2 * INTERVAL)
         wait_for_step(stage, step, since=since, pid=worker)
-        os.kill(worker if target == "worker" else proc.pid, signal.SIGTERM)
+        if target == "process group":
+            os.killpg(proc.pid, sig)  # mcx_popen starts `mcx run` as its group's leader
+        else:
+            os.kill(worker if target == "worker" else proc.pid, sig)
         took = wait_exit(worker, TERM_GRACE_S)
         code, out, err = finish(proc)
         result = json.loads((stage / "result.json").read_text())
         stopped = result["steps"]
-        stops.append((target, step, stopped, round(took, 2)))
-        where = f"SIGTERM to the {target}: {stops}"
-        assert code == 0, f"{where}\n{err[-3000:]}"
-        assert result["status"] == "preempted" and result["exit_code"] == 0, where
+        stops.append((target, sig.name, step, stopped, round(took, 2)))
+        where = f"{sig.name} to the {target}: {stops}"
+        assert code == exit_code, f"{where}\n{err[-3000:]}"
+        # The worker stopped on SIGTERM (the scheduler's, or the one `mcx run` forwarded) and saved; the stage's
+        # record says who stopped it, as `mcx ls` shows it.
+        assert result["status"] == status and result["exit_code"] == 0, where
         assert result["details"]["stop_signal"] == signal.SIGTERM, where
+        listed = json.loads(mcx_inprocess(project, "ls", "--json").out)
+        assert [(r["status"], r["stages"]["full"]["status"]) for r in listed] == [(status, status)], where
         assert step <= stopped < STEPS and latest_step(stage / "checkpoints") == stopped, where  # saved there
-        assert run_json(project)["status"] == "preempted" and run_json(project)["summary"]["exit_code"] == 0, where
+        record = run_json(project)
+        assert record["status"] == status and record["summary"]["exit_code"] == exit_code, where
+        assert record["summary"]["stages"]["full"]["status"] == status, where
         assert curve(stage) == reference.curve[:stopped], where
+        if status == "interrupted":
+            line = (f"mcx: interrupted by {sig.name}: the full stage stopped at step {stopped} and is resumable from "
+                    f"its checkpoint iter_{stopped:07d}: the same `mcx run` command resumes it")
+            assert [x for x in err.splitlines() if x.startswith("mcx:")] == [line], f"{where}\n{err[-3000:]}"
+            assert record["summary"]["error"] == line[len("mcx: "):], where
     res = mcx_inprocess(project, *RUN)
     assert res.code == 0, res
-    assert f"resuming from iter_{stops[-1][2]:07d}" in flat(res.err)
+    assert f"resuming from iter_{stops[-1][3]:07d}" in flat(res.err)
     assert run_json(project)["status"] == "finished"
-    assert_matches_reference(stage, reference.stage, f"preempted at {stops}")
+    assert_matches_reference(stage, reference.stage, f"stopped at {stops}")
 
 
 # -- 6. the tracking server away ----------------------------------------------------------------------

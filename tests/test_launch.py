@@ -398,13 +398,31 @@ def test_local_cancel_checkpoints_and_a_rerun_resumes(tmp_path: Path):
     wait_for_step(stage_dir, 2)
     handle.cancel()
     outcome = handle.wait(30)
-    assert outcome.state == "cancelled"
+    assert outcome.state == "cancelled" and outcome.interrupted_by is None  # mcx's own stop (a watch), not the user's
     assert outcome.result["status"] == "preempted"
     saved = outcome.result["steps"]
     assert f"iter_{saved:07d}" in outcome.detail
     again = local(tmp_path).start(stage_dir, Placement(world_size=1), LaunchSpec(), PROBE_ENV).wait(60)
     assert again.state == "finished" and again.result["steps"] == 6
     assert metric_steps(stage_dir) == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_latest_checkpoint_is_read_where_the_job_keeps_its_checkpoints(tmp_path: Path):
+    """checkpoint.dir puts a stage's checkpoints outside its run directory: `latest` (the resume, the
+    checkpoint recorded in DVC, what an interrupted run says it resumes from) is read where job.json says."""
+    from mcx.launch.base import latest_checkpoint, resume_note
+
+    stage_dir, elsewhere = tmp_path / "run" / "full", tmp_path / "ckpt" / "run" / "full"
+    stage_dir.mkdir(parents=True)
+    assert latest_checkpoint(stage_dir) is None and resume_note(stage_dir).startswith("No checkpoint was saved")
+    (stage_dir / "checkpoints").mkdir()
+    (stage_dir / "checkpoints" / "latest").write_text("iter_0000004\n")
+    assert latest_checkpoint(stage_dir) == "iter_0000004"  # no job.json: the default place
+    (stage_dir / "job.json").write_text(json.dumps({"checkpoint_dir": str(elsewhere)}))
+    assert latest_checkpoint(stage_dir) is None  # the job's checkpoints are elsewhere, and none is saved there yet
+    elsewhere.mkdir(parents=True)
+    (elsewhere / "latest").write_text("iter_0000008\n")
+    assert latest_checkpoint(stage_dir) == "iter_0000008" and "iter_0000008" in resume_note(stage_dir)
 
 
 CONTROL_PLANE = """
@@ -417,7 +435,7 @@ handle = LocalLauncher(module="launch_probe", log=stage / "launch.log").start(
     stage, Placement(world_size=1), LaunchSpec(), {"PYTHONPATH": sys.argv[2]})
 print(handle.pid, flush=True)
 outcome = handle.wait()
-print(outcome.state, outcome.result["status"], outcome.result["term_signals"], flush=True)
+print(outcome.state, outcome.result["status"], outcome.result["term_signals"], outcome.interrupted_by, flush=True)
 """
 
 
@@ -436,7 +454,7 @@ def test_ctrl_c_on_the_control_plane_reaches_the_worker_once_as_sigterm(tmp_path
     plane.send_signal(signal.SIGINT)
     out, _ = plane.communicate(timeout=30)
     assert plane.returncode == 0
-    assert out.split() == ["cancelled", "preempted", "1"]
+    assert out.split() == ["cancelled", "preempted", "1", "SIGINT"]  # the user's stop, named: `mcx run` exits 130
     assert (stage_dir / "checkpoints" / "latest").exists()
 
 

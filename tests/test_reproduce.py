@@ -17,8 +17,13 @@ by the spread between those seeds.
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -384,6 +389,35 @@ def test_data_in_neither_cache_nor_remote_is_refused_with_the_fix(project, origi
     assert "WARNING" not in res.err  # DVC's own complaint is not printed beside mcx's
     assert tree(project / ".mcx" / "runs") == runs_before  # no reproduction label taken
     assert len(c.search_runs([e.experiment_id for e in c.search_experiments()])) == mlflow_before
+    assert worktrees(project) == 1
+
+
+def test_ctrl_c_during_the_rerun_exits_130_and_says_what_to_run(project, original):
+    """Ctrl-C while the rerun trains (SIGINT to the process group of `mcx reproduce`, as a terminal sends
+    it): the rerun stops, `mcx reproduce` exits 130, as docs/cli.md says, with one line saying that the
+    next `mcx reproduce` reruns it from the start; its run ends "interrupted" and the worktree is gone."""
+    reps = original["dir"] / "reproductions"
+    before = {p.name for p in reps.glob("*")}  # none yet when this test runs alone
+    proc = subprocess.Popen([sys.executable, "-m", "mcx", "--project", str(project), "reproduce", original["run_id"]],
+                            cwd=project, env=e2e_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600  # a hang guard: the rerun's first step comes within seconds
+        while not any('"kind": "train"' in m.read_text() for m in reps.glob("*/*/metrics.jsonl")
+                      if m.parent.parent.name not in before):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-3000:]
+    said = [line for line in err.splitlines() if line.startswith("mcx:")]
+    assert len(said) == 1 and re.fullmatch(r"mcx: interrupted.*; `mcx reproduce` again reruns it from the start",
+                                           said[0]), err[-3000:]
+    (label,) = {p.name for p in reps.glob("*")} - before
+    assert json.loads((reps / label / "run.json").read_text())["status"] == "interrupted"
     assert worktrees(project) == 1
 
 

@@ -368,6 +368,32 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_one_before_replays_t
     assert run(stage)["warnings"] == []  # and the next start finds nothing wrong
 
 
+def test_latest_naming_a_deleted_checkpoint_resumes_from_the_newest_intact_one(tmp_path, uninterrupted):
+    """The issue's report: the newest checkpoint directory deleted while `latest` still named it stopped
+    the stage with exit 2 and advised deleting `latest`, which trained again from step 1 and threw the
+    intact checkpoints away. Now the resume passes over it as over a damaged one: it resumes from the
+    newest intact checkpoint, metrics.jsonl keeps steps 1-50 as they were and continues from step 50, the
+    curve is the uninterrupted one, and every checkpoint that was there is still there."""
+    stage = copy_stage(uninterrupted, tmp_path / "stage")
+    ckpts = stage / "checkpoints"
+    shutil.rmtree(ckpts / "iter_0000060")
+    assert (ckpts / "latest").read_text().strip() == "iter_0000060"
+    there = {p.name: snapshot(p) for p in ckpts.glob("iter_*")}
+    first = records(stage)
+    result = run(stage)
+    assert result["status"] == "finished" and result["exit_code"] == 0, result["error"]
+    warning = ("checkpoint iter_0000060, which `latest` named, is missing. Resuming from iter_0000050, the newest "
+               "intact checkpoint: the steps after 50 are trained again")
+    assert result["warnings"] == [warning]
+    log = (stage / "worker.log").read_text()
+    assert f"WARNING mcx.train: {warning}" in log and "resumed from iter_0000050" in log
+    assert records(stage)[:50] == first[:50]  # not trained again: the very lines, their times included
+    assert [r["step"] for r in records(stage)] == list(range(1, 61))
+    _same_history(stage, uninterrupted)
+    assert all(snapshot(ckpts / name) == files for name, files in there.items()), "an intact checkpoint changed"
+    assert (ckpts / "latest").read_text().strip() == "iter_0000060" and run(stage)["warnings"] == []
+
+
 def test_a_flipped_byte_is_found_by_its_checksum(tmp_path, uninterrupted):
     """One bit flipped inside a tensor of state.pt: the size is right and torch.load reads the file
     without complaint (the weight is silently wrong); the CRC-32 does not match, so the checkpoint is
@@ -404,7 +430,8 @@ def test_no_intact_checkpoint_is_an_input_error_that_names_them_and_deletes_noth
     error = result["error"]
     assert error.startswith(f"no intact checkpoint to resume from in {ckpts}: iter_0000060 (state.pt: {cut} B, "
                             f"expected {size} B); iter_0000050 (rng_rank0.pt: crc32 "), error
-    assert "Nothing was deleted; " in error and f"delete {ckpts} to train the stage from scratch" in error
+    assert "Nothing was deleted; " in error and f"move the directory aside (`mv {ckpts} {ckpts}.old`)" in error
+    assert "delete" not in error.split("Nothing was deleted; ")[1]  # no advice that throws a checkpoint away
     assert f"restore iter_0000060 from DVC, which recorded it (`dvc pull --force {ckpts / 'iter_0000060.dvc'}`" in error
     assert "\n" not in error  # one paragraph
     assert snapshot(ckpts) == before and (stage / "metrics.jsonl").read_bytes() == metrics
@@ -543,9 +570,15 @@ def test_checkpoint_store_commits_atomically_and_keeps_the_newest(tmp_path):
     store.clean_partial()
     assert sorted(p.name for p in store.root.iterdir()) == ["iter_0000020", "iter_0000030", "latest"]
     assert store.read_meta(store.latest())["consumed_samples"] == 240
-    (store.root / "latest").write_text("iter_0000099\n")
-    with pytest.raises(InputError, match="not a complete checkpoint"):
+    (store.root / "latest").write_text("iter_0000099\n")  # gone: named, and check() says so (the resume falls back)
+    assert store.latest() == store.root / "iter_0000099" and store.check(store.latest()) == ["the directory is missing"]
+    assert [p.name for p in store.candidates(store.latest())] == ["iter_0000099", "iter_0000030", "iter_0000020"]
+    (store.root / "latest").write_text("iter_0000020 \n")
+    assert store.latest().name == "iter_0000020"
+    (store.root / "latest").write_text("checkpoint-30\n")  # not a checkpoint's name: said, with the newest one
+    with pytest.raises(InputError, match=r"names 'checkpoint-30', which is not a checkpoint \(iter_NNNNNNN\);") as info:
         store.latest()
+    assert f"`echo iter_0000030 > {store.root / 'latest'}`" in info.value.hint
 
 
 def test_checksums_record_seal_and_name_what_changed(tmp_path):
@@ -609,9 +642,11 @@ def test_damaged_checkpoints_are_set_aside_and_old_ones_are_told_apart(tmp_path)
     assert store.set_aside(latest).name == "iter_0000030.damaged"
     (store.root / "iter_0000030").mkdir()
     assert store.set_aside(store.root / "iter_0000030").name == "iter_0000030.damaged.2"
-    # A resume stopped between setting a damaged checkpoint aside and pointing `latest` past it: the
-    # next start takes the newest complete checkpoint before it (and checks that one in turn).
-    assert (store.root / "latest").read_text() == "iter_0000030\n" and store.latest().name == "iter_0000020"
+    # A resume stopped between setting a damaged checkpoint aside and pointing `latest` past it: `latest`
+    # names a missing checkpoint, and the next start passes over it to the ones before (checking each in turn).
+    assert (store.root / "latest").read_text() == "iter_0000030\n" and store.latest().name == "iter_0000030"
+    assert store.check(store.latest()) == ["the directory is missing"]
+    assert [p.name for p in store.candidates(store.latest())] == ["iter_0000030", "iter_0000020", "iter_0000010"]
     store.point("iter_0000020")
     store.clean_partial()
     assert store.steps() == [10, 20] and store.latest().name == "iter_0000020"

@@ -68,6 +68,7 @@ def _ask(question: str) -> bool:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from mcx.ops.interrupts import term_interrupts
     from mcx.ops.run import RunOptions, run
 
     interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
@@ -75,7 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       skip_smoke=args.skip_smoke, output="json" if args.json else ("quiet" if args.quiet else "bar"),
                       wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data)
     project = project_root(args)
-    with children_to_stderr():  # the worker's lines (--json: its metrics as JSON lines) are progress
+    # SIGTERM stops it as Ctrl-C does (exit 130, resumable): forwarded to the workers while a stage trains
+    with children_to_stderr(), term_interrupts():  # the worker's lines (--json: its metrics as JSON lines) are progress
         result = run(args.spec, args.overrides, project=project, options=opts, progress=show_progress)
     _print_notes(result.notes)
     summary = result.summary
@@ -201,10 +203,11 @@ def cmd_sync(args: argparse.Namespace) -> int:
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
+    from mcx.ops.interrupts import term_interrupts
     from mcx.ops.reproduce import reproduce
 
     project = project_root(args)
-    with children_to_stderr():  # the rerun's progress; the verdict is the result
+    with children_to_stderr(), term_interrupts():  # the rerun's progress; the verdict is the result
         result = reproduce(args.run_id, project=project, output="json" if args.json else "bar",
                            progress=show_progress)
     if args.json:

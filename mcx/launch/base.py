@@ -29,7 +29,7 @@ TERMINAL: frozenset[str] = frozenset(
 )
 
 RESULT_FILE = "result.json"
-LATEST_FILE = "checkpoints/latest"
+JOB_FILE = "job.json"
 
 
 @frozen(kw_only=True)
@@ -39,7 +39,9 @@ class LaunchOutcome:
     ``exit_code`` follows subprocess's convention: the worker's exit status, or ``-N`` when
     signal N ended it (None while it runs or when nothing reports it). ``result`` is the
     worker's ``result.json`` when it wrote one; ``log`` the file that holds the launch's output
-    (Slurm's ``slurm-<job>.out``, or the file a local launcher was given).
+    (Slurm's ``slurm-<job>.out``, or the file a local launcher was given). ``interrupted_by`` names the
+    signal (SIGINT, SIGTERM) to the control plane on which it stopped the workers: the user's stop, which
+    `mcx run` ends "interrupted" (exit 130), not a preemption (D47).
     """
 
     state: State
@@ -49,6 +51,7 @@ class LaunchOutcome:
     result: dict[str, Any] | None = None
     log: Path | None = None
     restarts: int = 0
+    interrupted_by: str | None = None
 
     @property
     def done(self) -> bool:
@@ -140,10 +143,23 @@ def clear_result(stage_dir: Path) -> None:
     (stage_dir / RESULT_FILE).unlink(missing_ok=True)
 
 
-def latest_checkpoint(stage_dir: Path) -> str | None:
-    """The name ``checkpoints/latest`` points at, or None before the first checkpoint."""
+def checkpoint_root(stage_dir: Path) -> Path:
+    """Where the stage's worker keeps its checkpoints: job.json's ``checkpoint_dir`` (``checkpoint.dir`` puts
+    them outside the run directory), else ``checkpoints/`` in the stage directory."""
     try:
-        name = (stage_dir / LATEST_FILE).read_text(encoding="utf-8").strip()
+        job = json.loads((stage_dir / JOB_FILE).read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+        job = None
+    where = job.get("checkpoint_dir") if isinstance(job, dict) else None
+    return Path(where) if isinstance(where, str) and where else stage_dir / "checkpoints"
+
+
+def latest_checkpoint(stage_dir: Path) -> str | None:
+    """The name the stage's ``latest`` points at, or None before the first checkpoint."""
+    from mcx.weights.paths import LATEST
+
+    try:
+        name = (checkpoint_root(stage_dir) / LATEST).read_text(encoding="utf-8").strip()
     except (FileNotFoundError, UnicodeDecodeError):
         return None
     return name or None

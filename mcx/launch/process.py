@@ -2,7 +2,8 @@
 
 The child runs in its own session, so a Ctrl-C in the terminal reaches only the control plane,
 which forwards it once, as SIGTERM, to the worker processes: the worker saves a checkpoint and
-exits, exactly as on a Slurm preemption. A second Ctrl-C kills the workers.
+exits, exactly as on a Slurm preemption. A second Ctrl-C kills the workers. The outcome names the
+signal (``interrupted_by``): the user's stop, which `mcx run` ends "interrupted" with exit 130.
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class ProcessHandle:
         self._workers = workers
         self._what = what
         self._interrupted = False
+        self._signalled: str | None = None  # the first signal to the control plane that forward() passed on
         self._lock = threading.Lock()
         clear_result(stage_dir)
         out: IO[bytes] | None = None
@@ -175,6 +177,7 @@ class ProcessHandle:
             return
 
         def forward(signum: int, frame: object) -> None:
+            self._signalled = self._signalled or signal.Signals(signum).name
             if self._interrupted:
                 self.kill()
             else:
@@ -193,7 +196,7 @@ class ProcessHandle:
         status = (result or {}).get("status")
         said = worker_said(result)
         where = f" Its output is in {self._log}." if self._log else ""
-        common = dict(exit_code=code, job_id=self.job_id, result=result, log=self._log)
+        common = dict(exit_code=code, job_id=self.job_id, result=result, log=self._log, interrupted_by=self._signalled)
         if self._interrupted:
             saved = "The worker saved a checkpoint and stopped. " if status == "preempted" else ""
             return LaunchOutcome(

@@ -296,8 +296,10 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
                 # 2: the worker found bad input where it runs (a node without Transformer Engine, say)
                 exit_code = {"preempted": 0, "pruned": 0, "interrupted": 130}.get(status, 2 if result.exit_code == 2 else 1)
                 break
-    except KeyboardInterrupt:
-        status, error, exit_code = "interrupted", "interrupted by the user; run again to resume", 130
+    except KeyboardInterrupt:  # a Ctrl-C no launch passed on (between stages; a Slurm job followed): what finished is kept
+        again = ("`mcx reproduce` again reruns it from the start" if reproduces is not None else
+                 "the same `mcx run` command resumes the run where it stopped")
+        status, error, exit_code = "interrupted", f"interrupted; {again}", 130
     except McxError as exc:  # a stage could not be started or followed: the run failed, it is not still running
         status, error, exit_code = "failed", str(exc), exc.exit_code
         if stage == "full" and "smoke" in results and results["smoke"].passed:

@@ -136,7 +136,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
         status="failed", passed=False, error=f"the worker wrote no result ({outcome.state}: {outcome.detail})")
     if stopped is not None and result.status != "finished":  # it ended because it was asked to
         result = evolve(result, status=stopped.status, error=stopped.detail)
-    if outcome.state not in ("finished", "failed") and result.status == "finished":
+    if outcome.state not in ("finished", "failed") and result.status == "finished" and not outcome.interrupted_by:
         result = evolve(result, status="failed", error=f"launch ended {outcome.state}: {outcome.detail}")
     if outcome.state == "preempted" and result.status != "preempted":
         result = evolve(result, status="preempted", error=outcome.detail)
@@ -148,8 +148,43 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     if stage == "smoke" and result.status == "finished":
         result = evolve(result, control_checks={**result.control_checks,
                                                 "memory_prediction": memory_prediction(planned, result)})
+    if outcome.interrupted_by:  # the user stopped `mcx run` (Ctrl-C, SIGTERM): not a preemption, the run ends (D47)
+        stopped_by_user = result.status != "finished"
+        result = evolve(result, status="interrupted",
+                        error=_interruption(stage, stage_path, result, outcome.interrupted_by, rerun=code_path is not None))
+        if stopped_by_user:
+            _mark_interrupted(stage_path, result.error)
     recorder.finish_stage(stage, checkpoint=checkpoint)
     return result
+
+
+def _mark_interrupted(stage_path: Path, error: str | None) -> None:
+    """result.json says "interrupted" where the worker wrote "preempted" on the SIGTERM mcx forwarded for the user,
+    so the stage's record (`mcx ls`, `mcx show`, MLflow) tells it from a scheduler's preemption; the worker's own
+    view stays in ``details.stop_signal``."""
+    from mcx.launch.base import RESULT_FILE, read_result
+    from mcx.jsonfile import write_json_atomic
+
+    written = read_result(stage_path)
+    if written is not None:
+        write_json_atomic(stage_path / RESULT_FILE, {**written, "status": "interrupted", "error": error}, allow_nan=True)
+
+
+def _interruption(stage: str, stage_path: Path, result: StageResult, signal_name: str, *, rerun: bool = False) -> str:
+    """One line: where the user's signal stopped the stage and how it goes on (``rerun``: a reproduction's,
+    which `mcx reproduce` runs afresh)."""
+    from mcx.launch.base import latest_checkpoint
+
+    head = f"interrupted by {signal_name}: the {stage} stage"
+    at = f" at step {result.steps}" if result.steps else ""
+    if rerun:
+        return f"{head} of the reproduction stopped{at}; `mcx reproduce` again reruns it from the start"
+    if result.status == "finished":
+        return f"{head} finished as it was interrupted; the same `mcx run` command goes on from it"
+    latest = latest_checkpoint(stage_path)
+    if latest is None:
+        return f"{head} stopped{at} before its first checkpoint; the same `mcx run` command starts it again"
+    return f"{head} stopped{at} and is resumable from its checkpoint {latest}: the same `mcx run` command resumes it"
 
 
 def _wait(handle: Handle, watch: Watch | None, stage: str, stage_path: Path) -> tuple[LaunchOutcome, Stop | None]:

@@ -26,11 +26,12 @@ from attrs import asdict, evolve, frozen
 from mcx.errors import InputError, McxError
 from mcx.hashing import digest
 from mcx.jsonfile import read_json, write_json_atomic
+from mcx.ops.interrupts import term_interrupts
 from mcx.ops.progress import Note, Progress
 from mcx.ops.sweep_plan import (PlannedTrial, SweepOptions, budget_gate, definition_identity, distributions,
                                 estimate_gpu_hours, gpu_slots, load_sweep, params_key, plan_trials, sampler_for,
                                 total_trials)
-from mcx.ops.sweep_watch import PrunerWatch, StopWatch, term_interrupts
+from mcx.ops.sweep_watch import PrunerWatch, StopWatch
 from mcx.spec import ExperimentSpec, dump_spec
 
 DEFINITION = "sweep.json"

@@ -6,35 +6,11 @@ with the workers saving a checkpoint first.
 
 from __future__ import annotations
 
-import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from mcx.errors import InputError
-
-
-@contextmanager
-def term_interrupts() -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM interrupt the sweep (KeyboardInterrupt in the main thread): the trials
-    save a checkpoint and stop instead of being left to run on without their sweep. Installed whatever the
-    process inherited (a sweep started in the background gets SIGINT ignored), as `mcx run` forwards them.
-    Main thread only."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class StopWatch:

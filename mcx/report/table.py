@@ -16,7 +16,8 @@ from mcx.report.titled import titled_table
 WIDE_MAX = 6  # runs shown as columns; more runs become rows
 VALUE_WIDTH = 48  # long values (hashes, paths, package lists) are cut on a terminal; a pipe, JSON and HTML keep them
 
-_STATUS_STYLE = {"finished": "green", "failed": "red", "diverged": "red", "preempted": "yellow", "incomplete": "yellow"}
+_STATUS_STYLE = {"finished": "green", "failed": "red", "diverged": "red", "preempted": "yellow", "interrupted": "yellow",
+                 "incomplete": "yellow"}
 
 
 def _cut(text: str, width: int, shorten: bool) -> str:

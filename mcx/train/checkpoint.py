@@ -18,9 +18,10 @@ are partial and ``*.retired`` ones half-deleted: both are removed at the next st
 
 Loading (loop.py) checks the files against ``checksums.json`` first. A damaged checkpoint is renamed
 to ``iter_NNNNNNN.damaged/`` (kept, never deleted: the user decides), then ``latest`` is pointed at the
-newest intact one (a stop between the two is taken up by ``latest`` at the next start); with none
-intact the stage stops with exit 2 and nothing is moved. Checkpoints of format 1 (before checksums,
-D36) load unchecked.
+newest intact one; a checkpoint ``latest`` names that is missing (deleted by hand, or set aside by a
+resume stopped before it re-pointed ``latest``) is passed over the same way (D47). With none intact the
+stage stops with exit 2 and nothing is moved. Checkpoints of format 1 (before checksums, D36) load
+unchecked.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ FORMAT = 2  # 2: with checksums.json
 UNCHECKED_FORMAT = 1  # written before checkpoints carried checksums (D36): loaded with a warning
 RETIRED = ".retired"  # a pruned checkpoint, renamed out of the store while a thread deletes it
 DAMAGED = ".damaged"  # a checkpoint whose files do not match its checksums, set aside for the user
+MISSING = "the directory is missing"  # check()'s problem for a checkpoint ``latest`` names that is not there
 _ITER = re.compile(r"^iter_(\d{7,})$")
 
 
@@ -87,20 +89,19 @@ class CheckpointStore:
         return self.root / iter_name(step)
 
     def latest(self) -> Path | None:
-        """The checkpoint ``latest`` names, or None when there is none yet."""
+        """The checkpoint ``latest`` names, or None when there is none yet. It may be missing or damaged
+        (deleted by hand, set aside by a resume cut short): ``check`` says so, and the resume falls back."""
         pointer = self.root / LATEST
         if not pointer.is_file():
             return None
         name = pointer.read_text(encoding="utf-8").strip()
-        path = self.root / name
-        if _ITER.match(name) and not path.exists() and any(self.root.glob(name + DAMAGED + "*")):
-            # Set aside by a resume that stopped before it pointed ``latest`` at an older checkpoint.
-            older = [s for s in self.steps() if s < int(_ITER.match(name).group(1))]
-            return self.path(older[-1]) if older else None
-        if not _ITER.match(name) or not (path / META).is_file():
-            raise InputError(f"{pointer} names {name!r}, which is not a complete checkpoint;",
-                             f"delete {pointer} to start the stage over, or restore the checkpoint directory.")
-        return path
+        if not _ITER.match(name):
+            steps = self.steps()
+            fix = (f"write the name of the checkpoint to resume from into it (the newest here: `echo {iter_name(steps[-1])} "
+                   f"> {pointer}`), then run again." if steps else
+                   f"no checkpoint is in {self.root}: delete {pointer} to train the stage from its first step.")
+            raise InputError(f"{pointer} names {name!r}, which is not a checkpoint (iter_NNNNNNN);", fix)
+        return self.root / name
 
     @staticmethod
     def read_meta(path: Path) -> dict[str, Any]:
@@ -119,6 +120,8 @@ class CheckpointStore:
     def check(path: Path, rank: int = 0, size: int = 1) -> list[str] | None:
         """This rank's share of the problems of a checkpoint's files (checksums.verify); None for a
         checkpoint of format 1, which has no checksums to check."""
+        if not path.is_dir():
+            return [MISSING]
         if not (path / checksums.FILE).exists():
             try:
                 if json.loads((path / META).read_text(encoding="utf-8")).get("format") == UNCHECKED_FORMAT:
@@ -193,7 +196,8 @@ class CheckpointStore:
                "restore a copy from DVC, where mcx records each finished stage's final checkpoint "
                "(`dvc pull --force CHECKPOINT.dvc` in the project)")
         return InputError(f"no intact checkpoint to resume from in {self.root}: {said}. Nothing was deleted;",
-                          f"delete {self.root} to train the stage from scratch, or {dvc}, then run again.")
+                          f"{dvc}, then run again; or, to train the stage from its first step, move the directory "
+                          f"aside (`mv {self.root} {self.root}.old`), keeping it to look into.")
 
     def prune(self, pinned: set[int] = frozenset()) -> list[int]:
         """Retire complete checkpoints beyond the newest ``keep`` (pinned ones survive).

@@ -222,9 +222,14 @@ class Trainer:
         if damaged and self.world.is_main:  # set aside first, then re-point: a stop between is recovered (store.latest)
             step = int(self.store.read_meta(path)["step"])
             for bad, found in damaged.items():
+                again = f"Resuming from {path.name}, the newest intact checkpoint: the steps after {step} are trained again"
+                if not bad.exists():  # `latest` named a directory that is gone (D47): nothing to set aside
+                    aside = sorted(bad.parent.glob(bad.name + ckpt.DAMAGED + "*"))
+                    gone = f"set aside as {aside[-1].name} by an earlier resume" if aside else "missing"
+                    self._warn(f"checkpoint {bad.name}, which `latest` named, is {gone}. {again}")
+                    continue
                 kept = self.store.set_aside(bad)
-                self._warn(f"checkpoint {bad.name} is damaged ({', '.join(found)}); kept as {kept.name}. Resuming "
-                           f"from {path.name}, the newest intact checkpoint: the steps after {step} are trained again")
+                self._warn(f"checkpoint {bad.name} is damaged ({', '.join(found)}); kept as {kept.name}. {again}")
             self.store.point(path.name)
         self.world.barrier()
         return path
@@ -257,7 +262,8 @@ class Trainer:
         for key in ("backend", "layout"):
             if meta.get(key) != want[key]:
                 raise InputError(f"{latest} was written with {key} {meta.get(key)}, this stage runs {want[key]};",
-                                 "resume with the same layout, or delete the stage's checkpoints to start over.")
+                                 f"resume with the same layout; to train this stage from its first step instead, move "
+                                 f"its checkpoints aside (`mv {self.store.root} {self.store.root}.old`).")
         self.backend.load(latest)
         step, consumed = int(meta["step"]), int(meta["consumed_samples"])
         self.saved_step = self.step = step
