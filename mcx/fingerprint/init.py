@@ -7,7 +7,7 @@ from random weights keeps the ID it had. A changed parent (retrained, another st
 model file) therefore changes the child's ID; moving the parent's directory does not.
 
 A checkpoint's content hash is the digest of its ``checksums.json`` file list (size and CRC-32 of every
-file, written at its commit: mcx.train.checksums), ``meta.json`` left out because it holds the save time.
+file, written at its commit: mcx.weights.checksums), ``meta.json`` left out because it holds the save time.
 """
 
 from __future__ import annotations

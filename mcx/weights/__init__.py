@@ -2,6 +2,7 @@
 come from and go to, one tensor at a time: Hugging Face directories (``hf.py``, their config in
 ``hfconfig.py``), Megatron-Core distributed checkpoints (``dist.py``) and the CPU backend's state.pt.
 
-Modules that move tensors import torch; ``hfconfig`` does not (the planner checks a Hugging Face
+A checkpoint's files carry their sizes and CRC-32 (``checksums.py``), checked by the worker and the control
+plane alike. Modules that move tensors import torch; ``hfconfig`` and ``checksums`` do not (the planner checks a Hugging Face
 source's shapes before anything runs).
 """
