@@ -181,13 +181,15 @@ def _checkpoint(root: Path, run_id: str, path: Path, key: str = "init.from") -> 
             "warnings": []}
 
 
-def check_checkpoint(root: Path, run_id: str, path: Path, key: str = "init.from", *, read: bool = True) -> None:
+def check_checkpoint(root: Path, run_id: str, path: Path, key: str = "init.from", *, read: bool = True,
+                     missing: bool = True) -> None:
     """InputError naming every file of run ``run_id``'s checkpoint ``path`` (in project ``root``) that does not match its
     ``checksums.json`` (``read=False``: missing or of another size; else also by CRC-32, reading every
-    file), with the fix that exists for it: a final checkpoint in DVC comes back by ``mcx pull``."""
+    file; ``missing=False``: files not there are not damage), with the fix that exists for it: a final
+    checkpoint in DVC comes back by ``mcx pull``."""
     from mcx.weights.checksums import verify
 
-    problems, _ = verify(path, read=read)
+    problems, _ = verify(path, read=read, missing=missing)
     if not problems:
         return
     shown = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)

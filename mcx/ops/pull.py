@@ -37,9 +37,9 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
     for p in pointers:
         _inside(root, p.target, f"the checkpoint {p.dvc_file.name} points at")
     name, url = _choose(root, run_id, pointers, remote, configured_remotes(root))
-    for p in pointers:  # one here already is checked before DVC compares it (it would blame the remote)
+    for p in pointers:  # the files here already are checked before DVC compares them (it would blame the remote)
         if (p.target / FILE).is_file():  # without one: written before checkpoints carried checksums (D36)
-            check_checkpoint(root, run_id, p.target, f"{p.stage} stage")
+            check_checkpoint(root, run_id, p.target, f"{p.stage} stage", missing=False)  # missing: fetched
     checkpoints = []
     for p in pointers:
         fetched = fetch(root, p.dvc_file, remote=name, url=url)

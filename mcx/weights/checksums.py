@@ -88,11 +88,13 @@ def seal(directory: Path) -> dict[str, float]:
             "hashed_bytes": hashed_bytes, "seconds": time.perf_counter() - t0}
 
 
-def verify(directory: Path, rank: int = 0, size: int = 1, *, read: bool = True) -> tuple[list[str], int]:
+def verify(directory: Path, rank: int = 0, size: int = 1, *, read: bool = True,
+           missing: bool = True) -> tuple[list[str], int]:
     """What is wrong with this rank's share of the files ``checksums.json`` lists (every ``size``-th file,
     from the ``rank``-th; all of them for one rank), each problem naming the file, what was recorded and
     what is there; and the bytes read. Files the checkpoint gained after its commit are not its damage.
-    ``read=False`` checks only that each file is there at its recorded size (a stat each, no weights read)."""
+    ``read=False`` checks only that each file is there at its recorded size (a stat each, no weights read);
+    ``missing=False`` leaves out files that are not there (a pull about to fetch them)."""
     try:
         manifest = json.loads((directory / FILE).read_text(encoding="utf-8"))
         files = sorted((str(n), {"size": int(w["size"]), ALGORITHM: str(w[ALGORITHM])})
@@ -101,13 +103,14 @@ def verify(directory: Path, rank: int = 0, size: int = 1, *, read: bool = True) 
             return [f"{FILE}: algorithm {manifest.get('algorithm')!r}, mcx checks {ALGORITHM}"], 0
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return [f"{FILE}: unreadable ({type(exc).__name__}: {exc})"], 0
-    problems, read = [], 0
+    problems, bytes_read = [], 0
     for name, want in files[rank::size]:
         path = directory / name
         try:
             found = path.stat().st_size
         except FileNotFoundError:
-            problems.append(f"{name}: missing, expected {want['size']} B")
+            if missing:
+                problems.append(f"{name}: missing, expected {want['size']} B")
             continue
         if found != want["size"]:
             problems.append(f"{name}: {found} B, expected {want['size']} B")
@@ -115,8 +118,8 @@ def verify(directory: Path, rank: int = 0, size: int = 1, *, read: bool = True) 
         if not read:
             continue
         got = file_sum(path)
-        read += got["size"]
+        bytes_read += got["size"]
         if got[ALGORITHM] != want[ALGORITHM]:
             problems.append(f"{name}: {ALGORITHM} {got[ALGORITHM]}, expected {want[ALGORITHM]} at the recorded size "
                             f"of {found} B")
-    return problems, read
+    return problems, bytes_read
