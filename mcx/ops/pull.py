@@ -1,8 +1,8 @@
 """`mcx pull RUN_ID`: a run's final checkpoints, and the dataset version it trained on where that is
 missing, fetched into place from the DVC remote, by the run's committed pointers (D38); every file fetched
 checked against its DVC record (mcx.ops.data.check_pulled: DVC takes a remote's damaged object as it is), and
-a checkpoint's also against its own checksums.json (D48), as is a checkpoint already here before it counts as
-pulled: damaged files are named (the fetched ones removed) and nothing is reported fetched.
+a checkpoint's also against its own checksums.json (D48), as is a checkpoint already here before DVC compares
+it: each damaged file is named (a fetched one removed from the workspace) and the pull exits 2.
 
 The remote: ``--remote`` (a configured name, or a URL or path held in memory only), else a remote
 configured here with the URL the run pushed to, else that URL itself, else this clone's default
@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcx.errors import DataError
+
+if TYPE_CHECKING:
+    from mcx.track.share import Pointer
 
 MEMORY_REMOTE = "mcx-pull"  # the name of a remote held in memory only
 
@@ -25,10 +28,10 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
     from mcx.fingerprint.dvcfiles import DvcOut
     from mcx.fingerprint.init import check_checkpoint
     from mcx.ops.data import check_pulled
-    from mcx.weights.checksums import FILE
     from mcx.track.dvc_store import _inside, _pointer
     from mcx.track.paths import check_run_id
     from mcx.track.share import configured_remotes, fetch, read_pointers, unknown_run
+    from mcx.weights.checksums import FILE
 
     root = Path(project).resolve()
     pointers = read_pointers(root, check_run_id(run_id))
@@ -70,7 +73,7 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
             "checkpoints": checkpoints, "data": data}
 
 
-def _check_sums(root: Path, run_id: str, pointer: Any) -> None:
+def _check_sums(root: Path, run_id: str, pointer: Pointer) -> None:
     """A fetched checkpoint whose files match their DVC md5 but not its checksums.json was damaged before
     `dvc add` hashed it, so every copy is: its damaged files are removed here and named (DataError)."""
     from mcx.fingerprint.dvcworkspace import shown_path
