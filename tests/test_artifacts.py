@@ -3,6 +3,7 @@ quickstart shared as a team shares it (test_share's clones, bare origin and loca
 
 - a checkpoint object damaged on the DVC remote: `mcx pull` in a second clone names the file, removes it,
   exits 2; once the remote is mended the same command fetches the intact bytes;
+- a checkpoint damaged before `dvc add` (its DVC record holds the damage): `mcx pull` names it by its checksums;
 - a checkpoint cut short here: a child's plan (`init.from = "run:..."`), `export-hf` and `mcx pull` name it
   (exit 2, nothing written), and the fix they give (remove it, `mcx pull`) brings back the recorded bytes;
 - one flipped byte, its size kept: the child's plan passes (it reads no weights), `mcx run` of the child and
@@ -22,7 +23,7 @@ import pytest
 from conftest import mcx_inprocess, mcx_subprocess
 from test_e2e import FAST, SPEC
 # test_share's module fixtures, imported so that this module trains and shares its own run (one per module)
-from test_share import ckpt, clone, run, rid, shared, team, workspace  # noqa: F401
+from test_share import ckpt, clone, dvc, run, rid, shared, team, workspace  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("e2e_clean_env")]
 
@@ -91,6 +92,28 @@ def test_a_checkpoint_object_damaged_on_the_remote_is_named_removed_and_pulled_a
     res = mcx_subprocess(second, "pull", rid)  # the remote mended: the fix the error gave
     assert res.code == 0, res
     assert digests(second / rel) == digests(full)
+
+
+def test_a_checkpoint_damaged_before_dvc_add_is_named_by_its_checksums_on_pull(shared, rid):
+    """Its files match their DVC record (DVC hashed the damage), so only its checksums.json tells: `mcx pull`
+    names and removes the damaged file, and says every copy of that version is damaged."""
+    rel = ckpt(shared.first, rid, "full").relative_to(shared.first).as_posix()
+    pointer = f".mcx/checkpoints/{rid}/full.dvc"
+    maker = clone(shared, "damaged-before-add")
+    assert mcx_subprocess(maker, "pull", rid).code == 0
+    flip_last_byte(maker / rel / "state.pt")
+    for args in (["commit", "-f", pointer], ["push", pointer]):  # the damage recorded and pushed, as DVC would
+        done = dvc(maker, *args)
+        assert done.returncode == 0, done.stderr
+    user = clone(shared, "pulls-damaged-version")
+    shutil.copyfile(maker / pointer, user / pointer)  # the pointer as a `git pull` of the maker's commit brings it
+    res = mcx_subprocess(user, "pull", rid)
+    assert res.code == 2, res
+    text = said(res)
+    assert f"the full stage checkpoint pulled for run {rid} ({rel}) matches its DVC record but not its own " \
+           f"checksums.json (state.pt: crc32 " in text, text
+    assert "so every copy of this version is" in text and "`mcx run SPEC --force`" in text, text
+    assert not (user / rel / "state.pt").exists() and (user / rel / "meta.json").is_file()
 
 
 def test_a_truncated_checkpoint_is_named_by_a_childs_plan_export_hf_and_pull_and_mended_by_pull(shared, rid):
