@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mcx.train.checksums import CHUNK, file_sum  # noqa: E402
+from mcx.weights.checksums import CHUNK, file_sum  # noqa: E402
 
 
 def read_only(path: Path) -> None:

@@ -305,7 +305,7 @@ def assert_intact(ckpts: Path, step: int, where: str) -> None:
     """The checkpoint of ``step`` (0: none yet) is complete and every file of it matches its checksums."""
     if step == 0:
         return
-    from mcx.train.checksums import verify  # torch-free
+    from mcx.weights.checksums import verify  # torch-free
 
     path = ckpts / f"iter_{step:07d}"
     problems, read = verify(path)

@@ -79,9 +79,10 @@ def _fake_run(root: Path, run_id: str, crc: str, status: str = "finished") -> Pa
     it = ckpts / "iter_0000020"
     it.mkdir(parents=True)
     (it / "state.pt").write_bytes(b"weights")
-    (it / "meta.json").write_text(json.dumps({"step": 20, "consumed_samples": 160, "saved_at": 1.0}))
-    (it / "checksums.json").write_text(json.dumps({"algorithm": "crc32", "files": {
-        "state.pt": {"size": 7, "crc32": crc}, "meta.json": {"size": 60, "crc32": "00000000"}}}))
+    meta = json.dumps({"step": 20, "consumed_samples": 160, "saved_at": 1.0})
+    (it / "meta.json").write_text(meta)
+    (it / "checksums.json").write_text(json.dumps({"algorithm": "crc32", "files": {  # sizes as written: the plan checks them
+        "state.pt": {"size": 7, "crc32": crc}, "meta.json": {"size": len(meta), "crc32": "00000000"}}}))
     (ckpts / "latest").write_text("iter_0000020\n")
     (run / "full").mkdir(parents=True)
     (run / "full" / "job.json").write_text(json.dumps({"checkpoint_dir": str(ckpts)}))
@@ -115,6 +116,11 @@ def test_the_parents_checkpoint_content_is_the_childs_identity_not_its_place(tmp
     assert run_source(tmp_path / "running", "bbbbbbbbbbbb", 20)["id"]["step"] == 20
     with pytest.raises(InputError, match="no checkpoint of step 5"):
         run_source(tmp_path / "running", "bbbbbbbbbbbb", 5)
+    # a file cut short is named by its size, without reading the weights (D48)
+    (moved / "iter_0000020" / "state.pt").write_bytes(b"wei")
+    with pytest.raises(InputError, match=r"init.from: run aaaaaaaaaaaa's checkpoint .*iter_0000020 is damaged: "
+                                         r"state.pt: 3 B, expected 7 B .*train run aaaaaaaaaaaa again"):
+        run_source(tmp_path, "aaaaaaaaaaaa", None)
 
 
 def test_init_keys_are_checked_with_the_spec() -> None:

@@ -346,7 +346,7 @@ def test_a_truncated_latest_checkpoint_is_set_aside_and_the_one_before_replays_t
     "OSError: [Errno 22] Invalid argument" naming no file, on every rerun). Now the worker names the
     file, the size recorded and the size found, keeps the damaged checkpoint aside, resumes from the
     one before and trains the steps after it again: the curve is the uninterrupted one, each step once."""
-    from mcx.train import checksums
+    from mcx.weights import checksums
 
     stage = copy_stage(uninterrupted, tmp_path / "stage")
     ckpts = stage / "checkpoints"
@@ -586,7 +586,7 @@ def test_checksums_record_seal_and_name_what_changed(tmp_path):
     named with the file, what was recorded and what is there, by whichever rank checks that file."""
     import zlib
 
-    from mcx.train import checksums
+    from mcx.weights import checksums
 
     d = tmp_path / "iter_0000010.tmp"
     d.mkdir()
@@ -1040,7 +1040,7 @@ def test_the_checkpoint_writer_says_where_a_saves_time_went(tmp_path):
     assert m, lines[2]
     assert float(m[1]) < 60 and float(m[4]) < 60 and float(m[5]) < 60
     # The checksums of the file the write produced, in the rank's part file for the commit to merge.
-    from mcx.train import checksums
+    from mcx.weights import checksums
 
     part = json.loads((tmp_path / "checksums.rank0.json").read_text())
     assert part["files"] == {"out.pt": checksums.file_sum(tmp_path / "out.pt")}

@@ -145,9 +145,15 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from mcx.ops.progress import Note
     from mcx.ops.records import list_runs
 
     rows = list_runs(project=project_root(args), experiment=args.experiment, all_runs=args.all)
+    for row in rows:  # listed as "damaged"; each named on stderr, so the rest of the list stays usable
+        if row.get("damaged"):
+            show_progress(Note(level="warning", lead=f"run {row['run_id']}",
+                               text=f": its record is damaged ({'; '.join(row['damaged'])}); `mcx show "
+                                    f"{row['run_id']}` says how to mend it"))
     if args.json:
         _emit_json(rows)
         return 0

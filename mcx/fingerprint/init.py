@@ -7,7 +7,10 @@ from random weights keeps the ID it had. A changed parent (retrained, another st
 model file) therefore changes the child's ID; moving the parent's directory does not.
 
 A checkpoint's content hash is the digest of its ``checksums.json`` file list (size and CRC-32 of every
-file, written at its commit: mcx.train.checksums), ``meta.json`` left out because it holds the save time.
+file, written at its commit: mcx.weights.checksums), ``meta.json`` left out because it holds the save time.
+Collecting it also checks that every listed file is there at its recorded size (a stat each: a child's plan
+reads no weights); the CRC-32 of every file is checked where the weights are read (`mcx run`, `export-hf`:
+check_checkpoint), so a damaged parent is named, with its fix, before anything uses it (D48).
 """
 
 from __future__ import annotations
@@ -121,7 +124,7 @@ def run_source(root: Path, run_id: str, step: int | None, key: str = "init.from"
     run_dir = root / RUNS_DIR / run_id
     pointer = root / POINTERS / run_id / "full.dvc"
     if not run_dir.is_dir() and pointer.is_file():  # a clone: the run's final checkpoint, by its committed pointer
-        return _pointed(run_id, pointer, step, key, step_key)
+        return _pointed(root, run_id, pointer, step, key, step_key)
     if not run_dir.is_dir():
         raise RunIdError(f"{key}: no run {run_id} in this project (no {run_dir});",
                          "train it first, or start from a run of this project (`mcx ls`).")
@@ -143,10 +146,10 @@ def run_source(root: Path, run_id: str, step: int | None, key: str = "init.from"
         if not path.is_dir():
             raise InputError(f"{step_key}: run {run_id} has no checkpoint of step {step};",
                              f"name a step it saved ({_saved_steps(checkpoints)}).")
-    return _checkpoint(run_id, path, key)
+    return _checkpoint(root, run_id, path, key)
 
 
-def _pointed(run_id: str, pointer: Path, step: int | None, key: str, step_key: str) -> dict[str, Any]:
+def _pointed(root: Path, run_id: str, pointer: Path, step: int | None, key: str, step_key: str) -> dict[str, Any]:
     """The final checkpoint of a run recorded in another clone, where its committed DVC pointer says."""
     import yaml  # PyYAML, a dvc dependency
 
@@ -154,21 +157,29 @@ def _pointed(run_id: str, pointer: Path, step: int | None, key: str, step_key: s
         raise InputError(f"{step_key}: run {run_id} was trained in another clone, and only its final checkpoint "
                          "travels (its DVC pointer);", "unset init.step, or start from it where it was trained.")
     try:
-        path = (pointer.parent / yaml.safe_load(pointer.read_text(encoding="utf-8"))["outs"][0]["path"]).resolve()
+        path = _pointed_path(pointer)
     except (OSError, yaml.YAMLError, KeyError, IndexError, TypeError) as exc:
         raise InputError(f"{key}: {pointer} is not a checkpoint pointer mcx wrote ({exc});",
                          "restore it from git (git checkout -- it).") from None
     if not path.is_dir():
         raise InputError(f"{key}: run {run_id}'s final checkpoint is in DVC but not in this clone ({path});",
                          f"`mcx pull {run_id}` fetches it.")
-    return _checkpoint(run_id, path, key)
+    return _checkpoint(root, run_id, path, key)
 
 
-def _checkpoint(run_id: str, path: Path, key: str = "init.from") -> dict[str, Any]:
+def _pointed_path(pointer: Path) -> Path:
+    """The checkpoint directory a committed pointer names (its ``outs[0].path``, from the pointer's folder)."""
+    import yaml  # PyYAML, a dvc dependency
+
+    return (pointer.parent / yaml.safe_load(pointer.read_text(encoding="utf-8"))["outs"][0]["path"]).resolve()
+
+
+def _checkpoint(root: Path, run_id: str, path: Path, key: str = "init.from") -> dict[str, Any]:
     checks = read_json(path / CHECKSUMS)
     if not (isinstance(checks, dict) and isinstance(checks.get("files"), dict)):
         raise InputError(f"{key}: {path} has no {CHECKSUMS}, so its content cannot be identified;",
                          f"`mcx pull {run_id}` restores the checkpoint from DVC, or train the run again.")
+    check_checkpoint(root, run_id, path, key, read=False)  # a stat a file: the plan stays fast, no weights are read
     meta = read_json(path / META) or {}
     files = {name: entry for name, entry in checks["files"].items() if name != META}
     return {"id": {"kind": "run", "run_id": run_id, "step": meta.get("step"),
@@ -176,6 +187,37 @@ def _checkpoint(run_id: str, path: Path, key: str = "init.from") -> dict[str, An
             "info": {"path": str(path), "format": "torch" if (path / STATE_FILE).is_file() else "dist",
                      "consumed_samples": meta.get("consumed_samples"), "layout": meta.get("layout")},
             "warnings": []}
+
+
+def check_checkpoint(root: Path, run_id: str, path: Path, key: str = "init.from", *, read: bool = True,
+                     missing: bool = True) -> None:
+    """InputError naming every file of run ``run_id``'s checkpoint ``path`` (in project ``root``) that does not match its
+    ``checksums.json`` (``read=False``: missing or of another size; else also by CRC-32, reading every
+    file; ``missing=False``: files not there are not damage), with the fix that exists for it: a final
+    checkpoint in DVC comes back by ``mcx pull``."""
+    from mcx.weights.checksums import verify
+
+    problems, _ = verify(path, read=read, missing=missing)
+    if not problems:
+        return
+    shown = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+    in_dvc = any(_same_target(p, path) for p in (root / POINTERS / run_id).glob("*.dvc"))
+    fix = (f"remove it (rm -r {shown}), then `mcx pull {run_id}` fetches the recorded version from DVC." if in_dvc
+           else f"start from another checkpoint it saved ({_saved_steps(path.parent)}), or train run {run_id} "
+                "again (`mcx run SPEC --force` of its spec).")
+    many = len(problems) != 1
+    raise InputError(f"{key}: run {run_id}'s checkpoint {shown} is damaged: {'; '.join(problems[:5])}"
+                     f"{f' and {len(problems) - 5} more' if len(problems) > 5 else ''} (the file{'s' * many} "
+                     f"{'do' if many else 'does'} not match {CHECKSUMS}, written when it was saved);", fix)
+
+
+def _same_target(pointer: Path, path: Path) -> bool:
+    import yaml  # PyYAML, a dvc dependency
+
+    try:
+        return _pointed_path(pointer) == path.resolve()
+    except (OSError, yaml.YAMLError, KeyError, IndexError, TypeError):  # not a pointer to it: mcx pull names it
+        return False
 
 
 # [model] keys that shape the weights: a source and the run it starts must agree on each. Others (the

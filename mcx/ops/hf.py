@@ -138,7 +138,7 @@ def export_hf(run_id: str, project: Path, out: str, *, step: int | None = None, 
     config.json, safetensors shards with their index, the dataset's tokenizer files, and ``mcx.json`` (the
     run ID and checkpoint content it came from). Any layout the run trained with (TP, PP, EP)."""
     from mcx.data.dataset import read_manifest
-    from mcx.fingerprint.init import EXPORT_RECORD, run_source
+    from mcx.fingerprint.init import EXPORT_RECORD, check_checkpoint, run_source
     from mcx.spec import loads_spec
     from mcx.weights.hfconfig import export_problems
 
@@ -155,6 +155,7 @@ def export_hf(run_id: str, project: Path, out: str, *, step: int | None = None, 
     if problems:
         raise SpecError(problems, f"run {run_id}")
     source = run_source(root, run_id, step, key="export-hf", step_key="--step")
+    check_checkpoint(root, run_id, Path(source["info"]["path"]), "export-hf")  # every file's CRC-32, before a read
     manifest = _manifest(root, spec, read_manifest)
     vocab = spec.model.vocab_size or (manifest or {}).get("tokenizer", {}).get("vocab_size")
     if not isinstance(vocab, int):

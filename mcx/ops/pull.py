@@ -1,6 +1,8 @@
 """`mcx pull RUN_ID`: a run's final checkpoints, and the dataset version it trained on where that is
-missing, fetched into place from the DVC remote, by the run's committed pointers (D38); the dataset checked
-file by file against its record (mcx.ops.data.check_pulled).
+missing, fetched into place from the DVC remote, by the run's committed pointers (D38); every file fetched
+checked against its DVC record (mcx.ops.data.check_pulled: DVC takes a remote's damaged object as it is), and
+a checkpoint's also against its own checksums.json (D48), as is a checkpoint already here before DVC compares
+it: each damaged file is named (a fetched one removed from the workspace) and the pull exits 2.
 
 The remote: ``--remote`` (a configured name, or a URL or path held in memory only), else a remote
 configured here with the URL the run pushed to, else that URL itself, else this clone's default
@@ -12,19 +14,24 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcx.errors import DataError
+
+if TYPE_CHECKING:
+    from mcx.track.share import Pointer
 
 MEMORY_REMOTE = "mcx-pull"  # the name of a remote held in memory only
 
 
 def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, Any]:
     from mcx.fingerprint.dvcfiles import DvcOut
+    from mcx.fingerprint.init import check_checkpoint
     from mcx.ops.data import check_pulled
     from mcx.track.dvc_store import _inside, _pointer
     from mcx.track.paths import check_run_id
     from mcx.track.share import configured_remotes, fetch, read_pointers, unknown_run
+    from mcx.weights.checksums import FILE
 
     root = Path(project).resolve()
     pointers = read_pointers(root, check_run_id(run_id))
@@ -33,9 +40,17 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
     for p in pointers:
         _inside(root, p.target, f"the checkpoint {p.dvc_file.name} points at")
     name, url = _choose(root, run_id, pointers, remote, configured_remotes(root))
+    for p in pointers:  # the files here already are checked before DVC compares them (it would blame the remote)
+        if (p.target / FILE).is_file():  # without one: written before checkpoints carried checksums (D36)
+            check_checkpoint(root, run_id, p.target, f"{p.stage} stage", missing=False)  # missing: fetched
     checkpoints = []
     for p in pointers:
         fetched = fetch(root, p.dvc_file, remote=name, url=url)
+        if fetched:
+            out = DvcOut(path=p.target, hash_name="md5", value=p.md5, size=p.size, nfiles=p.nfiles,
+                         record=p.dvc_file, stage=None)
+            check_pulled(root, out, remote=url or name, again=f"`mcx pull {run_id}`")
+            _check_sums(root, run_id, p)
         checkpoints.append({"stage": p.stage, "path": p.target.relative_to(root).as_posix(), "md5": p.md5,
                             "nfiles": p.nfiles, "size": p.size, "fetched": fetched})
     data = []
@@ -49,13 +64,37 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
                 row["fetched"] = fetch(root, pointer, remote=name, url=url)
             finally:
                 pointer.unlink(missing_ok=True)
-            if row["fetched"]:  # checkpoints carry their own checksums, checked where they load (mcx.train.checksums)
+            if row["fetched"]:
                 out = DvcOut(path=target, hash_name="md5", value=str(md5), size=None, nfiles=None, record=pointer,
                              stage=None)
                 check_pulled(root, out, remote=url or name, again=f"`mcx pull {run_id}`")
         data.append(row)
     return {"run_id": run_id, "remote": {"name": name, "url": url or configured_remotes(root).urls.get(name)},
             "checkpoints": checkpoints, "data": data}
+
+
+def _check_sums(root: Path, run_id: str, pointer: Pointer) -> None:
+    """A fetched checkpoint whose files match their DVC md5 but not its checksums.json was damaged before
+    `dvc add` hashed it, so every copy is: its damaged files are removed here and named (DataError)."""
+    from mcx.fingerprint.dvcworkspace import shown_path
+    from mcx.weights.checksums import FILE, verify
+
+    if not (pointer.target / FILE).is_file():  # its DVC record has none: written before checkpoints carried them
+        return
+    problems, _ = verify(pointer.target)
+    if not problems:
+        return
+    names = [line.partition(":")[0] for line in problems]
+    for name in names:
+        if name != FILE:
+            (pointer.target / name).unlink(missing_ok=True)
+    raise DataError(f"the {pointer.stage} stage checkpoint pulled for run {run_id} "
+                    f"({shown_path(pointer.target, root)}) matches its DVC record but not its own {FILE} "
+                    f"({'; '.join(problems[:5])}{f' and {len(problems) - 5} more' if len(problems) > 5 else ''}): it "
+                    "was damaged before it was added to DVC, so every copy of this version is; mcx removed the "
+                    "damaged files here;",
+                    f"train the run again where it was made (`mcx run SPEC --force` of its spec), commit its new "
+                    f"pointer, and pull that run instead.")
 
 
 def _local(url: str, root: Path) -> str:

@@ -113,6 +113,7 @@ def baseline_list(*, project: Path) -> list[dict[str, Any]]:
 def run_dirs(project: Path, run_ids: list[str], experiment: str | None) -> list[Path]:
     """Run directories for explicit IDs, or every finished run of an experiment."""
     from mcx.errors import RunIdError
+    from mcx.track import runrecord
     from mcx.track.paths import check_run_id, run_dir
     from mcx.track.query import list_runs as query
 
@@ -128,5 +129,8 @@ def run_dirs(project: Path, run_ids: list[str], experiment: str | None) -> list[
         run_path = run_dir(project, check_run_id(rid))
         if not (run_path / "spec.toml").exists():
             raise RunIdError(f"unknown run ID {rid}: no run directory {run_path};", "list runs with `mcx ls`.")
+        damaged = runrecord.damaged(run_path)
+        if damaged:  # read as empty, it would compare as a run that never finished
+            raise runrecord.damaged_error(Path(project).resolve(), run_path, damaged)
         out.append(run_path)
     return out

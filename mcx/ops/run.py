@@ -153,13 +153,20 @@ def _budget_gate(planned: PlanResult, options: RunOptions, progress: Progress, *
 
 
 def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
-    """Reject bad input before anything is written: the tracking URI, each stage's spec and layout,
-    and whether its launcher can place that layout (exit 2, no run directory, no MLflow run)."""
+    """Reject bad input before anything is written: the tracking URI, a parent run's checkpoint
+    (``init.from = "run:..."``), each stage's spec and layout, and whether its launcher can place that layout
+    (exit 2, no run directory, no MLflow run)."""
     from mcx.launch import placement
     from mcx.plan.stages import stage_spec
     from mcx.track.target import resolve_target
 
     resolve_target(project, planned.spec.tracking.uri)
+    source = planned.record.init
+    if "full" in stages and source is not None and source["id"]["kind"] == "run":
+        from mcx.fingerprint.init import check_checkpoint
+
+        # the plan checked the parent's files by size; its weights are about to be read: every file's CRC-32
+        check_checkpoint(project, source["id"]["run_id"], Path(source["info"]["path"]))
     te = planned.te_available
     for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
         job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=te, vocab_size=planned.plan.vocab_size)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from mcx.errors import RunIdError
-from mcx.track import paths
+from mcx.track import paths, runrecord
 from mcx.track.errors import TrackingUnavailable
 from mcx.track.journal import Journal
 from mcx.track.mlflow_store import RECORD_TAG, STAGE_TAG
@@ -137,7 +137,8 @@ def mlflow_url(target: str | None, experiment_id: str | None, mlflow_run: str | 
 
 
 def _local_summary(project_root: Path, run_path: Path) -> dict[str, Any]:
-    run_json = paths.read_json(run_path / "run.json", {}) or {}
+    damaged = runrecord.damaged(run_path)
+    run_json = paths.read_json(run_path / "run.json", {}) if not damaged else {}
     stages = {s: _stage_summary(run_path / s) for s in paths.STAGES if (run_path / s).is_dir()}
     spec_name = None
     try:
@@ -148,7 +149,8 @@ def _local_summary(project_root: Path, run_path: Path) -> dict[str, Any]:
         pass
     state = lookup(project_root, run_path.name)
     return {
-        "run_id": run_path.name, "name": spec_name, "status": run_json.get("status"), "state": state.state,
+        "run_id": run_path.name, "name": spec_name, "status": "damaged" if damaged else run_json.get("status"),
+        "state": "damaged" if damaged else state.state, "damaged": damaged,
         "holder": state.holder.describe() if state.holder else None,
         "created": _created(run_path, run_json), "stages": stages, "final": _final(stages),
         "step_time": (run_json.get("summary") or {}).get("step_time"),
@@ -186,7 +188,8 @@ def list_runs(
     """Every run of the project (newest first); with ``include_tracking`` also those only in the store.
 
     Each entry: run_id, name, status (run.json's, or the record's mcx.status), state ("finished",
-    "running", "interrupted", or "recorded" for store-only runs), holder, created (unix time),
+    "running", "interrupted", or "recorded" for store-only runs; status and state "damaged" for a run
+    whose records are, each named in ``damaged``: mcx.track.runrecord), holder, created (unix time),
     stages {stage: status, passed, steps, final, ...}, final (main stage's final metrics),
     source ("local" | "tracking"), tracking (where it is recorded and what is still unsent).
     """
@@ -221,6 +224,8 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
     run_path = paths.run_dir(root, run_id)
     if run_path.is_dir():
         out = _local_summary(root, run_path)
+        if out["damaged"]:
+            raise runrecord.damaged_error(root, run_path, out["damaged"])
         spec = _spec_tree(run_path)
         fp = paths.read_json(run_path / "fingerprint.json")
         out["params"] = spec_params(spec) if spec else {}

@@ -5,7 +5,7 @@ dicts; gpu.py: Megatron-Core dist_checkpointing). This module owns the directory
 a crash at any moment safe:
 
 1. every rank writes into ``iter_NNNNNNN.tmp/`` (created empty by rank 0), then records the size and
-   CRC-32 of the files it wrote (checksums.py; asynchronous GPU saves: in the writer process);
+   CRC-32 of the files it wrote (mcx/weights/checksums.py; asynchronous GPU saves: in the writer process);
 2. once all ranks are done, rank 0 writes ``meta.json`` (step, consumed samples, layout, ...),
    merges the checksums into ``checksums.json`` (hashing what no rank recorded, ``meta.json`` among
    them), fsyncs both and the directory, and renames it to ``iter_NNNNNNN/``;
@@ -38,7 +38,7 @@ from typing import Any
 
 from mcx.errors import InputError
 from mcx.jsonfile import write_json_atomic
-from mcx.train import checksums
+from mcx.weights import checksums
 from mcx.weights.paths import LATEST, iter_name
 
 log = logging.getLogger("mcx.train")

@@ -39,7 +39,7 @@ from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 from megatron.core.transformer.moe.router import Router, router_gating_linear
 
 from mcx.errors import InputError, SpecError
-from mcx.train import checksums
+from mcx.weights import checksums
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
 from mcx.train.job import InitFrom, Job

@@ -46,7 +46,7 @@ import torch
 from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue, AsyncRequest
 from megatron.core.dist_checkpointing.strategies.filesystem_async import get_write_results_queue
 
-from mcx.train import checksums
+from mcx.weights import checksums
 from mcx.train.worklog import start_logging
 
 MIB = 1024 ** 2

@@ -2,15 +2,17 @@
 
 Each rank records the files it wrote right after writing them, in ``checksums.rank<N>.json`` of the
 staging directory: the GPU backend's writer process does it after an asynchronous write, off the training
-path (writer.py); synchronous saves do it on the training path. At the commit, rank 0 hashes what no rank
-recorded (the small files written at finalization: Megatron-Core's metadata, ``meta.json``), merges all
-into ``checksums.json`` and removes the part files; only then is the directory renamed into place
-(checkpoint.py), so ``latest`` never names a checkpoint without checksums::
+path (mcx/train/writer.py); synchronous saves do it on the training path. At the commit, rank 0 hashes what
+no rank recorded (the small files written at finalization: Megatron-Core's metadata, ``meta.json``), merges
+all into ``checksums.json`` and removes the part files; only then is the directory renamed into place
+(mcx/train/checkpoint.py), so ``latest`` never names a checkpoint without checksums::
 
     {"algorithm": "crc32", "files": {"meta.json": {"size": 412, "crc32": "1c291ca3"}, "state.pt": {...}}}
 
 CRC-32 (zlib) is there to detect damage (a truncated file, a flipped byte, a torn write), not tampering;
-it was chosen over sha256 and blake2b for its speed on multi-GB files (measured: D36). Torch-free.
+it was chosen over sha256 and blake2b for its speed on multi-GB files (measured: D36). Torch-free, so the
+control plane checks a checkpoint where it uses one too (D48): ``mcx pull`` after fetching, ``export-hf``
+and ``mcx run`` of an ``init.from = "run:..."`` child before reading it, and a child's plan by sizes alone.
 """
 
 from __future__ import annotations
@@ -86,32 +88,38 @@ def seal(directory: Path) -> dict[str, float]:
             "hashed_bytes": hashed_bytes, "seconds": time.perf_counter() - t0}
 
 
-def verify(directory: Path, rank: int = 0, size: int = 1) -> tuple[list[str], int]:
+def verify(directory: Path, rank: int = 0, size: int = 1, *, read: bool = True,
+           missing: bool = True) -> tuple[list[str], int]:
     """What is wrong with this rank's share of the files ``checksums.json`` lists (every ``size``-th file,
     from the ``rank``-th; all of them for one rank), each problem naming the file, what was recorded and
-    what is there; and the bytes read. Files the checkpoint gained after its commit are not its damage."""
+    what is there; and the bytes read. Files the checkpoint gained after its commit are not its damage.
+    ``read=False`` checks only that each file is there at its recorded size (a stat each, no weights read);
+    ``missing=False`` leaves out files that are not there (a pull about to fetch them)."""
     try:
         manifest = json.loads((directory / FILE).read_text(encoding="utf-8"))
         files = sorted((str(n), {"size": int(w["size"]), ALGORITHM: str(w[ALGORITHM])})
                        for n, w in manifest["files"].items())
         if manifest.get("algorithm") != ALGORITHM:
-            return [f"{FILE}: algorithm {manifest.get('algorithm')!r}, this worker checks {ALGORITHM}"], 0
+            return [f"{FILE}: algorithm {manifest.get('algorithm')!r}, mcx checks {ALGORITHM}"], 0
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         return [f"{FILE}: unreadable ({type(exc).__name__}: {exc})"], 0
-    problems, read = [], 0
+    problems, bytes_read = [], 0
     for name, want in files[rank::size]:
         path = directory / name
         try:
             found = path.stat().st_size
         except FileNotFoundError:
-            problems.append(f"{name}: missing, expected {want['size']} B")
+            if missing:
+                problems.append(f"{name}: missing, expected {want['size']} B")
             continue
         if found != want["size"]:
             problems.append(f"{name}: {found} B, expected {want['size']} B")
             continue
+        if not read:
+            continue
         got = file_sum(path)
-        read += got["size"]
+        bytes_read += got["size"]
         if got[ALGORITHM] != want[ALGORITHM]:
             problems.append(f"{name}: {ALGORITHM} {got[ALGORITHM]}, expected {want[ALGORITHM]} at the recorded size "
                             f"of {found} B")
-    return problems, read
+    return problems, bytes_read
