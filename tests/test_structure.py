@@ -38,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("mcx.cli",),
     ("mcx.__main__",),
 )
-HEAVY = ("torch", "megatron", "mlflow", "dvc")
+HEAVY = ("torch", "megatron", "mlflow", "dvc", "safetensors")
 # Variables that would send records elsewhere or change what a command does (conftest.E2E_ENV_DROP).
 ENV_DROP = ("MLFLOW_TRACKING_URI", "MCX_PROJECT", "MCX_LOCKFILE")
 # What may import torch and megatron at module level: the worker, and the modules of mcx.weights that move

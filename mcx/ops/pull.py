@@ -59,7 +59,7 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
         row = {"spec": entry.get("spec"), "path": entry.get("path"), "output": output, "md5": md5, "fetched": False}
         if not (root / str(entry.get("path"))).exists():
             target = _inside(root, root / str(output), f"{entry.get('spec')}'s DVC output")
-            pointer = _pointer(root, str(md5), target)
+            pointer = _pointer(root, str(md5), target, unique=True)  # removed below: a concurrent pull keeps its own (D50)
             try:
                 row["fetched"] = fetch(root, pointer, remote=name, url=url)
             finally:
