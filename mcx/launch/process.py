@@ -48,6 +48,21 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
+@contextmanager
+def on_stop_signals(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """While inside, ``handler`` gets SIGINT and SIGTERM, then the handlers before come back. Only the main
+    thread can own signal handlers; elsewhere this changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 class ProcessHandle:
     """A running child process: the worker itself (local) or the torchrun agent (torchrun).
 
@@ -172,9 +187,6 @@ class ProcessHandle:
     def forwarding_signals(self) -> Iterator[None]:
         """While inside: SIGINT/SIGTERM to this process interrupt the workers; a second one kills
         them. Only the main thread can own signal handlers; elsewhere this does nothing."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
 
         def forward(signum: int, frame: object) -> None:
             self._signalled = self._signalled or signal.Signals(signum).name
@@ -183,12 +195,8 @@ class ProcessHandle:
             else:
                 self.interrupt()
 
-        previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with on_stop_signals(forward):
             yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _outcome(self) -> LaunchOutcome:
         code = self._proc.returncode

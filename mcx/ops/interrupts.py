@@ -6,10 +6,10 @@ Left at its default, SIGTERM would end the process at once, its run lock and run
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from mcx.launch.process import on_stop_signals
 
 
 @contextmanager
@@ -18,16 +18,9 @@ def term_interrupts() -> Iterator[None]:
     Ctrl-C (its workers, where it has some, save a checkpoint and stop). Installed whatever the process
     inherited (a command started in the background gets SIGINT ignored), as `mcx run` forwards them to its
     workers (mcx.launch.process). Main thread only; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_stop_signals(interrupt):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
