@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from mcx import hashing
+
 from conftest import git_head, make_e2e_project, mcx_inprocess, mcx_subprocess
 
 # A quickstart small enough for two CPU cores: 10 smoke steps, 12 full steps, evaluations and
@@ -178,8 +180,11 @@ def test_mlflow_holds_the_parent_run_and_its_stage_runs(project, a):
     fp = json.loads((project / ".mcx" / "runs" / rid / "fingerprint.json").read_text())
     for comp, digest in fp["component_hashes"].items():
         assert tags[f"mcx.fp.{comp}.hash"] == digest, comp
-    assert tags["mcx.fp.code.commit"] == git_head(project)
-    assert tags["mcx.fp.code.dirty"] == "false"
+    # The code's provenance beside the ID (D52); its modules, the hashed part, as one tag.
+    assert tags["mcx.fp.code.info.commit"] == git_head(project) and tags["mcx.fp.code.info.branch"] == "main"
+    assert tags["mcx.fp.code.info.dirty"] == "false" and tags["mcx.fp.code.info.changes"] == "0 paths"
+    modules = fp["code"]["id"]["modules"]
+    assert tags["mcx.fp.code.modules"] == f"{len(modules)} files, sha256 {hashing.digest(modules)}"
     # The full stage's finals on the parent; the smoke stage's under smoke/.
     assert parent.data.metrics["valid_loss"] == a["final"]["valid_loss"]
     assert parent.data.metrics["smoke/valid_loss"] == a["stages"]["smoke"]["metrics"]["valid_loss"]
