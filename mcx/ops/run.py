@@ -295,7 +295,7 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
         for stage in stages:
             result = run_stage(stage, planned, project=project, run_path=run_path, data_dir=data_dir, recorder=recorder,
                                 output=options.output, progress=progress, code_path=code_path, watch=options.watch,
-                                devices=options.devices)
+                                devices=options.devices, reproduction=reproduces is not None)
             results[stage] = result
             if not result.ok:
                 status = result.status if result.status in ("diverged", "preempted", "pruned", "interrupted") else "failed"

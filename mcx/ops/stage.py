@@ -89,7 +89,7 @@ def smoke_limit(planned: PlanResult, data_dir: Path, job_spec: ExperimentSpec | 
 
 def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: Any,
                output: str, progress: Progress, code_path: Path | None = None, watch: Watch | None = None,
-               devices: tuple[str, ...] | None = None) -> StageResult:
+               devices: tuple[str, ...] | None = None, reproduction: bool = False) -> StageResult:
     from mcx.launch import launcher_for, placement, worker_env
     from mcx.launch.base import clear_result, latest_checkpoint
     from mcx.launch.result import StageResult, read_stage_result
@@ -151,7 +151,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     if outcome.interrupted_by:  # the user stopped `mcx run` (Ctrl-C, SIGTERM): not a preemption, the run ends (D47)
         stopped_by_user = result.status != "finished"
         result = evolve(result, status="interrupted",
-                        error=_interruption(stage, stage_path, result, outcome.interrupted_by, rerun=code_path is not None))
+                        error=_interruption(stage, stage_path, result, outcome.interrupted_by, rerun=reproduction))
         if stopped_by_user:
             _mark_interrupted(stage_path, result.error)
     recorder.finish_stage(stage, checkpoint=checkpoint)
