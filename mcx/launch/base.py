@@ -148,7 +148,7 @@ def checkpoint_root(stage_dir: Path) -> Path:
     them outside the run directory), else ``checkpoints/`` in the stage directory."""
     try:
         job = json.loads((stage_dir / JOB_FILE).read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
         job = None
     where = job.get("checkpoint_dir") if isinstance(job, dict) else None
     return Path(where) if isinstance(where, str) and where else stage_dir / "checkpoints"
@@ -160,7 +160,7 @@ def latest_checkpoint(stage_dir: Path) -> str | None:
 
     try:
         name = (checkpoint_root(stage_dir) / LATEST).read_text(encoding="utf-8").strip()
-    except (FileNotFoundError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError):  # none yet, or no directory there (the worker names what is wrong)
         return None
     return name or None
 
