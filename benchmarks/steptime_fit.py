@@ -1,7 +1,7 @@
 """Calibrate the step-time model (mcx.plan.steptime) on measured steps and check it (docs/steptime.md, D44).
 
-MEASURED lists mcx's H200 runs of docs/results (GPU sessions 3-7): each result file names its spec, overrides
-and layout, and holds the worker's step times; their median is the measured step. PUBLISHED lists NVIDIA's
+MEASURED lists mcx's H200 runs in benchmarks/calibration/ (its README says where each came from): each result
+file names its spec, overrides and layout, and holds the worker's step times; their median is the measured step. PUBLISHED lists NVIDIA's
 rows (experiments/published/: each spec's header cites its source), with the settings NVIDIA ran that mcx
 does not (TP communication overlap, FP8 parameter all-gather): the model is checked on the run NVIDIA made,
 and also priced as mcx would run the spec. Every error is the step's, predicted / measured - 1 (above zero:
@@ -36,19 +36,19 @@ from mcx.plan.planner import make_plan  # noqa: E402
 from mcx.plan.steptime import CALIBRATIONS, Calibration, Features, predict  # noqa: E402
 from mcx.spec import load_spec  # noqa: E402
 
-RESULTS = ROOT / "docs" / "results"
+CALIBRATION = ROOT / "benchmarks" / "calibration"
 # One H200 (8 layers of LLaMA-3 8B, seq 4096, GBS 16) and two (the whole 8B, DP 2): the throughput runs.
 MEASURED = (
-    "session7/call_a/throughput_1gpu_te_mbs4.json",
-    "session7/call_a/throughput_1gpu_te_fuser_mbs4.json",
-    "session7/call_a/throughput_1gpu_te_fp8_mbs4.json",
-    "session7/call_a/throughput_1gpu_te_fp8_fuser_mbs4.json",
-    "session5/call_c/throughput_1gpu_local_mbs4_rope.json",
-    "session3/throughput_1gpu_te_fused.json",
-    "session3/throughput_1gpu_local_fused.json",
-    "session3/throughput_2gpu_te_fused.json",
-    "session7/call_b/throughput_2gpu_te_bf16_seq8192_dp2.json",
-    "session7/call_b/throughput_2gpu_fp8spec_fuser.json",
+    "h200_1gpu_te_bf16_mbs4.json",
+    "h200_1gpu_te_bf16_fuser_mbs4.json",
+    "h200_1gpu_te_fp8_mbs4.json",
+    "h200_1gpu_te_fp8_fuser_mbs4.json",
+    "h200_1gpu_local_bf16_mbs4.json",
+    "h200_1gpu_te_bf16_mbs2.json",
+    "h200_1gpu_local_bf16_mbs2.json",
+    "h200_2gpu_te_bf16_seq4096.json",
+    "h200_2gpu_te_bf16_seq8192.json",
+    "h200_2gpu_te_fp8_fuser_seq8192.json",
 )
 OVERLAP = Features(tp_comm_overlap=True, fp8_param_gather=True)
 PUBLISHED = (  # spec, tokens/s/GPU, model TFLOP/s/GPU, what NVIDIA ran beyond the spec
@@ -79,7 +79,7 @@ BOUNDS = {"gemm_bf16": (0.5, 0.95), "gemm_fp8": (0.4, 0.9), "attention_te": (0.3
 def measured_points() -> list[dict[str, Any]]:
     out = []
     for rel in MEASURED:
-        d = json.loads((RESULTS / rel).read_text())
+        d = json.loads((CALIBRATION / rel).read_text())
         run = d["runs"]["mcx"]
         spec = load_spec(ROOT / d["spec"], d["overrides"])
         steps = run.get("step_times_s") or [run["step_time_s_median"]]

@@ -174,12 +174,12 @@ def test_calibrated_within_10_percent_of_measured_h200_steps_and_15_of_published
 
 
 def test_the_layout_pick_for_the_one_h200_spec_is_within_2_percent_of_the_best_measured():
-    """Measured by `mcx tune` on one H200 (GPU session 7): micro-batch 1, 2, 4 and 8 (8 with expandable
+    """Measured by `mcx tune` on one H200 (benchmarks/calibration/README.md): micro-batch 1, 2, 4 and 8 (8 with expandable
     segments). The model's first pick must be measured, and within 2% of the fastest."""
     s = load_spec(ROOT / "experiments" / "h200_1gpu.toml")
     ranking = rank_layouts(s, te_available=True)
     pick = ranking.candidates[0]
-    tune = json.loads((ROOT / "docs" / "results" / "session7" / "call_c" / "tune.json").read_text())
+    tune = json.loads((ROOT / "benchmarks" / "calibration" / "h200_1gpu_tune_micro_batch.json").read_text())
     measured = {t["micro_batch_size"]: t["tokens_per_s_per_gpu"] for t in tune["trials"] if t["fits"]}
     assert pick.layout.world_size == 1 and pick.settings["train.recompute_granularity"] == "none"
     assert measured[pick.settings["train.micro_batch_size"]] >= 0.98 * max(measured.values())
