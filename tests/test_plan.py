@@ -321,7 +321,7 @@ CALIBRATION = [
     ("2.8B SDPA mbs 4 fused", {"num_layers": 8}, 4, 1, 1, "local", True, 92806484480 / GiB),
     ("8B DP 2 TE mbs 1 fused", {"num_layers": 32}, 1, 2, 1, "transformer_engine", True, 121545986048 / GiB),
 ]
-# ../shared/device.md's bare loops (no fusions): another loop, 3-7% above mcx's peaks for the same
+# docs/gpu.md's bare loops ("Reference figures", no fusions): another loop, 3-7% above mcx's peaks for the same
 # shapes; the bound (10%) holds.
 OTHER_LOOP = [
     ("2.8B SDPA mbs 2", {"num_layers": 8}, 2, 1, 1, "local", False, 65.0),

@@ -15,7 +15,7 @@
 #      deleted, moved or changed.
 # Run from the repository root on the GPU machine, carrying .whl (Megatron-Core and mcx's pure dependencies,
 # benchmarks/README.md), .te (Transformer Engine 2.20.2 as one sm_90 wheel and its dependencies,
-# /work/shared/device.md) and data/quickstart. About 5-6 minutes. Prints "CHECK <name>: PASS|FAIL ..." lines and
+# docs/gpu.md) and data/quickstart. About 5-6 minutes. Prints "CHECK <name>: PASS|FAIL ..." lines and
 # "ALL PASS" last when every check passed. CKPT_CPU=1 PYTHON=.venv/bin/python OUT=DIR runs the same on CPU with a
 # tiny local-spec model (the script's own check; asynchronous saves are GPU-only, so check 2's pauses are skipped).
 set -u

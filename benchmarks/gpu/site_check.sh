@@ -2,7 +2,7 @@
 # The worker's node check (mcx.train.stage.check_node) and the one-node smoke stage on one H200, with and without
 # Transformer Engine (issue 21). Run from the repository root on the GPU machine, carrying .whl (Megatron-Core and
 # mcx's pure dependencies, benchmarks/README.md), .te (Transformer Engine 2.20.2 as one sm_90 wheel and its
-# dependencies, /work/shared/device.md) and data/quickstart. About 2.5 minutes.
+# dependencies, docs/gpu.md) and data/quickstart. About 2.5 minutes.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1

@@ -29,7 +29,7 @@ logits and the fp32 softmax of Megatron's vocab-parallel cross entropy (6 B per 
 fp32 working copy of the logits).
 
 Calibrated on H200 peaks (bf16, seq 4096, distributed optimizer; tests/test_plan.py holds them):
-within 2% for every case mcx measured, within 8% of ../shared/device.md's other loop.
+within 2% for every case mcx measured, within 8% of another loop's (docs/gpu.md, "Reference figures").
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from mcx.plan.degrees import Layout
     from mcx.spec.schema import ExperimentSpec
 
-# Local spec vs the structural (TE) count, fitted to mcx's own H200 peaks, not ../shared/device.md's
-# loop (D18).
+# Local spec vs the structural (TE) count, fitted to mcx's own H200 peaks, not the bare loop's of
+# docs/gpu.md (D18).
 LOCAL_ACTIVATION_FACTOR = 1.07
 RUNTIME_OVERHEAD_BYTES = 1 * GiB  # CUDA context (0.53 GiB measured on H200), cuBLAS/NCCL workspaces
 TIGHT_FRACTION = 0.90  # above this share of the GPU's memory the verdict is "tight"

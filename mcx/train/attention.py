@@ -1,8 +1,8 @@
 """Core attention on torch's scaled_dot_product_attention, for Megatron-Core's local layer spec.
 
 MCore's own local ``DotProductAttention`` materialises the [b, np, sq, sk] score matrix
-(baddbmm + softmax + bmm) and measured 2-4x slower than this module on an H200 (docs in
-/work/shared/device.md). This module keeps MCore's core-attention contract exactly (constructor
+(baddbmm + softmax + bmm) and measured 2-4x slower than this module on an H200 (docs/gpu.md,
+"Reference figures"). This module keeps MCore's core-attention contract exactly (constructor
 and ``forward`` signature of ``megatron.core.transformer.dot_product_attention.DotProductAttention``
 in 0.19.2; tensors in Megatron's [s, b, heads, head_dim] layout, output [s, b, heads * head_dim])
 and lets torch pick the fused kernel (flash / cuDNN / memory-efficient on CUDA, the C++ math
