@@ -1132,8 +1132,8 @@ def test_the_option_list_is_megatrons_parser(megatron: argparse.ArgumentParser) 
     from mcx.interop.options import megatron_options, parser_options, render
 
     assert megatron_options() == set(megatron._option_string_actions)
-    assert render(parser_options()) == (ROOT / "mcx" / "interop" / "megatron_options.py").read_text(), \
-        "mcx/interop/megatron_options.py is out of date: run python -m mcx.interop.options"
+    assert render(parser_options()) == (ROOT / "mcx" / "interop" / "megatron_options.json").read_text(), \
+        "mcx/interop/megatron_options.json is out of date: run python -m mcx.interop.options"
 
 
 _LLAMA_BY_NAME = """\
