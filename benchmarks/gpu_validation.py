@@ -20,7 +20,7 @@ under torchrun for two GPUs), and writes one JSON file of results into ``--out``
                  (default the one-H200 spec) saving every ``--every`` steps; a save's stall is the
                  interval between the metrics lines around it minus the median interval of the
                  steps without a save. Saves must lie further apart than one synchronous save
-                 takes, or an asynchronous save waits for the one before it (session 4: 5 steps of
+                 takes, or an asynchronous save waits for the one before it (2026-11-30: 5 steps of
                  0.37 s against a 2 s write)
     mcx-run      ``mcx run SPEC ARGS`` itself (the product path: plan, fingerprint, smoke, full),
                  collecting its --json summary, both stages' curves and the system metrics, and a
@@ -244,7 +244,7 @@ def task_fp8_curve(args: argparse.Namespace) -> None:
     if args.cpu:
         common = [*TINY_CPU, f"train.train_iters={steps}", "train.lr_warmup_iters=2", 'model.transformer_impl="local"', "checkpoint.final=false",
                   "model.vocab_size=4096"]
-    common += args.set  # e.g. the fusions off, as in session 2, to find what moved FP8 out of its band
+    common += args.set  # e.g. the fusions off, as on 2026-11-30 (d003192), to find what moved FP8 out of its band
     variants = {"bf16": ['train.precision="bf16"'], "fp8-hybrid": ['train.precision="fp8-hybrid"']}
     if args.cpu:
         variants = {"fp32": []}

@@ -109,7 +109,7 @@ def test_every_recipe_fingerprints_to_a_stable_run_id():
 
 
 def test_the_fp8_seq8192_recipe_plans_its_measured_peak():
-    """experiments/h200_2gpu_fp8.toml on two H200s (GPU session 7, with the fused MLP): 132,572,651,520
+    """experiments/h200_2gpu_fp8.toml on two H200s (2026-11-30, 8666713, with the fused MLP): 132,572,651,520
     bytes peak per GPU (788 TFLOP/s/GPU). The planner calls it tight, within 10% above the peak, and its
     allocator setting and fused MLP reach the exported Megatron-LM script."""
     from mcx.interop.exporter import export

@@ -308,7 +308,7 @@ LLAMA3_LAYER = {"preset": "llama3-8b", "hidden_size": 4096, "num_attention_heads
                 "ffn_hidden_size": 14336, "vocab_size": 128256, "seq_length": 4096}
 
 # Peaks measured on H200 (bf16, seq 4096, distributed optimizer, global batch 16), GiB: mcx's own
-# runs (docs/benchmarks.md; sessions 1-2 without the fusions, session 3 with the fused cross entropy
+# runs (docs/benchmarks.md, 2026-11-30: first without the fusions, then with the fused cross entropy
 # and gradient-accumulation fusion). The estimate is within 2% of each.
 CALIBRATION = [
     ("2.8B SDPA mbs 2", {"num_layers": 8}, 2, 1, 1, "local", False, 66668722688 / GiB),
@@ -422,7 +422,7 @@ def test_verdicts_and_fixes():
 
 
 def test_out_of_memory_advice_sets_the_allocator_beside_the_plan():
-    """What H200 reported when bf16 at micro-batch 8 ran out (session 5): 10.7 GiB of fragments."""
+    """What H200 reported when bf16 at micro-batch 8 ran out (2026-11-30): 10.7 GiB of fragments."""
     from mcx.plan.memory import memory_fixes, oom_advice
 
     h200 = Path(__file__).resolve().parents[1] / "experiments" / "h200_1gpu.toml"
@@ -692,7 +692,7 @@ def test_smoke_measurement_predicts_the_full_stage_peak_measured_on_h200(name):
     from mcx.plan.planner import make_plan, plan_to_dict
 
     smoke_peak, full_peak = H200_PEAKS[name]
-    # Measured before the fused cross entropy existed (session 2): planned as it ran.
+    # Measured before the fused cross entropy existed (d003192): planned as it ran.
     plan = plan_to_dict(make_plan(load_spec(REPO / "experiments" / name, ["train.cross_entropy_fusion=false"]),
                                   te_available=True))
     check = _memory_prediction(SimpleNamespace(plan_dict=plan),

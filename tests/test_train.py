@@ -965,7 +965,7 @@ def test_an_out_of_memory_crash_reports_what_the_allocator_held(tmp_path, datase
 
 def test_te_extra_state_is_allowed_for_the_load_only(monkeypatch):
     """TE >= 2.20 unpickles FP8 delayed-scaling state only with NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE=1
-    (on H200 an FP8 round trip failed without it, GPU session 6). The GPU backend sets it around its
+    (on H200 an FP8 round trip failed without it, 2026-11-30). The GPU backend sets it around its
     own loads and puts back whatever the process had, also when the load raises."""
     import os
 

@@ -37,7 +37,7 @@ def test_tune_rejects_bad_arguments(tmp_path, e2e_clean_env):
 
 def test_tune_retries_a_fragmented_out_of_memory_with_expandable_segments(tmp_path, monkeypatch, e2e_clean_env):
     """The sweep's rule for the allocator's fragments, which only a GPU produces: the trials are
-    replaced by what H200 reported in GPU session 5 (bf16, one-H200 spec: micro-batch 8 ran out of
+    replaced by what an H200 reported on 2026-11-30 (bf16, one-H200 spec: micro-batch 8 ran out of
     memory with 10.7 GiB reserved but unallocated, and fitted with expandable segments; 16 did not fit
     at all). The real trials run on CPU in the test above."""
     from mcx.ops import tune as tune_mod

@@ -32,8 +32,8 @@ T = ["benchmarks/throughput.py"]
 V = ["benchmarks/gpu_validation.py"]
 S1, S2, S2F = "experiments/h200_1gpu.toml", "experiments/h200_2gpu.toml", "experiments/h200_2gpu_fp8.toml"
 
-# name: (GPUs, minutes (gpu measured on one H100 on 2026-12-05; the others estimated on H200s from GPU sessions
-# 2-8 and site_check/ckpt_integrity), what, argv).
+# name: (GPUs, minutes (gpu measured on one H100 on 2026-12-05; the others estimated on H200s from the runs of
+# 2026-11-30 and site_check/ckpt_integrity), what, argv).
 # In argv, {out} is OUT/<name> and {work} this task's work directory.
 TASKS: dict[str, tuple[int, float, str, list[str]]] = {
     "gpu": (1, 11.5, "pytest -m gpu: tests/gpu on one GPU, but FP8 against bf16 (task gpu-fp8)",

@@ -1,6 +1,6 @@
 """Helpers of the GPU suite: mcx's worker on job files built as the control plane builds them.
 
-``build_job`` and ``start_worker`` are benchmarks/gpu_validation.py's, which GPU sessions 2-8 ran on
+``build_job`` and ``start_worker`` are benchmarks/gpu_validation.py's, which the GPU runs of 2026-11-30 used on
 H200s: the spec plus overrides, ``resolve_layout``, the worker's environment, ``python -m mcx.train
 STAGE_DIR`` (under torchrun for more than one GPU) in its own session.
 """

@@ -2,10 +2,10 @@
 learn as one GPU does, and a deterministic layout reruns bit for bit.
 
 The runs are gpu_validation.py's LAYOUTS (docs/benchmarks.md "Two-GPU layouts against one-GPU references",
-GPU sessions 2 and 5): the layout runs' model (8 layers, hidden 1024, seq 2048, 40 steps, Transformer Engine)
+d003192 and f8f5471): the layout runs' model (8 layers, hidden 1024, seq 2048, 40 steps, Transformer Engine)
 as a smoke-stage job; the MoE variant (4 experts, top-2, alltoall) for expert parallelism. Every run is in
 deterministic mode, as `mcx run`'s smoke stage always is, so every one must pass all five smoke checks
-(bitwise resume included: session 5 measured it on EP 2; non-deterministic replays differ in the 5th digit,
+(bitwise resume included: f8f5471 measured it on EP 2; non-deterministic replays differ in the 5th digit,
 D22). The band: the mean loss of the last 10 steps within 2% of the one-GPU reference's (measured: DP 2
 +0.12%, TP 2 + SP +0.06%, PP 2 +0.13% against the non-deterministic reference; deterministic DP 2 -0.07%
 and EP 2 +0.07% against deterministic ones).
@@ -58,7 +58,7 @@ def test_two_gpu_layout_learns_as_one_gpu_within_the_band(layouts, name):
 
 
 def test_same_layout_deterministic_rerun_is_bitwise(layouts):
-    """DP 2 in deterministic mode, twice (session 2: losses, grad norms and validation bitwise identical)."""
+    """DP 2 in deterministic mode, twice (d003192: losses, grad norms and validation bitwise identical)."""
     a, b = layouts["dp2"], layouts["dp2-b"]
     a.assert_finished()
     b.assert_finished()

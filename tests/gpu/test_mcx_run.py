@@ -1,6 +1,7 @@
 """`mcx run` and `mcx reproduce` of a small spec on the GPU, as a user types them.
 
-GPU session 3 (docs/benchmarks.md "Faults and reproduce on the Transformer Engine path") ran exactly this:
+The H200 runs of 2026-11-30 (0d48b2b; the benchmark notebook's "Faults and reproduce on the Transformer Engine path",
+git show d8cbee0:docs/benchmarks-history.md) ran exactly this:
 experiments/tiny.toml on an H200 in bf16, 40 steps; the smoke stage passed its 5 checks, Transformer Engine
 was chosen automatically, and the reproduction said "bitwise". The GPU machine has neither MLflow nor DVC,
 so the run's tracking records stay in its journal (.mcx/runs/<id>/track/journal.jsonl); the suite leaves the
@@ -88,7 +89,7 @@ def test_the_run_records_the_step_time_models_check(project, run):
 
 
 def test_tracking_records_are_journaled_where_mlflow_is_absent(run):
-    """The training machine's records wait in the run's journal for `mcx sync` (GPU sessions 2 and 6)."""
+    """The training machine's records wait in the run's journal for `mcx sync` (the H200 runs of 2026-11-30)."""
     from mcx.track.journal import Journal
 
     journal = Journal(run["dir"] / "track")

@@ -2,7 +2,7 @@
 trials, the fastest written into a new spec, each trial beside its prediction.
 
 The bound: the model is calibrated within 10% of this spec's measured steps (docs/steptime.md); its pick is
-within 2% of the fastest measured micro-batch (GPU session 7's `mcx tune`, tests/test_steptime.py).
+within 2% of the fastest measured micro-batch (`mcx tune` on 2026-11-30, benchmarks/calibration/, tests/test_steptime.py).
 """
 
 from __future__ import annotations

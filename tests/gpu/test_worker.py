@@ -24,8 +24,8 @@ SMOKE_CHECKS = {"loss_finite", "loss_falling", "checkpoint_roundtrip", "resume_b
 DET = [*DENSE, "train.deterministic=true"]
 IMPLS = {"local": LOCAL, "te": TE}
 LAYER_SPEC = {"local": "local", "te": "transformer_engine"}
-# The last-10-step mean loss of this model on one H200, deterministic, Transformer Engine spec (GPU session 2,
-# gpu_layouts_te_2xh200.json: 5.9518; local spec 5.9625), and the layouts' tolerance around it (2%).
+# The last-10-step mean loss of this model on one H200, deterministic, Transformer Engine spec (2026-11-30,
+# docs/results/gpu_layouts_te_2xh200.json: 5.9518; local spec 5.9625), and the layouts' tolerance around it (2%).
 DENSE_LAST10, DENSE_BAND = 5.9518, 0.02
 
 
@@ -69,7 +69,7 @@ def test_deterministic_rerun_is_bitwise(smoke, impl):
 
 # -- faults: SIGKILL after a checkpoint, SIGTERM mid-run; each resumed against an uninterrupted run ----------
 
-# docs/benchmarks.md, GPU sessions 3-4 (gpu_validation.py faults): Transformer Engine spec, deterministic,
+# The H200 runs of 2026-11-30 (gpu_validation.py faults): Transformer Engine spec, deterministic,
 # asynchronous saves every 10 steps; SIGKILL at step 25 (5/8 of 40), SIGTERM at step 13 (1/3).
 FAULT = [*DET, TE, "checkpoint.interval=10", "checkpoint.async_save=true"]
 KILL_AT, TERM_AT = 25, 13
@@ -110,7 +110,7 @@ def test_sigkill_after_a_checkpoint_resumes_bitwise(faults):
 
 
 def test_sigterm_saves_within_the_grace_and_resumes_bitwise(faults):
-    """Session 4: SIGTERM at step 13 saved iter_0000014 and exited 0 as "preempted" 21.9 s after it."""
+    """On an H200 (2026-11-30): SIGTERM at step 13 saved iter_0000014 and exited 0 as "preempted" 21.9 s after it."""
     ref, s, first = faults["reference"], faults["sigterm"], faults["first"]["sigterm"]
     assert first["rc"] == 0 and first["status"] == "preempted", (first, s.tail())
     step = int(first["latest"].removeprefix("iter_"))
@@ -121,7 +121,7 @@ def test_sigterm_saves_within_the_grace_and_resumes_bitwise(faults):
 
 # -- asynchronous saves: the pause a save costs training ---------------------------------------------------
 
-# docs/benchmarks.md, GPU session 8 calls C-E (ckpt-stall --spec dense --steps 121 --every 40, Transformer
+# docs/benchmarks.md, "Asynchronous checkpoint saves", calls C-E (ckpt-stall --spec dense --steps 121 --every 40, Transformer
 # Engine spec): every asynchronous save paused training 0.07-0.09 s, the first included; the target of
 # issue 7 is a tenth of a synchronous save, which took 2.0-2.3 s there (median): 0.2 s.
 PAUSE_BOUND_S = 0.2
