@@ -1,7 +1,7 @@
 """How fast `mcx compare` is on a big comparison: 100 runs x 10,000 steps.
 
 Writes 100 run directories (spec.toml, fingerprint.json, job.json, result.json and a realistic
-metrics.jsonl per stage, as docs/architecture.md describes) into a temporary directory, then times
+metrics.jsonl per stage, as docs/stage-directory.md describes) into a temporary directory, then times
 
     read      reading every file's bytes (the floor: what any loader must do)
     load      load_run_dir for every run (parse metrics into curves)

@@ -150,7 +150,7 @@ def run_length_overrides(spec: ExperimentSpec, warmup: int, steps: int) -> list[
 
 
 def job_dict(spec: ExperimentSpec, layout: Layout, stage_dir: Path, data_dir: Path) -> dict[str, Any]:
-    """job.json of the full stage, per the job contract in docs/architecture.md."""
+    """job.json of the full stage, per the job contract in docs/stage-directory.md."""
     stage, stage_layout = stage_spec(spec, layout, "full")
     job = {"stage": "full", "spec": spec_to_dict(stage), "layout": stage_layout.job_dict(),
            "data_dir": str(data_dir), "checkpoint_dir": str(stage_dir / "checkpoints"), "train_samples_limit": None,

@@ -48,7 +48,7 @@ TRAIN_KEYS = ("train/loss", "train/grad_norm", "train/lr", "train/tokens_per_s_p
               "train/mem_peak_bytes", "train/step_time_s")
 
 
-# --- run directories as the control plane and the worker leave them (docs/architecture.md) ------------
+# --- run directories as the control plane and the worker leave them (docs/runs.md) --------------------
 
 def train_line(step: int, *, loss: float | None = None) -> dict:
     return {"kind": "train", "step": step, "loss": 10.0 / step if loss is None else loss, "grad_norm": 1.0 + step / 100,
@@ -1108,7 +1108,7 @@ T0 = 1_764_470_000.0
 
 
 def system_line(t: float, step: int | None, *, node: int = 0, nodes: int = 1) -> str:
-    """One sample as the worker writes it (docs/architecture.md): host and one GPU."""
+    """One sample as the worker writes it (docs/stage-directory.md): host and one GPU."""
     return json.dumps({"time": T0 + t, "node": node, "nodes": nodes, "host": f"gpu-node-{node}", "step": step,
                        "cpu_utilization_percentage": 10.0 + t, "system_memory_usage_megabytes": 64_000.0 + t,
                        "process_rss_megabytes": 3_000.0 + node, "gpu_0_utilization_percentage": 90.0 + node,

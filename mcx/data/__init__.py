@@ -2,6 +2,12 @@
 
 Importing this package is cheap: torch, megatron and the tokenizer libraries load inside the
 functions that need them.
+
+Modules: ``corpus.py`` (megatron-core sources verified against RECORD, text, JSONL); ``tokenizer.py`` (BPE
+trained on the corpus, HF tokenizer.json, SentencePiece, GPT-2); ``vocab.py`` (a tokenizer's vocabulary
+size read from the dataset manifest or the tokenizer file, for the planner, without a tokenizer library);
+``prepare.py`` (deterministic, atomic .bin/.idx + manifest); ``dataset.py`` (checks, split arithmetic
+without torch); ``dvc_hash.py`` (DVC's directory md5). Side effects: files.
 """
 
 from mcx.data.corpus import Corpus, jsonl_corpus, megatron_core_corpus, text_corpus

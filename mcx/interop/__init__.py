@@ -1,6 +1,15 @@
 """Megatron-LM interoperability: launch scripts -> specs (``import_script``) and back (``export_args``).
 
 Control plane only: nothing here imports torch or megatron, and no script is ever run.
+
+Modules: ``flags.py`` (the one spec-key <-> flag table); ``unmapped.py`` (flags with no key and why); a bash
+reader that never executes (``lexer.py``, ``script.py``, ``expand.py``); ``importer.py``; ``exporter.py``;
+``options.py`` + ``megatron_options.json`` (every Megatron-LM 0.19.2 argument, generated from its parser as
+package data: an unknown one is refused with did-you-mean); ``overrides.py`` (``mcx import --set``, the
+missing-value error); ``corrections.py`` (arguments Megatron-LM accepts and then overrides, written as they
+train); ``notes.py`` (Megatron-LM defaults a LLaMA-like script relies on); ``carried.py`` (the ``# mcx:``
+lines that carry what no argument does, so spec -> export -> import keeps the run ID); ``docgen.py``
+(docs/spec.md). docs/migration.md is the user's guide.
 """
 
 from mcx.interop.exporter import args_text, export, export_args, export_script

@@ -1,4 +1,15 @@
-"""Launchers: start ``python -m mcx.train STAGE_DIR`` locally, through torchrun, or with Slurm."""
+"""Launchers: start ``python -m mcx.train STAGE_DIR`` locally, through torchrun, or with Slurm.
+
+Modules: ``base.py`` (``Placement``: world size, nodes, device and the layout, built for a planned stage by
+``placement``; what every launcher takes); ``result.py`` (``StageResult``: result.json as the control plane
+reads it); ``site.py`` (what a job needs of the machine it starts on: Transformer Engine, the dataset and
+tokenizer files, writable directories; warnings in ``mcx plan``, problems at ``mcx run`` where the job
+starts here, and the worker's first check on its node); ``env.py`` (the one environment every worker gets:
+a fixed hash seed, MKL's GEMMs in strict reproducible mode so their bits do not follow the threads MKL uses,
+D46, Megatron's deterministic variables when ``train.deterministic``); local; torchrun (``process.py``: the
+child in its own session; SIGTERM forwarded once; its process group emptied once it exits, so a crashed
+worker's helpers such as the checkpoint writer do not outlive it); slurm. Side effects: subprocess, sbatch.
+"""
 
 from __future__ import annotations
 

@@ -210,7 +210,7 @@ def refused(script: Path, message: str, where: Placement | None, partition: str 
     else:
         what = "GPU(s)" if where.device == "cuda" else "CPU process(es)"
         job = f"{where.nodes} node(s) x {where.procs_per_node} {what} per node"
-    # mcx names stage directories after their stage (docs/architecture.md, "Run directory").
+    # mcx names stage directories after their stage (docs/runs.md, "Run directory").
     smoke = script.parent.name == "smoke"
     hw = "smoke.nodes x smoke.gpus_per_node" if smoke else "hardware.nodes x hardware.gpus_per_node"
     said = " ".join(message.split())

@@ -1,6 +1,6 @@
 """A stage's ``metrics.jsonl`` as compact per-metric curves.
 
-Every line is one JSON object with ``kind`` and ``step`` (see docs/architecture.md); each other
+Every line is one JSON object with ``kind`` and ``step`` (see docs/stage-directory.md); each other
 numeric field becomes the curve ``"<kind>/<field>"`` (``train/loss``, ``valid/ppl``, ...) holding
 ``array('q')`` steps and ``array('d')`` values. ``null`` values are left out of a curve (``mfu`` is
 null where the GPU's peak is unknown); ``NaN`` and ``Infinity`` are kept, they are results.

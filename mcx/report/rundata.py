@@ -1,6 +1,6 @@
 """What a report knows about one run, independent of where it was read from.
 
-``load_run_dir`` reads a run directory (docs/architecture.md, "Run directory"); a loader from
+``load_run_dir`` reads a run directory (docs/runs.md, "Run directory"); a loader from
 MLflow builds the same ``RunData`` from its records. Reports never look past this class.
 """
 

@@ -38,6 +38,11 @@ Decisions (the reasons are in each module's docstring):
   ``.dvc/config.local``; mcx never writes ``.dvc/config``. A run's checkpoints are added through
   pointer files git carries (``.mcx/checkpoints/<id>/<stage>.dvc``, the one committed part of
   ``.mcx/``), and found again by them or by the md5 recorded in MLflow (D38).
+
+Also: ``dvc_check.py`` (whether a remote holds a version); ``runrecord.py`` (a run directory's JSON records
+read strictly: one that is there but not a JSON object is named as damaged, D48); ``lineage.py`` (which run
+started from which, ``mcx lineage``); ``sweep_record.py`` (a sweep's MLflow parent run adopting its trials'
+runs); ``outage.py`` (the stores a command found unreachable, waited on once, D50).
 """
 
 from mcx.track.baseline import (

@@ -12,7 +12,7 @@ is the same MLflow row.
 Exactly once: the cursor ``<stage>/tracked.json`` holds the byte offset and line count already sent
 and, per kind, the last step sent; it is replaced only after MLflow acknowledged a batch. A line's
 identity is (stage, kind, step): a line at or below its kind's last sent step is never sent again.
-When a resumed worker truncates the file (docs/architecture.md), the cursor notices (the file is
+When a resumed worker truncates the file (docs/stage-directory.md), the cursor notices (the file is
 shorter, or the bytes before the offset are not the line it last sent), rescans from the top and
 skips every identity already sent; MLflow then keeps the first value sent for a re-run step, while
 metrics.jsonl holds the surviving timeline (they agree for deterministic runs).

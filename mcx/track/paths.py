@@ -3,7 +3,7 @@
     <project>/.mcx/mlflow.db              embedded MLflow store (SQLite)
     <project>/.mcx/mlartifacts/<exp>/     embedded MLflow artifacts, one folder per experiment
     <project>/.mcx/dvc-remote/            embedded DVC remote
-    <project>/.mcx/runs/<run_id>/         run directory (docs/architecture.md)
+    <project>/.mcx/runs/<run_id>/         run directory (docs/runs.md)
     <project>/.mcx/checkpoints/<run_id>/  DVC pointers to the run's final checkpoints, <stage>.dvc: the one
                                           part of .mcx/ that is committed (.gitignore: /.mcx/* then
                                           !/.mcx/checkpoints/), so that clones can pull them (D38)

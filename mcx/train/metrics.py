@@ -1,6 +1,6 @@
 """metrics.jsonl: one JSON object a line, appended and flushed as it happens (rank 0 writes).
 
-Line kinds (docs/architecture.md): ``train`` per optimizer step, ``valid`` per evaluation, ``test``
+Line kinds (docs/stage-directory.md): ``train`` per optimizer step, ``valid`` per evaluation, ``test``
 at the end. A resumed worker first truncates lines past its checkpoint's step, so the file is always
 the exact history of the surviving timeline; floats are written with ``repr`` precision, so losses
 read back bit for bit (the smoke stage's resume check compares against them).
