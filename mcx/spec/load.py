@@ -17,7 +17,7 @@ from mcx.errors import SpecError
 from mcx.spec import convert
 from mcx.spec.presets import PRESETS
 from mcx.spec.rules import check_spec
-from mcx.spec.schema import ExperimentSpec
+from mcx.spec.schema import DebugSpec, ExperimentSpec
 
 
 TEXT_BYTES_LIMIT = 4 * 1024 * 1024  # a spec or launch script is kilobytes; more is the wrong file
@@ -187,8 +187,12 @@ def _drop_none(obj: Any) -> Any:
 
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
-    """The resolved spec as plain data (None kept: it means "let mcx decide")."""
-    return convert.unstructure(spec)
+    """The resolved spec as plain data (None kept: it means "let mcx decide"). A [debug] table that
+    injects nothing is left out, so a spec without one hashes, records and dumps as before it existed."""
+    tree: dict[str, Any] = convert.unstructure(spec)
+    if spec.debug == DebugSpec():
+        del tree["debug"]
+    return tree
 
 
 def dump_spec(spec: ExperimentSpec) -> str:
