@@ -45,7 +45,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import E2E_ENV_DROP, e2e_env, make_e2e_project, mcx_inprocess, seed_embedded_store
+from conftest import E2E_ENV_DROP, e2e_env, make_e2e_project, mcx_inprocess, missing, seed_embedded_store
 from mcx.launch.process import child_pids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -253,7 +253,7 @@ def fault_env(**extra: str) -> dict[str, str]:
 def module_env() -> Iterator[None]:
     """In-process commands see what subprocesses see: no caller's MLFLOW_/MCX_ settings, the secrets."""
     with pytest.MonkeyPatch.context() as mp:
-        for key in [*E2E_ENV_DROP, *(k for k in os.environ if k.startswith("MCX_TEST"))]:
+        for key in E2E_ENV_DROP:
             mp.delenv(key, raising=False)
         for key, value in SECRETS.items():
             mp.setenv(key, value)
@@ -705,7 +705,7 @@ def disk_full(tmp_path_factory: pytest.TempPathFactory, embedded_mlflow_db: Path
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={reference.checkpoint_bytes * 3 // 2},mode=0755",
                               "tmpfs", str(where)], capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
+        missing(f"a tmpfs cannot be mounted here (needs root or CAP_SYS_ADMIN): {mounted.stderr.strip()}")
     try:
         project = seed_embedded_store(make_e2e_project(tmp_path_factory.mktemp("faults") / "disk-full"),
                                       embedded_mlflow_db)
