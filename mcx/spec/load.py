@@ -178,6 +178,20 @@ def loads_spec(text: str, source: str = "<string>") -> ExperimentSpec:
     return spec
 
 
+def with_debug(spec: ExperimentSpec, overrides: list[str] | tuple[str, ...], source: str) -> ExperimentSpec:
+    """``spec`` with ``--set debug.KEY=VALUE`` items applied (`mcx reproduce`: the recorded run with a
+    fault injected). Any other key is refused: it would rerun another experiment, not this one."""
+    others = [item for item in overrides if parse_override(item)[0][0] != "debug"]
+    if others:
+        raise SpecError([("--set", f"{item!r}: only debug.* keys (fault injection) can be set on a rerun of a "
+                                   "recorded spec; run the changed spec with `mcx run` instead") for item in others])
+    spec = convert.structure(apply_overrides(_drop_none(spec_to_dict(spec)), list(overrides)), ExperimentSpec, source)
+    problems = check_spec(spec)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
 def _drop_none(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _drop_none(v) for k, v in obj.items() if v is not None}
