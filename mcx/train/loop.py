@@ -365,7 +365,8 @@ class Trainer:
 
     def faults(self) -> dict[int, tuple[float, str]]:
         """The [debug] table's injections: step -> (amount added to the weights, the key that asked)."""
-        debug, out = self.spec.debug, {}
+        debug = self.spec.debug
+        out: dict[int, tuple[float, str]] = {}
         if debug.perturb_params is not None:
             out[debug.perturb_params.step] = (debug.perturb_params.amount, "debug.perturb_params")
         if debug.nan_params_at_step is not None:  # NaN wins a step both name: the weights are NaN either way
