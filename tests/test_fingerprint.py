@@ -44,6 +44,7 @@ from mcx.fingerprint.record import FingerprintRecord
 from mcx.fingerprint.modules import dependencies, imported_names, module_files
 from mcx.fingerprint.record import FingerprintRecord
 from mcx.fingerprint.hardware import cpu_model, identity, parse_gpu_query, parse_topology, visible
+from mcx.hashing import digest
 from mcx.spec import load_spec
 from mcx.spec.convert import field_types
 from mcx.spec.schema import ExperimentSpec
@@ -594,6 +595,21 @@ def test_every_not_hashed_key_is_a_spec_field() -> None:
     flat = flatten(canonical_config(load_spec(TINY)))
     assert not any(k == key or k.startswith(key + ".") for key in NOT_HASHED for k in flat)
     assert "train.lr" in flat and "data.prefix" in flat and "hardware.gpus_per_node" in flat
+
+
+def test_a_debug_table_is_hashed_and_an_absent_one_leaves_the_config_as_it_was(tmp_path: Path) -> None:
+    """Fault injection changes what a run computes: its [debug] keys are in the config hash. A spec
+    without the table, or with an empty one, hashes exactly as before the table existed (no key)."""
+    plain = canonical_config(load_spec(TINY))
+    empty = tmp_path / "empty.toml"
+    empty.write_text(TINY.read_text() + "\n[debug]\n")
+    assert "debug" not in plain and canonical_config(load_spec(empty)) == plain
+    assert digest(canonical_config(load_spec(empty))) == digest(plain)
+    perturbed = canonical_config(load_spec(TINY, ["debug.perturb_params={step=5}"]))
+    poisoned = canonical_config(load_spec(TINY, ["debug.nan_params_at_step=5"]))
+    assert {k: v for k, v in perturbed.items() if k != "debug"} == plain
+    assert perturbed["debug"] == {"perturb_params": {"step": 5, "amount": 0.01}, "nan_params_at_step": None}
+    assert len({digest(plain), digest(perturbed), digest(poisoned)}) == 3
 
 
 # ---------------------------------------------------------------- explain and stored records

@@ -729,7 +729,7 @@ def test_the_job_file_carries_the_planners_layout_and_reads_it_back():
         for stage in ("full", "smoke"):
             sspec, slayout = stage_spec(spec, plan.layout, stage, te_available=True, vocab_size=vocab)
             job = Job(run_id="0123456789ab", stage=stage, spec=sspec, layout=slayout, data_dir="/d",
-                      checkpoint_dir="/c", device="cuda", test_hooks={"x": "1"} if stage == "smoke" else {})
+                      checkpoint_dir="/c", device="cuda")
             data = json.loads(json.dumps(job_to_dict(job)))
             assert sorted(data["layout"]) == sorted(JOB_FIELDS)
             assert not set(DEGREE_KEYS) & set(data["spec"]["parallel"])  # each degree once: in the layout

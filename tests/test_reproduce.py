@@ -4,14 +4,14 @@ data, a real rerun (Megatron-Core on CPU), a verdict; nothing replaced.
 The module's project records one run, O, made with an uncommitted change (an untracked file), and
 then moves on (a new commit), so a reproduction has to restore the recorded commit *and* patch.
 O is reproduced twice: as it is (bitwise on CPU), and with a fault injected into the rerun
-(the test hook perturb_params_at_step, mcx/testhooks.py), which must be reported as a
+(`mcx reproduce --set debug.perturb_params.step=N`, docs/spec.md), which must be reported as a
 divergence at that step. Then with its dataset edited, and deleted with the DVC cache emptied: the
 recorded version comes back by hash (from the cache, then from the embedded remote) into the
 reproduction's worktree, and the rerun is bitwise again; with neither holding it, reproduce refuses.
 
-A second project records one config with two seeds as if on another machine
-(the test hook cpu_model, mcx/testhooks.py); reproduced here, the rerun is judged
-by the spread between those seeds.
+A second project records one config with two seeds on another machine (this one, with another CPU
+model in /proc/cpuinfo: a private mount namespace, see on_another_cpu); reproduced here, the rerun is
+judged by the spread between those seeds.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import _git, e2e_env, git_head, make_e2e_project, mcx_inprocess, mcx_subprocess
+from conftest import _git, e2e_env, git_head, make_e2e_project, mcx_inprocess, mcx_subprocess, missing
 
 FAST = ["--set", "train.train_iters=12", "--set", "train.lr_warmup_iters=2", "--set", "train.eval_interval=6",
         "--set", "checkpoint.interval=6", "--set", "smoke.train_iters=10", "--set", "smoke.loss_window=3",
@@ -116,8 +116,8 @@ def bitwise(project: Path, original: dict):
 
 @pytest.fixture(scope="module")
 def perturbed(project: Path, original: dict, bitwise):
-    env = e2e_env(MCX_TEST_HOOKS=f"perturb_params_at_step={PERTURB_STEP}")
-    return mcx_subprocess(project, "reproduce", original["run_id"], "--json", env=env)
+    return mcx_subprocess(project, "reproduce", original["run_id"], "--json",
+                          "--set", f"debug.perturb_params.step={PERTURB_STEP}")
 
 
 def test_the_original_was_recorded_with_its_uncommitted_change(original):
@@ -194,6 +194,23 @@ def test_a_perturbed_rerun_diverges_at_the_perturbed_step(original, perturbed):
         original["dir"], Path(v["reproduction_dir"]))
     assert v["divergence"]["step"] == PERTURB_STEP and v["divergence"]["within"] is False
     assert len(perturbed.out.strip().splitlines()) == 1  # --json: the verdict object and nothing else on stdout
+    assert v["debug"] == [f"debug.perturb_params.step={PERTURB_STEP}"]  # the verdict says what was injected
+    assert "fault injection: debug.perturb_params.step" in perturbed.err
+    worker_log = (Path(v["reproduction_dir"]) / "full" / "worker.log").read_text()
+    assert f"debug.perturb_params: added 0.01 to the model weights before step {PERTURB_STEP}" in worker_log
+    assert "fault injection" not in (Path(v["reproduction_dir"]) / "smoke" / "worker.log").read_text()
+
+
+def test_reproduce_sets_debug_keys_only(project, original):
+    """`mcx reproduce --set` injects faults; any other key would rerun another experiment: refused (exit 2)
+    before a reproduction is started."""
+    reps = original["dir"] / "reproductions"
+    before = sorted(p.name for p in reps.glob("*"))
+    res = mcx_inprocess(project, "reproduce", original["run_id"], "--set", "train.lr=1e-3",
+                        "--set", "debug.nan_params_at_step=3")
+    assert res.code == 2, res
+    assert "'train.lr=1e-3': only debug.* keys (fault injection) can be set" in res.err
+    assert "debug.nan_params_at_step" not in res.err and sorted(p.name for p in reps.glob("*")) == before
 
 
 DATA_MD5 = "78bb169363dc0c20b2eb38a954710a26.dir"  # data.dvc's version of data/ (the quickstart)
@@ -433,14 +450,35 @@ def seeds_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_e2e_project(tmp_path_factory.mktemp("seeds") / "project")
 
 
+def on_another_cpu(tmp: Path) -> tuple[str, ...]:
+    """A command prefix that runs its command where /proc/cpuinfo names OTHER_CPU: a private mount
+    namespace (unshare; a user namespace too where this is not root) with a copy of this machine's
+    cpuinfo, the model renamed, bind-mounted over it. mcx probes another CPU there; it has no switch for it."""
+    real = Path("/proc/cpuinfo").read_text()
+    fake = tmp / "cpuinfo"
+    fake.write_text(re.sub(r"(?m)^(model name|Model)(\s*):.*$", rf"\1\2: {OTHER_CPU}", real)
+                    if re.search(r"(?m)^(model name|Model)\s*:", real) else f"model name\t: {OTHER_CPU}\n{real}")
+    prefix = ("unshare", "--mount", *(() if os.geteuid() == 0 else ("--map-root-user",)),
+              "sh", "-c", 'mount --bind "$0" /proc/cpuinfo && exec "$@"', str(fake))
+    try:
+        probe = subprocess.run([*prefix, sys.executable, "-c", "from mcx.fingerprint.hardware import cpu_model; "
+                                "print(cpu_model())"], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        missing("unshare (util-linux) is not installed: the other-hardware reproduction needs a mount namespace")
+    if probe.stdout.strip() != OTHER_CPU:
+        missing(f"no private mount namespace here (unshare --mount: {probe.stderr.strip()[-300:]}): the "
+                "other-hardware reproduction needs one to show another CPU model")
+    return prefix
+
+
 @pytest.fixture(scope="module")
-def seeded(seeds_project: Path) -> dict[int, str]:
-    """One config trained with two seeds (full stage only), recorded as if on another machine."""
-    env = e2e_env(MCX_TEST_HOOKS=f"cpu_model={OTHER_CPU}")
+def seeded(seeds_project: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """One config trained with two seeds (full stage only), recorded on another CPU."""
+    prefix = on_another_cpu(tmp_path_factory.mktemp("cpu"))
     ids = {}
     for seed in SEEDS:
         res = mcx_subprocess(seeds_project, "run", "experiments/tiny.toml", *FAST, "--skip-smoke",
-                             "--set", f"train.seed={seed}", "--json", "--quiet", env=env)
+                             "--set", f"train.seed={seed}", "--json", "--quiet", prefix=prefix)
         assert res.code == 0, res
         ids[seed] = res.json()["run_id"]
     return ids
@@ -449,8 +487,8 @@ def seeded(seeds_project: Path) -> dict[int, str]:
 @pytest.fixture(scope="module")
 def elsewhere(seeds_project: Path, seeded: dict[int, str]):
     """The first seed's run reproduced here (another CPU), nudged a little after step 10."""
-    env = e2e_env(MCX_TEST_HOOKS=f"perturb_params_at_step={NUDGE_STEP}:{NUDGE}")
-    return mcx_subprocess(seeds_project, "reproduce", seeded[SEEDS[0]], "--json", env=env)
+    return mcx_subprocess(seeds_project, "reproduce", seeded[SEEDS[0]], "--json",
+                          "--set", f"debug.perturb_params={{step = {NUDGE_STEP}, amount = {NUDGE}}}")
 
 
 def test_seed_runs_are_the_runs_that_differ_only_in_the_seed(seeds_project, seeded):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import IN_CI
+
 from mcx.launch import Placement, SlurmHandle, SlurmLauncher, worker_env
 from mcx.launch.slurm import parse_job, query_job
 from mcx.spec.schema import DataSpec, ExperimentSpec, LaunchSpec, ModelSpec, SlurmSpec, TrainSpec
@@ -33,7 +35,7 @@ def _cluster_answers() -> bool:
 
 CLUSTER_UP = _cluster_answers()
 # In CI the cluster is part of the test environment: its absence fails these tests, not skips them.
-REQUIRED = bool(os.environ.get("CI"))
+REQUIRED = IN_CI
 
 pytestmark = [
     pytest.mark.slurm,

@@ -505,3 +505,35 @@ def test_specs_are_frozen_and_evolve_makes_new_ones():
     changed = attrs.evolve(spec, train=attrs.evolve(spec.train, lr=1.0))
     assert changed.train.lr == 1.0 and spec.train.lr == TINY["train"]["lr"] and changed != spec
     assert isinstance(spec, ExperimentSpec) and isinstance(spec.data, DataSpec)
+
+
+# --- [debug]: fault injection ------------------------------------------------------------------------
+
+
+def test_the_debug_table_is_read_checked_and_absent_where_unset(tmp_path):
+    """[debug] perturb_params and nan_params_at_step are spec keys like any other: strict, checked by the
+    rules, dumped and read back; a spec without the table (or with an empty one) has none in its dict,
+    its dump or anything built from them (the config hash, the job file, MLflow params)."""
+    from mcx.spec.schema import DebugSpec, PerturbSpec
+
+    path = write(tmp_path / "d.toml", tiny(debug={"perturb_params": {"step": 11}, "nan_params_at_step": 14}))
+    spec = load_spec(path)
+    assert spec.debug == DebugSpec(perturb_params=PerturbSpec(step=11, amount=1e-2), nan_params_at_step=14)
+    assert spec_to_dict(spec)["debug"] == {"perturb_params": {"step": 11, "amount": 0.01}, "nan_params_at_step": 14}
+    assert "[debug.perturb_params]" in dump_spec(spec) and loads_spec(dump_spec(spec)) == spec
+    assert load_spec(path, ["debug.perturb_params.amount=-1e-4"]).debug.perturb_params.amount == -1e-4
+
+    plain = load_spec(EXPERIMENTS_DIR / "tiny.toml")
+    empty = load_spec(write(tmp_path / "e.toml", tiny(debug={})))
+    assert plain.debug == empty.debug == DebugSpec() and plain == empty
+    assert "debug" not in spec_to_dict(plain) and "debug" not in dump_spec(empty)
+
+    found = problems(path, ["debug.perturb_params.step=0", "debug.perturb_params.amount=0.0",
+                            "debug.nan_params_at_step=-1"])
+    assert sorted(k for k, _ in found) == ["debug.nan_params_at_step", "debug.perturb_params.amount",
+                                           "debug.perturb_params.step"]
+    assert one_problem(path, ["debug.perturb_params.amount=nan"])[0] == "debug.perturb_params.amount"
+    key, msg = one_problem(path, ["debug.perturb_param={step=3}"])
+    assert key == "debug.perturb_param" and "did you mean 'perturb_params'?" in msg
+    assert one_problem(write(tmp_path / "s.toml", tiny(debug={"perturb_params": {"amount": 0.1}})))[0] == \
+        "debug.perturb_params.step"

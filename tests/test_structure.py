@@ -30,7 +30,7 @@ ALLOWED_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 # Layers, lowest first (docs/architecture.md): a module imports only from its own layer or below.
 # The package ``mcx`` itself holds ``__version__``; ``mcx.__main__`` is ``python -m mcx``.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("mcx", "mcx.errors", "mcx.hashing", "mcx.jsonfile", "mcx.testhooks"),
+    ("mcx", "mcx.errors", "mcx.hashing", "mcx.jsonfile"),
     ("mcx.spec",),
     ("mcx.plan", "mcx.launch", "mcx.track", "mcx.data", "mcx.fingerprint", "mcx.metrics", "mcx.weights"),
     ("mcx.train", "mcx.report", "mcx.interop"),
@@ -194,7 +194,7 @@ def test_every_module_is_in_a_layer():
 
 def test_packages_import_only_downward():
     """cli -> ops -> train/report/interop -> plan/launch/track/data/fingerprint/metrics/weights -> spec
-    -> errors/hashing/testhooks: nothing imports from a layer above its own."""
+    -> errors/hashing: nothing imports from a layer above its own."""
     graph = import_graph()
     upward = []
     for module, edges in sorted(graph.items()):
@@ -304,7 +304,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["ls"], []),
 ], ids=["plan", "run-dry-run", "compare", "ls"])
 def test_the_cli_imports_heavy_packages_only_where_a_command_needs_them(project, argv, heavy):
-    env = {k: v for k, v in os.environ.items() if k not in ENV_DROP and not k.startswith("MCX_TEST")}
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     proc = subprocess.run([sys.executable, "-c", PROBE, "--project", str(project), *argv], cwd=project, env=env,
                           capture_output=True, text=True, timeout=120)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from conftest import E2E_ROOT, e2e_env, make_e2e_project, mcx_subprocess
+from conftest import E2E_ROOT, IN_CI, e2e_env, make_e2e_project, mcx_subprocess
 
 SMALL = {"extends": "tiny.toml",
          "model": {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 192},
@@ -308,7 +308,7 @@ def test_concurrent_trials_get_disjoint_gpus_or_are_refused():
 
 @pytest.mark.slow
 @pytest.mark.slurm
-@pytest.mark.skipif(shutil.which("sbatch") is None and not os.environ.get("CI"),
+@pytest.mark.skipif(shutil.which("sbatch") is None and not IN_CI,  # in CI: runs, and fails without Slurm
                     reason="no Slurm cluster here: start the local one with `bash .ci/slurm.sh start` (as root)")
 def test_on_slurm_each_trial_is_its_own_job_and_they_run_at_once(tmp_path):
     """launch.kind = "slurm": the sweep submits `parallel` trials' jobs at once (the local test cluster: one node,

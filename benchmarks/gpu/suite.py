@@ -2,7 +2,7 @@
 
     python3 benchmarks/gpu/suite.py OUT [--only NAME[,NAME...]] [--list] [--timeout S] [-- EXTRA ARGS]
 
-Runs the named tasks one after the other (default: gpu, gpu-fp8, gpu2, throughput-1gpu), each with its output in
+Runs the named tasks one after the other (default: gpu, gpu-fp8, site, gpu2, throughput-1gpu), each with its output in
 OUT/<name>.log (and its files under OUT/<name>/), and writes OUT/junit.xml (the pytest tasks' JUnit
 reports merged) and OUT/summary.json (per task: exit code, wall time; per test: outcome and duration;
 the throughput figures; the GPUs and versions). EXTRA ARGS go to the end of the one task named by
@@ -42,6 +42,9 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
     "gpu-fp8": (1, 8, "pytest -m gpu -k fp8: FP8 against bf16 for 300 steps at two seeds on one GPU",
                 [PY, "-m", "pytest", "tests/gpu", "-m", "gpu", "-k", "fp8", "-p", "no:cacheprovider", "-q", "-rfEs",
                  "--durations=0"]),
+    "site": (1, 1.5, "pytest tests/test_site.py where Transformer Engine is installed (Slurm's test left to CI)",
+             [PY, "-m", "pytest", "tests/test_site.py", "-m", "not slurm", "-p", "no:cacheprovider", "-q", "-rfEs",
+              "--durations=0"]),
     "gpu2": (2, 6, "pytest -m gpu2: tests/gpu's two-GPU layouts",
              [PY, "-m", "pytest", "tests/gpu", "-m", "gpu2", "-p", "no:cacheprovider", "-q", "-rfEs", "--durations=0"]),
     # docs/benchmarks.md: mcx vs the bare loop (ratio), MFU, FP8 ratio; README's "Speed on H200".
@@ -96,7 +99,7 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
     "ckpt-integrity": (1, 6, "ckpt_integrity.sh: checkpoint checksums, damage named and set aside",
                        ["bash", "benchmarks/gpu/ckpt_integrity.sh"]),
 }
-DEFAULT = ("gpu", "gpu-fp8", "gpu2", "throughput-1gpu")
+DEFAULT = ("gpu", "gpu-fp8", "site", "gpu2", "throughput-1gpu")
 
 
 def gpus() -> tuple[int, list[str]]:

@@ -149,6 +149,9 @@ def _record_verbs(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("reproduce", help="rerun a recorded run from its ID and give a verdict")
     s.add_argument("run_id")
     s.add_argument("--json", action="store_true", help="last stdout line: one JSON verdict")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="debug.KEY=VALUE",
+                   help="inject a fault into the rerun (repeatable; [debug] keys only, docs/spec.md), "
+                        "e.g. --set debug.perturb_params.step=11")
     s.set_defaults(func=verbs.cmd_reproduce)
 
 

@@ -215,7 +215,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     project = project_root(args)
     with children_to_stderr(), term_interrupts():  # the rerun's progress; the verdict is the result
         result = reproduce(args.run_id, project=project, output="json" if args.json else "bar",
-                           progress=show_progress)
+                           progress=show_progress, debug=tuple(args.overrides))
     if args.json:
         _emit_json(result)
     else:

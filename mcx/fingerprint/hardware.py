@@ -17,9 +17,6 @@ Hashed (``id``):
   ``hardware.gpu = "any"`` then names no model; the record warns.
 
 The interconnect between nodes (InfiniBand, RoCE) is not probed: nodes > 1 is in the hash.
-
-Test hook ``cpu_model`` (mcx.testhooks) replaces the probed CPU model, so that a test on one machine
-can record runs as if on another (tests/test_reproduce.py: a reproduction on other hardware).
 """
 
 from __future__ import annotations
@@ -31,7 +28,6 @@ import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mcx import testhooks
 from mcx.fingerprint.tools import run_tool
 
 if TYPE_CHECKING:
@@ -130,7 +126,7 @@ def probe() -> dict[str, Any]:
         "gpus": gpus,
         "visible": [g["index"] for g in seen],
         "interconnect": parse_topology(topo or "", [g["index"] for g in seen]),
-        "cpu": testhooks.active().get("cpu_model") or cpu_model(),
+        "cpu": cpu_model(),
         "cpu_cores": cores,
     }
 

@@ -361,6 +361,14 @@ FLAGS: tuple[Row, ...] = (
        "(spec key -> values or a range), objective, direction, max_trials, parallel, seed, prune, "
        "prune_startup_trials, prune_warmup_evals, name (docs/sweeps.md). Unset: not a sweep.",
        "sweeps are mcx's; each trial is the spec with its values and no [sweep], not part of any run's ID"),
+    # ---- debug (fault injection)
+    _r("debug.perturb_params", "mcx", (), NA, "Fault injection: `{step = N, amount = 1e-2}` adds amount to every "
+       "floating-point model weight just before step N of each stage that reaches it, so the run departs there "
+       "(`mcx reproduce RUN --set debug.perturb_params.step=N` tests the verdict). Unset: off.",
+       "fault injection is mcx's; part of the run ID when set"),
+    _r("debug.nan_params_at_step", "mcx", (), NA, "Fault injection: every floating-point model weight becomes NaN "
+       "just before this step, so the divergence guard stops the stage there. Unset: off.",
+       "fault injection is mcx's; part of the run ID when set"),
 )
 
 BY_KEY: dict[str, Row] = {row.key: row for row in FLAGS}

@@ -192,7 +192,10 @@ def restore_parent(project: Path, spec: Any, record: Any, progress: Progress) ->
     return {**recorded["id"], "path": now["info"]["path"], "pulled": pulled}
 
 
-def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) -> dict[str, Any]:
+def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
+              debug: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Rerun ``run_id`` and judge it. ``debug``: ``debug.KEY=VALUE`` items, a fault injected into the rerun
+    (docs/spec.md, [debug]): the verdict must then find the departure it causes."""
 
     from mcx.fingerprint.environment import collect_environment
     from mcx.fingerprint.hardware import collect_hardware
@@ -203,11 +206,15 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) ->
     from mcx.report.seeds import seed_runs
     from mcx.report.verdict import seed_spread_band, verdict, verdict_to_dict
     from mcx.spec import loads_spec
+    from mcx.spec.load import with_debug
     from mcx.track.runcache import acquire
 
     run_path = _record_dir(project, run_id)
     record = load_record(project, run_id)
     spec = loads_spec((run_path / "spec.toml").read_text(encoding="utf-8"), str(run_path / "spec.toml"))
+    if debug:
+        spec = with_debug(spec, debug, str(run_path / "spec.toml"))
+        progress(Note(level="warning", text="fault injection: " + ", ".join(debug) + " (the rerun must depart there)"))
     env_drift = _drift(record.environment, collect_environment(project, (record.environment.get("info") or {}).get("lockfile")))
     hw_drift = _drift(record.hardware, collect_hardware(spec))
     changes = data_changes(project, spec, record)
@@ -283,7 +290,7 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) ->
            "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code,
            "data_identical": True, "data_changes": changes, "data_restored": restored, "parent": parent,
            "seed_runs": [{"run_id": s.run_id, "seed": s.seed} for s in seeds] if band_source == "seed spread" else [],
-           "status": summary.get("status")}
+           "status": summary.get("status"), **({"debug": list(debug)} if debug else {})}
     if v.divergence is not None:
         d = v.divergence
         out["diverged_at"] = {"step": d.step, "metric": d.metric, "original": d.original, "reproduction": d.rerun}

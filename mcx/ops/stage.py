@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, frozen
 
-from mcx import testhooks
 from mcx.errors import McxError
 from mcx.jsonfile import read_json
 from mcx.ops.plan import PlanResult
@@ -60,7 +59,6 @@ def stage_job(stage: str, job_spec: ExperimentSpec, job_layout: Layout, planned:
                checks=Checks(resume_check_iters=sm.resume_check_iters, loss_window=sm.loss_window,
                              min_loss_drop=sm.min_loss_drop),
                device=stage_device(job_spec, planned), output=output,
-               test_hooks=testhooks.active() or {},  # non-empty: a test job (mcx.testhooks)
                init=_init(stage, planned))
 
 

@@ -17,7 +17,7 @@ from mcx.errors import SpecError
 from mcx.spec import convert
 from mcx.spec.presets import PRESETS
 from mcx.spec.rules import check_spec
-from mcx.spec.schema import ExperimentSpec
+from mcx.spec.schema import DebugSpec, ExperimentSpec
 
 
 TEXT_BYTES_LIMIT = 4 * 1024 * 1024  # a spec or launch script is kilobytes; more is the wrong file
@@ -178,6 +178,20 @@ def loads_spec(text: str, source: str = "<string>") -> ExperimentSpec:
     return spec
 
 
+def with_debug(spec: ExperimentSpec, overrides: list[str] | tuple[str, ...], source: str) -> ExperimentSpec:
+    """``spec`` with ``--set debug.KEY=VALUE`` items applied (`mcx reproduce`: the recorded run with a
+    fault injected). Any other key is refused: it would rerun another experiment, not this one."""
+    others = [item for item in overrides if parse_override(item)[0][0] != "debug"]
+    if others:
+        raise SpecError([("--set", f"{item!r}: only debug.* keys (fault injection) can be set on a rerun of a "
+                                   "recorded spec; run the changed spec with `mcx run` instead") for item in others])
+    spec = convert.structure(apply_overrides(_drop_none(spec_to_dict(spec)), list(overrides)), ExperimentSpec, source)
+    problems = check_spec(spec)
+    if problems:
+        raise SpecError(problems, source)
+    return spec
+
+
 def _drop_none(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: _drop_none(v) for k, v in obj.items() if v is not None}
@@ -187,8 +201,12 @@ def _drop_none(obj: Any) -> Any:
 
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
-    """The resolved spec as plain data (None kept: it means "let mcx decide")."""
-    return convert.unstructure(spec)
+    """The resolved spec as plain data (None kept: it means "let mcx decide"). A [debug] table that
+    injects nothing is left out, so a spec without one hashes, records and dumps as before it existed."""
+    tree: dict[str, Any] = convert.unstructure(spec)
+    if spec.debug == DebugSpec():
+        del tree["debug"]
+    return tree
 
 
 def dump_spec(spec: ExperimentSpec) -> str:

@@ -248,8 +248,21 @@ def _sweep_rules(spec: ExperimentSpec) -> Problems:
     return out
 
 
+def _debug_rules(spec: ExperimentSpec) -> Problems:
+    out: Problems = []
+    perturb, nan_at = spec.debug.perturb_params, spec.debug.nan_params_at_step
+    if perturb is not None and perturb.step <= 0:
+        out.append(("debug.perturb_params.step", f"must be positive (the step the weights change before), got {perturb.step}"))
+    if perturb is not None and perturb.amount == 0:
+        out.append(("debug.perturb_params.amount", "0 changes nothing; give the amount to add, or remove perturb_params"))
+    if nan_at is not None and nan_at <= 0:
+        out.append(("debug.nan_params_at_step", f"must be positive (the step the weights become NaN before), got {nan_at}"))
+    return out
+
+
 def check_spec(spec: ExperimentSpec) -> Problems:
-    return _range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _init_rules(spec) + _sweep_rules(spec)
+    return (_range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _init_rules(spec) + _sweep_rules(spec)
+            + _debug_rules(spec))
 
 
 def divisors(n: int) -> list[int]:

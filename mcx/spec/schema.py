@@ -266,6 +266,24 @@ class BudgetSpec:
 
 
 @frozen(kw_only=True)
+class PerturbSpec:
+    """Add ``amount`` to every floating-point model weight just before step ``step`` (the optimizer
+    state is left alone): a run that must depart from its original exactly there."""
+
+    step: int
+    amount: float = 1e-2
+
+
+@frozen(kw_only=True)
+class DebugSpec:
+    """Fault injection, to test what watches a run: ``mcx reproduce``'s verdict, the divergence guard.
+    Part of the config hash (a run with faults is another run); unset, it leaves the run ID as it was."""
+
+    perturb_params: PerturbSpec | None = None
+    nan_params_at_step: int | None = None  # every floating-point weight made NaN just before that step
+
+
+@frozen(kw_only=True)
 class ExperimentSpec:
     name: str
     description: str = ""
@@ -282,3 +300,4 @@ class ExperimentSpec:
     baseline: BaselineSpec = field(factory=BaselineSpec)
     budget: BudgetSpec = field(factory=BudgetSpec)
     sweep: SweepSpec | None = None
+    debug: DebugSpec = field(factory=DebugSpec)

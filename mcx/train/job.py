@@ -60,7 +60,6 @@ class Job:
     checks: Checks = field(factory=Checks)
     device: Device = "cpu"
     output: Output = "bar"
-    test_hooks: dict[str, str] = field(factory=dict)  # non-empty only in a test job (mcx.testhooks)
     init: InitFrom | None = None  # the full stage of a run with [init] from; the smoke stage starts at random
 
 
@@ -81,6 +80,10 @@ def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
     problems = [(f"layout.{key}", f"unknown key; known keys: {', '.join(JOB_FIELDS)}") for key in extra]
     if extra:  # the converter would take the planner's other fields: they are the spec's here
         data = {**data, "layout": {k: v for k, v in layout.items() if k not in extra}}
+    if "test_hooks" in data:  # an older control plane's test switch: refused, never half-applied
+        problems.append(("test_hooks", "an older mcx's test hooks (MCX_TEST_HOOKS), which this worker does not run; "
+                                       "fault injection is the spec's [debug] table (docs/spec.md): run `mcx run` again"))
+        data = {k: v for k, v in data.items() if k != "test_hooks"}
     try:
         job = convert.structure(data, Job, source)
     except SpecError as exc:
@@ -110,7 +113,6 @@ def job_to_dict(job: Job) -> dict[str, Any]:
             "checks": {"resume_check_iters": job.checks.resume_check_iters, "loss_window": job.checks.loss_window,
                        "min_loss_drop": job.checks.min_loss_drop},
             "device": job.device, "output": job.output,
-            **({"test_hooks": dict(job.test_hooks)} if job.test_hooks else {}),
             **({"init": {"kind": job.init.kind, "path": job.init.path, "format": job.init.format,
                          "load_optimizer": job.init.load_optimizer, "reset_step": job.init.reset_step}}
                if job.init else {})}

@@ -20,9 +20,10 @@ depend on where a run was resumed. The test pass reads the first ``E * G`` test 
 Preemption: SIGTERM (or SIGUSR1, Slurm's usual pre-kill signal) sets a flag; at the next step
 boundary all ranks agree on it, the current state is checkpointed, and the stage ends "preempted".
 
-Test hook (fault injection, a test job only: mcx.testhooks): ``perturb_params_at_step=N[:AMOUNT]``
-adds AMOUNT to every floating-point model tensor just before step N, so a rerun departs from its
-original exactly at step N (tests/test_reproduce.py checks that ``mcx reproduce`` says so).
+Fault injection (the spec's [debug] table, docs/spec.md): ``debug.perturb_params = {step = N, amount = A}``
+adds A to every floating-point model weight just before step N, so a rerun departs from its original
+exactly at step N (``mcx reproduce`` must say so); ``debug.nan_params_at_step = N`` makes them NaN
+there, so the divergence guard stops the stage at step N.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mcx import testhooks
 from mcx.errors import DataError, InputError
 from mcx.plan.flops import flops_per_iteration
 from mcx.train import checkpoint as ckpt
@@ -314,12 +314,12 @@ class Trainer:
         self.progress.start(t.train_iters, step, f"{self.job.stage} {self.job.run_id}")
         train_it = self.batches(self.data.train, consumed)
         interval = self.spec.checkpoint.interval
-        perturb_at, perturb_amount = testhooks.perturbation(self.job.test_hooks) or (0, 0.0)
+        faults = self.faults()
         while step < t.train_iters:
             if self.world.any(stop.signal is not None):
                 return self._preempt(outcome, step, consumed)
-            if step + 1 == perturb_at:
-                self._perturb(step + 1, perturb_amount)
+            if step + 1 in faults:
+                self._perturb(step + 1, *faults[step + 1])
             t0 = time.perf_counter()
             mbs = self.take(train_it, self.num_micro, "training")
             out = self.backend.train_step(mbs)
@@ -363,12 +363,22 @@ class Trainer:
         self.backend.finalize_saves(blocking=True)
         self.store.settle()
 
-    def _perturb(self, step: int, amount: float) -> None:
-        """The perturb_params_at_step test hook: nudge the live model weights (the optimizer state is left alone)."""
+    def faults(self) -> dict[int, tuple[float, str]]:
+        """The [debug] table's injections: step -> (amount added to the weights, the key that asked)."""
+        debug = self.spec.debug
+        out: dict[int, tuple[float, str]] = {}
+        if debug.perturb_params is not None:
+            out[debug.perturb_params.step] = (debug.perturb_params.amount, "debug.perturb_params")
+        if debug.nan_params_at_step is not None:  # NaN wins a step both name: the weights are NaN either way
+            out[debug.nan_params_at_step] = (math.nan, "debug.nan_params_at_step")
+        return out
+
+    def _perturb(self, step: int, amount: float, key: str) -> None:
+        """Fault injection: change the live model weights (the optimizer state is left alone)."""
         for name, tensor in self.backend.state_tensors().items():
             if name.startswith("model") and tensor.is_floating_point():
                 tensor.add_(amount)
-        log.warning("test hook perturb_params_at_step: added %g to the model weights before step %d", amount, step)
+        log.warning("%s: added %g to the model weights before step %d (fault injection)", key, amount, step)
 
     def _preempt(self, outcome: Outcome, step: int, consumed: int) -> Outcome:
         log.warning("preemption signal received: checkpointing step %d and stopping", step)

