@@ -142,7 +142,7 @@ def test_a_spec_without_te_features_plans_as_it_would_run_here(tmp_path: Path) -
                           "pipeline = 4", "pipeline = 1").replace("seq_length = 4096", "seq_length = 4096\nvocab_size = 128256"))
     pr = plan_loaded(spec, tmp_path, probe_hardware=False)
     assert pr.plan.transformer_impl == "local" and pr.te_available is False
-    assert not any("Transformer Engine is not importable" in w for w in pr.plan_dict["warnings"])
+    assert not any("Transformer Engine is not importable" in w for w in pr.plan_json()["warnings"])
 
 
 # ---- the vocabulary from the tokenizer's own files, against the tokenizer libraries

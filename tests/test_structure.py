@@ -323,3 +323,20 @@ def test_every_page_of_docs_the_code_names_exists():
     assert named, "the scan found no reference at all: its pattern is wrong"
     missing = sorted((page, where) for page, where in named if not (ROOT / page).is_file())
     assert not missing, missing
+
+
+# -- one plan of each stage ------------------------------------------------------------------------------
+
+def test_a_stages_spec_layout_and_device_are_derived_only_by_make_plan():
+    """The smoke stage's spec is shrunk in one place (mcx.plan.stages.smoke_spec) and called from one
+    (mcx.plan.planner.make_plan, into a StagePlan); everything else reads ``plan.stage(name)``. A second
+    derivation (once at five call sites, the device at four) is how two views of one stage drift apart."""
+    import re
+
+    callers = sorted(path.relative_to(ROOT).as_posix() for path in [*MCX.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+                     if re.search(r"\bsmoke_spec\b", path.read_text(encoding="utf-8")))
+    assert callers == ["mcx/plan/planner.py", "mcx/plan/stages.py", "tests/test_structure.py"], callers
+    for name in ("stage_spec", "stage_device"):  # the old derivations are gone, not renamed in place
+        found = [path.relative_to(ROOT).as_posix() for path in MCX.rglob("*.py")
+                 if re.search(rf"\bdef {name}\b", path.read_text(encoding="utf-8"))]
+        assert not found, (name, found)

@@ -41,7 +41,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         from mcx.report.plan_view import render_plan
 
-        _console().print(render_plan(result.plan_dict, result.run_id or "ID unknown here (its data is not on this machine)"))
+        _console().print(render_plan(result.plan_json(), result.run_id or "ID unknown here (its data is not on this machine)"))
     return 0
 
 

@@ -19,7 +19,7 @@ from attrs import evolve, frozen
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, PlanShown, Progress
-from mcx.ops.stage import Watch, explain_failure, run_stage, smoke_limit, stage_device
+from mcx.ops.stage import Watch, explain_failure, run_stage, smoke_limit
 from mcx.spec import ExperimentSpec, dump_spec, load_spec
 
 if TYPE_CHECKING:
@@ -140,7 +140,7 @@ def _budget_gate(planned: PlanResult, options: RunOptions, progress: Progress, *
 
     if not planned.plan.cost.over_budget:
         return
-    progress(PlanShown(plan=planned.plan_dict, run_id=planned.run_id))
+    progress(PlanShown(plan=planned.plan_json(), run_id=planned.run_id))
     try:
         check_budget(planned.plan, confirmed=options.yes)
     except BudgetError as exc:
@@ -157,7 +157,6 @@ def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
     (``init.from = "run:..."``), each stage's spec and layout, and whether its launcher can place that layout
     (exit 2, no run directory, no MLflow run)."""
     from mcx.launch import placement
-    from mcx.plan.stages import stage_spec
     from mcx.track.target import resolve_target
 
     resolve_target(project, planned.spec.tracking.uri)
@@ -167,11 +166,10 @@ def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
 
         # the plan checked the parent's files by size; its weights are about to be read: every file's CRC-32
         check_checkpoint(project, source["id"]["run_id"], Path(source["info"]["path"]))
-    te = planned.te_available
     for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
-        job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=te, vocab_size=planned.plan.vocab_size)
-        where = placement(job_layout, stage_device(job_spec, planned))
-        kind = job_spec.launch.kind
+        sp = planned.plan.stage(stage)
+        where = placement(sp.layout, sp.device)
+        kind = sp.spec.launch.kind
         keys = "smoke.nodes x smoke.gpus_per_node" if stage == "smoke" else "hardware.nodes x hardware.gpus_per_node"
         if kind == "local" and where.world_size != 1:
             raise InputError(f"launch.kind = 'local' runs one process, but the {stage} stage needs {where.world_size} "
@@ -245,19 +243,17 @@ def _archive(project: Path, run_path: Path) -> None:
 def _dry_run(planned: PlanResult, run_path: Path, stages: list[str], progress: Progress) -> RunResult:
     """The plan and what each stage would launch (its sbatch script on Slurm); the CLI prints them."""
     from mcx.launch import placement, render_sbatch, worker_env
-    from mcx.plan.stages import stage_spec
 
     scripts: dict[str, str] = {}
     launch: dict[str, dict[str, Any]] = {}
-    te = planned.te_available
     for stage in stages:
-        job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=te, vocab_size=planned.plan.vocab_size)
-        launch[stage] = {"kind": job_spec.launch.kind, "layout": job_layout.job_dict()}
-        if job_spec.launch.kind == "slurm":
-            scripts[stage] = render_sbatch(run_path / stage, placement(job_layout, stage_device(job_spec, planned)), job_spec.launch,
-                                           worker_env(job_spec))
+        sp = planned.plan.stage(stage)
+        launch[stage] = {"kind": sp.spec.launch.kind, "layout": sp.layout.job_dict()}
+        if sp.spec.launch.kind == "slurm":
+            scripts[stage] = render_sbatch(run_path / stage, placement(sp.layout, sp.device), sp.spec.launch,
+                                           worker_env(sp.spec))
     return RunResult(summary={"run_id": planned.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},
-                              "scripts": scripts, "launch": launch, "plan": planned.plan_dict, "exit_code": 0})
+                              "scripts": scripts, "launch": launch, "plan": planned.plan_json(), "exit_code": 0})
 
 
 def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], options: RunOptions) -> None:
@@ -267,7 +263,7 @@ def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], opt
     run_path.mkdir(parents=True, exist_ok=True)
     (run_path / "spec.toml").write_text(dump_spec(planned.spec), encoding="utf-8")
     write_json_atomic(run_path / "fingerprint.json", record_to_dict(planned.record))
-    write_json_atomic(run_path / "plan.json", planned.plan_dict)
+    write_json_atomic(run_path / "plan.json", planned.plan_json())
     run_json = _read_json(run_path / "run.json") or {}
     archive = run_path.parent.parent / "archive"
     attempts = len(list(archive.glob(f"{planned.run_id}-*"))) if run_path.parent.name == "runs" and archive.is_dir() else 0

@@ -15,12 +15,12 @@ from mcx.errors import McxError
 from mcx.jsonfile import read_json
 from mcx.ops.plan import PlanResult
 from mcx.ops.progress import Note, Progress
+from mcx.plan.planner import Plan, StagePlan
 from mcx.spec import ExperimentSpec
 
 if TYPE_CHECKING:
     from mcx.launch.base import Handle, LaunchOutcome
     from mcx.launch.result import StageResult
-    from mcx.plan.degrees import Layout
     from mcx.train.job import Job
 
 WATCH_S = 2.0  # how often a watched stage is asked about
@@ -38,28 +38,19 @@ class Stop:
 Watch = Callable[[str, Path], "Stop | None"]  # (stage, stage directory) -> Stop to end it, None to go on
 
 
-def stage_device(spec: ExperimentSpec, planned: PlanResult) -> str:
-    if spec.hardware.gpu == "cpu":
-        return "cpu"
-    if spec.launch.kind == "slurm":
-        return "cuda"
-    # The hardware fingerprint says "cuda" when a GPU is visible here and the spec wants one.
-    return "cuda" if (planned.record.hardware.get("id") or {}).get("device") == "cuda" else "cpu"
-
-
-def stage_job(stage: str, job_spec: ExperimentSpec, job_layout: Layout, planned: PlanResult, stage_path: Path,
-              data_dir: Path, output: str) -> Job:
-    """The stage's job contract; ``job_to_dict`` gives job.json."""
+def stage_job(sp: StagePlan, planned: PlanResult, stage_path: Path, data_dir: Path, output: str) -> Job:
+    """The planned stage's job contract; ``job_to_dict`` gives job.json."""
     from mcx.train.job import Checks, Job
 
-    limit = smoke_limit(planned, data_dir, job_spec) if stage == "smoke" else None
+    stage = sp.stage
+    limit = smoke_limit(planned, data_dir) if stage == "smoke" else None
     ckpt = Path(planned.spec.checkpoint.dir) / planned.run_id / stage if planned.spec.checkpoint.dir else stage_path / "checkpoints"
     sm = planned.spec.smoke
-    return Job(run_id=planned.run_id, stage=stage, spec=job_spec, layout=job_layout, data_dir=str(data_dir.resolve()),
+    return Job(run_id=planned.run_id, stage=stage, spec=sp.spec, layout=sp.layout, data_dir=str(data_dir.resolve()),
                checkpoint_dir=str(ckpt.resolve()), train_samples_limit=limit,
                checks=Checks(resume_check_iters=sm.resume_check_iters, loss_window=sm.loss_window,
                              min_loss_drop=sm.min_loss_drop),
-               device=stage_device(job_spec, planned), output=output,
+               device=sp.device, output=output,
                test_hooks=testhooks.active() or {},  # non-empty: a test job (mcx.testhooks)
                init=_init(stage, planned))
 
@@ -76,13 +67,11 @@ def _init(stage: str, planned: PlanResult):
                     load_optimizer=init.load_optimizer, reset_step=init.reset_step)
 
 
-def smoke_limit(planned: PlanResult, data_dir: Path, job_spec: ExperimentSpec | None = None) -> int:
+def smoke_limit(planned: PlanResult, data_dir: Path) -> int:
     """The smoke stage's ``train_samples_limit``; DataError when the train split holds no sample."""
     from mcx.data.dataset import smoke_samples_limit
 
-    if job_spec is None:
-        assert planned.plan.smoke is not None, "a smoke stage is planned whenever smoke.enabled"
-        job_spec = planned.plan.smoke.spec
+    job_spec = planned.plan.stage("smoke").spec
     return smoke_samples_limit(data_dir, job_spec.data.split, job_spec.model.seq_length, planned.spec.smoke.data_fraction,
                                job_spec.data.prefix)
 
@@ -93,7 +82,6 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     from mcx.launch import launcher_for, placement, worker_env
     from mcx.launch.base import clear_result, latest_checkpoint
     from mcx.launch.result import StageResult, read_stage_result
-    from mcx.plan.stages import stage_spec
     from mcx.jsonfile import write_json_atomic
     from mcx.train.job import job_to_dict
 
@@ -102,10 +90,10 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     if prior and prior.ok:
         progress(Note(lead=f"{stage} stage", text=f" already finished in {stage_path}; reusing it"))
         return prior
-    job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=planned.te_available,
-                                vocab_size=planned.plan.vocab_size)
+    sp = planned.plan.stage(stage)
+    job_spec, job_layout = sp.spec, sp.layout
     stage_path.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(stage_path / "job.json", job_to_dict(stage_job(stage, job_spec, job_layout, planned, stage_path, data_dir, output)))
+    write_json_atomic(stage_path / "job.json", job_to_dict(stage_job(sp, planned, stage_path, data_dir, output)))
     resume = latest_checkpoint(stage_path)
     clear_result(stage_path)
     progress(Note(lead=f"{stage} stage", text=f": {job_spec.model.num_layers} layers, hidden {job_spec.model.hidden_size}, "
@@ -122,7 +110,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
             if code_path is not None:  # a reproduction: the worker imports the recorded mcx first
                 path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
                 env = {**env, "PYTHONPATH": os.pathsep.join(path)}
-            handle = launcher.start(stage_path, placement(job_layout, stage_device(job_spec, planned)), job_spec.launch, env)
+            handle = launcher.start(stage_path, placement(job_layout, sp.device), job_spec.launch, env)
             forwarding = getattr(handle, "forwarding_signals", None)
             if forwarding is not None:
                 with forwarding():
@@ -147,7 +135,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
         checkpoint = _track_checkpoint(project, stage_path, planned, progress)
     if stage == "smoke" and result.status == "finished":
         result = evolve(result, control_checks={**result.control_checks,
-                                                "memory_prediction": memory_prediction(planned, result)})
+                                                "memory_prediction": memory_prediction(planned.plan, result)})
     if outcome.interrupted_by:  # the user stopped `mcx run` (Ctrl-C, SIGTERM): not a preemption, the run ends (D47)
         stopped_by_user = result.status != "finished"
         result = evolve(result, status="interrupted",
@@ -229,7 +217,7 @@ def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, prog
         return None
 
 
-def memory_prediction(planned: PlanResult, smoke_result: StageResult) -> dict[str, Any]:
+def memory_prediction(plan: Plan, smoke_result: StageResult) -> dict[str, Any]:
     """Full-model peak memory predicted from the smoke stage's measurement and the planner's model.
 
     The planner's error on the smoke model (measured - planned) is mostly what no model of
@@ -237,13 +225,13 @@ def memory_prediction(planned: PlanResult, smoke_result: StageResult) -> dict[st
     to the full model as a constant, rather than scaled with it.
     """
     measured = smoke_result.final.get("mem_peak_bytes")
-    smoke_plan = (planned.plan_dict.get("smoke") or {}).get("memory_per_gpu_bytes")
-    full_plan = planned.plan_dict.get("memory_per_gpu_bytes")
+    smoke_plan = None if plan.smoke is None else plan.smoke.memory.total
+    full_plan = plan.memory.total
     on_cpu = smoke_result.details.get("device", smoke_result.extra.get("device")) == "cpu"
     if on_cpu or not measured or not smoke_plan or not full_plan:
         return {"passed": True, "detail": "not comparable on this device (CPU memory is not GPU memory)"}
     predicted = full_plan + (measured - smoke_plan)
-    capacity = planned.plan_dict.get("memory", {}).get("capacity_bytes")
+    capacity = plan.memory.capacity
     fits = capacity is None or predicted <= capacity
     return {"passed": bool(fits), "measured_smoke_bytes": measured, "planned_smoke_bytes": smoke_plan,
             "planned_full_bytes": full_plan, "predicted_full_bytes": predicted, "capacity_bytes": capacity,

@@ -120,7 +120,6 @@ class PlannedTrial:
 def plan_trials(spec: ExperimentSpec, project: Path, options: SweepOptions) -> list[PlannedTrial]:
     """Each known trial's spec, run ID (None where its data is not here) and GPU-hours."""
     from mcx.ops.plan import plan_loaded
-    from mcx.ops.stage import stage_device
     from mcx.plan.sweep import trial_spec
     from mcx.track.runcache import lookup
 
@@ -131,7 +130,7 @@ def plan_trials(spec: ExperimentSpec, project: Path, options: SweepOptions) -> l
         planned = plan_loaded(tspec, project, require_data=False, at_launch=not options.dry_run,
                               verify_data=options.verify_data)
         cached = planned.run_id is not None and lookup(project, planned.run_id).state == "finished"
-        here = stage_device(tspec, planned) == "cuda" and tspec.launch.kind != "slurm"
+        here = planned.plan.full.device == "cuda" and tspec.launch.kind != "slurm"
         out.append(PlannedTrial(params, tspec, planned.run_id, planned.plan.cost.gpu_hours, cached,
                                 planned.plan.layout.world_size if here else 0))
     return out
