@@ -206,8 +206,8 @@ def test_the_worker_refuses_a_node_that_lacks_what_the_job_needs(tmp_path: Path)
     (stage / "job.json").write_text(json.dumps(job))
     probe = textwrap.dedent(f"""
         import sys
-        from mcx.train.stage import run_stage
-        result = run_stage({str(stage)!r})
+        from mcx.train.stage import train_stage
+        result = train_stage({str(stage)!r})
         print(result["exit_code"], "torch" in sys.modules)
     """)
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

@@ -68,9 +68,9 @@ def make_stage(stage_dir: Path, data_dir: Path, stage: str = "full", overrides: 
 
 
 def run(stage_dir: Path) -> dict:
-    from mcx.train import run_stage
+    from mcx.train import train_stage
 
-    result = run_stage(stage_dir)
+    result = train_stage(stage_dir)
     assert json.loads((stage_dir / "result.json").read_text()) == json.loads(json.dumps(result))
     return result
 

@@ -1,6 +1,6 @@
 """One stage, end to end: job.json in, metrics.jsonl + checkpoints/ + result.json + worker.log out.
 
-``run_stage`` is the in-process entry (the local launcher and the tests call it); ``python -m
+``train_stage`` is the in-process entry (the local launcher and the tests call it); ``python -m
 mcx.train STAGE_DIR`` wraps it and exits with ``result["exit_code"]``. Every rank runs it; rank 0
 writes metrics.jsonl and result.json, all ranks log to worker.log (ranks other than 0 at WARNING), and
 each node's local rank 0 samples system metrics into system.jsonl (mcx.train.system_metrics).
@@ -174,7 +174,7 @@ def out_of_memory(exc: BaseException, device: str) -> dict[str, Any] | None:
     return facts
 
 
-def run_stage(stage_dir: Path | str) -> dict[str, Any]:
+def train_stage(stage_dir: Path | str) -> dict[str, Any]:
     """Run the stage in ``stage_dir`` in this process; returns (and, on rank 0, writes) the result."""
     stage_dir = Path(stage_dir).resolve()
     rank = _rank()
