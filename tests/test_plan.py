@@ -686,7 +686,7 @@ H200_PEAKS = {"h200_1gpu.toml": (1722171392, 65997631488), "h200_2gpu.toml": (11
 def test_smoke_measurement_predicts_the_full_stage_peak_measured_on_h200(name):
     """The smoke stage's check: the planner's full-model estimate corrected by its error on the
     smoke model. On the two H200 specs it predicted the measured full-stage peaks within 0.1%."""
-    from mcx.launch.result import StageResult
+    from mcx.contract.result import StageResult
     from mcx.ops.stage import memory_prediction as _memory_prediction
 
     smoke_peak, full_peak = H200_PEAKS[name]
@@ -718,7 +718,7 @@ def test_the_job_file_carries_the_planners_layout_and_reads_it_back():
     from attrs import evolve
 
     from mcx.plan.degrees import JOB_FIELDS
-    from mcx.train.job import DEGREE_KEYS, Job, job_from_dict, job_to_dict
+    from mcx.contract.job import DEGREE_KEYS, Job, job_from_dict, job_to_dict
 
     for name, vocab in (("llama3_70b.toml", 128256), ("mixtral_8x7b.toml", 32000), ("tiny.toml", 512)):
         spec = load_spec(REPO / "experiments" / name)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.cli.output import children_to_stderr, show_progress
+from mcx.contract.status import Status
 
 
 def _console(stderr: bool = False):
@@ -222,7 +223,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         from mcx.report.run_view import render_verdict
 
         _console().print(render_verdict(result))
-    if result.get("status") == "interrupted":
+    if result.get("status") == Status.INTERRUPTED:
         return 130
     return 0 if result["verdict"] in ("bitwise", "equivalent") else 1
 

@@ -17,7 +17,8 @@ from attrs import frozen
 
 from mcx.errors import DataError, SpecError
 from mcx.fingerprint.record import FingerprintRecord, collect, component_hashes, run_id
-from mcx.plan.planner import Device, Plan, make_plan, plan_to_dict
+from mcx.plan.degrees import Device
+from mcx.plan.planner import Plan, make_plan, plan_to_dict
 from mcx.spec import ExperimentSpec, load_spec
 
 Problems = list[tuple[str, str]]
@@ -187,8 +188,7 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
 
 
 def _dedupe(problems: Problems) -> Problems:
-    seen: set[tuple[str, str]] = set()
-    return [p for p in problems if not (p in seen or seen.add(p))]
+    return list(dict.fromkeys(problems))  # first occurrences, in order
 
 
 def plan_spec(path: str, overrides: list[str], project: Path, *, probe_hardware: bool = True) -> PlanResult:

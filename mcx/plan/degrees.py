@@ -6,12 +6,14 @@ both import it without importing each other.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from attrs import frozen
 
+Device = Literal["cpu", "cuda"]  # what a stage's ranks train on (the planner's StagePlan.device, the job's device)
+
 # The fields of a Layout the job file carries (docs/architecture.md, "The job contract"); the others
-# (nodes, gpus_per_node, distributed_optimizer) the worker reads from the stage's spec (mcx.train.job).
+# (nodes, gpus_per_node, distributed_optimizer) the worker reads from the stage's spec (mcx.contract.job).
 JOB_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "dp", "world_size", "sequence_parallel")
 
 

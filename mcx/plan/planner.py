@@ -7,7 +7,7 @@ a measured MFU come from the caller, which probes them.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from attrs import frozen
 
@@ -15,6 +15,7 @@ from mcx.errors import SpecError
 from mcx.plan.cost import CostEstimate, estimate_cost
 from mcx.plan.flops import flops_per_iteration, flops_per_token
 from mcx.plan.hardware import GiB, gpu_info
+from mcx.plan.degrees import Device
 from mcx.plan.layout import Layout, resolve_layout, transformer_impl
 from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTION, MemoryEstimate, estimate_memory
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
@@ -24,9 +25,6 @@ from mcx.plan.steptime import StepTime, predict_worker
 from mcx.spec.schema import ExperimentSpec
 
 _STAND_IN_VOCAB = 32000  # only to find the other problems of a spec whose vocabulary is unknown
-
-Device = Literal["cpu", "cuda"]
-
 
 @frozen(kw_only=True)
 class StagePlan:
@@ -72,8 +70,10 @@ class Plan:
     full: StagePlan
     smoke: StagePlan | None  # None: smoke.enabled = false
 
-    def stage(self, name: Stage) -> StagePlan:
+    def stage(self, name: str) -> StagePlan:
         """The planned stage ``name``; a smoke stage is planned whenever smoke.enabled."""
+        if name not in ("full", "smoke"):
+            raise ValueError(f"unknown stage {name!r}")
         planned = self.full if name == "full" else self.smoke
         if planned is None:
             raise ValueError(f"no {name} stage is planned (smoke.enabled = false)")

@@ -13,17 +13,15 @@ from typing import Any, Literal
 
 from attrs import evolve, field, frozen
 
+from mcx.contract.files import JOB_FILE
 from mcx.errors import InputError, SpecError
-from mcx.plan.degrees import JOB_FIELDS, Layout
+from mcx.plan.degrees import JOB_FIELDS, Device, Layout
 from mcx.spec import convert
 from mcx.spec.schema import ExperimentSpec
 from mcx.spec.load import spec_to_dict
 
 Stage = Literal["smoke", "full"]
-Device = Literal["cpu", "cuda"]
 Output = Literal["bar", "quiet", "json"]
-
-JOB_FILE = "job.json"
 
 
 @frozen(kw_only=True)
@@ -79,7 +77,7 @@ def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
     layout = data.get("layout")
     extra = sorted(set(layout) - set(JOB_FIELDS)) if isinstance(layout, dict) else []
     problems = [(f"layout.{key}", f"unknown key; known keys: {', '.join(JOB_FIELDS)}") for key in extra]
-    if extra:  # the converter would take the planner's other fields: they are the spec's here
+    if extra and isinstance(layout, dict):  # the converter would take the planner's other fields: they are the spec's here
         data = {**data, "layout": {k: v for k, v in layout.items() if k not in extra}}
     try:
         job = convert.structure(data, Job, source)
