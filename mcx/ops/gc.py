@@ -184,8 +184,7 @@ def _run(project: Path, run_path: Path, tally: _Tally, remote: RemoteCheck, seen
 
 def _stage(project: Path, stage_path: Path, recorded: dict[str, str], tally: _Tally, remote: RemoteCheck,
            seen: set[Path], *, keep_final: bool) -> None:
-    result = read_stage_result(stage_path)
-    ended = result is not None  # the worker writes result.json last: without it, it may still run
+    result = read_stage_result(stage_path)  # the worker writes result.json last: without it, it may still run
     done = result is not None and result.ok  # what run.py reuses
     ckpt = _checkpoint_dir(stage_path)
     cache = stage_path / CACHE_DIR
@@ -201,7 +200,7 @@ def _stage(project: Path, stage_path: Path, recorded: dict[str, str], tally: _Ta
     latest = read_latest(ckpt)
     steps = [checkpoint_path(ckpt, s) for s in checkpoint_steps(ckpt)]
     final = ckpt / latest if latest else None
-    if not ended:  # a worker outlives a killed `mcx run` (its own session) and may be saving right now
+    if result is None:  # a worker outlives a killed `mcx run` (its own session) and may be saving right now
         for p in (*partial, *steps):
             tally.keep(p, "latest checkpoint" if p == final else "checkpoint", "the stage has no result.json: it "
                        "was interrupted, or its worker still runs without its `mcx run`; left as it is")

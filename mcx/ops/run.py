@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, frozen
 
+from mcx.contract.job import Output
 from mcx.contract.status import RUN_ENDINGS, Status
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
@@ -38,7 +39,7 @@ class RunOptions:
     yes: bool = False
     dry_run: bool = False
     skip_smoke: bool = False
-    output: str = "bar"  # bar | quiet | json (the worker's progress display)
+    output: Output = "bar"  # the worker's progress display
     wait: bool = False
     verify_data: bool = False  # read every data file, trusting no kept hash (mcx.fingerprint.filehashes)
     # Asked when the full stage is over budget.max_gpu_hours and --yes was not given (the CLI asks
@@ -199,12 +200,14 @@ def _cached(project: Path, planned: PlanResult, options: RunOptions, progress: P
     from mcx.track.errors import RunLocked
     from mcx.track.runcache import lookup
 
-    state = lookup(project, planned.run_id, tracking_uri=planned.spec.tracking.uri)
+    run_id = planned.run_id
+    assert run_id is not None, "run_spec asks only at launch, where the data (part of the ID) is here"
+    state = lookup(project, run_id, tracking_uri=planned.spec.tracking.uri)
     if locked and state.state == "running":  # the holder is this process
         status = (_read_json(state.run_dir / "run.json") or {}).get("status")
-        state = type(state)(planned.run_id, "finished" if status == Status.FINISHED else "interrupted", state.run_dir, status)
+        state = type(state)(run_id, "finished" if status == Status.FINISHED else "interrupted", state.run_dir, status)
     if state.state == "running" and not options.wait:
-        raise RunLocked(planned.run_id, state.holder)
+        raise RunLocked(run_id, state.holder)
     if state.state != "finished" or options.force:
         return None
     run_json = _read_json(state.run_dir / "run.json") or {}

@@ -158,8 +158,8 @@ def gpu_slots(spec: ExperimentSpec, planned: list[PlannedTrial], visible: list[s
 def estimate_gpu_hours(spec: ExperimentSpec, planned: list[PlannedTrial]) -> float | None:
     """The sweep's GPU-hours: the planned trials not yet trained, and each trial not known up front (a
     Bayesian search's) at the most any planned trial costs. None where a trial's cost is unknown."""
-    hours = [t.gpu_hours for t in planned]
-    if not hours or any(h is None for h in hours):
+    hours = [t.gpu_hours for t in planned if t.gpu_hours is not None]
+    if not planned or len(hours) < len(planned):
         return None
     unknown = total_trials(spec) - len(planned)
     return sum(h for t, h in zip(planned, hours) if not t.cached) + unknown * max(hours)
