@@ -50,11 +50,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from mcx.contract.files import METRICS_FILE
 from mcx.launch.env import worker_env
 from mcx.ops.plan import te_available
 from mcx.plan.layout import resolve_layout
 from mcx.spec import load_spec, spec_to_dict
-from mcx.train.metrics import METRICS_FILE, read_records
+from mcx.train.metrics import read_records
 from throughput import vocab_size  # benchmarks/throughput.py: the vocabulary mcx's worker uses
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,8 +5,8 @@ One process runs, one after the other (in ``--runners`` order):
     bare   benchmarks/bare_mcore.py: Megatron-Core 0.19.2 wired by hand (no mcx.train), synthetic tokens
     mcx    mcx's worker, ``python -m mcx.train STAGE_DIR``, started by mcx's own launcher for the spec
            (local, or torchrun for several GPUs) on a job.json built here as the control plane builds
-           it (spec with the same overrides, ``mcx.plan.layout.resolve_layout``, ``stage_spec(..,
-           "full")``), reading the spec's real dataset
+           it (spec with the same overrides, ``mcx.plan.layout.resolve_layout``: the full stage trains the
+           spec as written), reading the spec's real dataset
 
 Both train ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps of the spec's global
 batch. A timed step lasts from the end of the previous step to its own end, so the whole loop
@@ -59,7 +59,6 @@ from mcx.plan.flops import flops_per_iteration
 from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
 from mcx.plan.layout import Layout, resolve_layout
 from mcx.plan.params import padded_vocab_size
-from mcx.plan.stages import stage_spec
 from mcx.spec import ExperimentSpec, load_spec, spec_to_dict
 from mcx.train.metrics import read_records
 
@@ -151,8 +150,7 @@ def run_length_overrides(spec: ExperimentSpec, warmup: int, steps: int) -> list[
 
 def job_dict(spec: ExperimentSpec, layout: Layout, stage_dir: Path, data_dir: Path) -> dict[str, Any]:
     """job.json of the full stage, per the job contract in docs/stage-directory.md."""
-    stage, stage_layout = stage_spec(spec, layout, "full")
-    job = {"stage": "full", "spec": spec_to_dict(stage), "layout": stage_layout.job_dict(),
+    job = {"stage": "full", "spec": spec_to_dict(spec), "layout": layout.job_dict(),
            "data_dir": str(data_dir), "checkpoint_dir": str(stage_dir / "checkpoints"), "train_samples_limit": None,
            "checks": {"resume_check_iters": spec.smoke.resume_check_iters, "loss_window": spec.smoke.loss_window,
                       "min_loss_drop": spec.smoke.min_loss_drop},

@@ -776,17 +776,19 @@ H200_PROBE = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_cores": 32, "interconnec
 
 def test_mcx_run_trains_on_the_gpu_its_hardware_fingerprint_probed():
     """The worker's device follows the hardware fingerprint: a visible GPU -> cuda (a run on the
-    H200 machine once went to the CPU backend because this read the wrong key)."""
-    from types import SimpleNamespace
-
+    H200 machine once went to the CPU backend because this read the wrong key). The plan's stages carry it."""
     from mcx.fingerprint.hardware import identity
-    from mcx.ops.stage import stage_device as _device
+    from mcx.ops.plan import local_device
+    from mcx.plan.planner import make_plan
 
     spec = load_spec(REPO / "experiments" / "h200_1gpu.toml")
 
     def device(probed):
         hw = {"id": identity(spec, probed, []), "info": {"probe": probed}}
-        return _device(spec, SimpleNamespace(record=SimpleNamespace(hardware=hw)))
+        plan = make_plan(spec, te_available=True, local_device=local_device(
+            FingerprintRecord(code={}, environment={}, config={}, data={}, hardware=hw)))
+        assert plan.smoke.device == plan.full.device
+        return plan.full.device
 
     assert device(H200_PROBE) == "cuda"
     assert device({**H200_PROBE, "gpus": [], "visible": [], "nvidia_smi": False, "interconnect": None}) == "cpu"

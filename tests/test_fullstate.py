@@ -60,7 +60,7 @@ def cpu_backend(variant: str, overrides: list[str] = ()):
     from mcx.plan.degrees import Layout
     from mcx.spec.load import load_spec
     from mcx.train.cpu import CpuBackend
-    from mcx.train.job import Job
+    from mcx.contract.job import Job
     from mcx.train.runtime import distributed
 
     path, sets = VARIANTS[variant]
@@ -145,7 +145,7 @@ def test_a_cpu_stage_starts_from_a_dist_checkpoint_bitwise(checkpoints, canonica
     fit check, from an mcx checkpoint directory (its ``latest`` names the iteration)."""
     import torch
 
-    from mcx.train.job import InitFrom
+    from mcx.contract.job import InitFrom
 
     root = tmp_path / "checkpoints"
     root.mkdir()
@@ -162,7 +162,7 @@ def test_a_cpu_stage_starts_from_a_dist_checkpoint_bitwise(checkpoints, canonica
 @pytest.mark.slow
 def test_a_checkpoint_that_does_not_fit_the_model_is_refused_naming_each_tensor(checkpoints):
     from mcx.errors import InputError
-    from mcx.train.job import InitFrom
+    from mcx.contract.job import InitFrom
 
     def start(variant: str, overrides: list[str], checkpoint: str) -> str:
         with cpu_backend(variant, overrides) as backend, pytest.raises(InputError) as caught:

@@ -65,7 +65,7 @@ def mcore_model(directory: Path, seq: int = 64):
     from mcx.spec import load_spec
     from mcx.train import cpu
     from mcx.train import model as model_lib
-    from mcx.train.job import Layout
+    from mcx.plan.degrees import Layout
     from mcx.weights.canonical import check_fits, with_vocab_rows
     from mcx.weights.hf import hf_weights
     from mcx.weights.hfconfig import as_model_spec, read_config
@@ -444,7 +444,7 @@ def test_a_run_leaves_as_a_hugging_face_model_and_a_run_starts_from_it(mcore, tm
     from mcx.spec import load_spec
     from mcx.train import cpu
     from mcx.train import model as model_lib
-    from mcx.train.job import Layout
+    from mcx.plan.degrees import Layout
 
     project = make_e2e_project(tmp_path / "project")
     parent = mcx_subprocess(project, "run", "experiments/tiny.toml", *SHORT, "--set", "train.train_iters=20", "--json")

@@ -410,7 +410,8 @@ def test_local_cancel_checkpoints_and_a_rerun_resumes(tmp_path: Path):
 def test_the_latest_checkpoint_is_read_where_the_job_keeps_its_checkpoints(tmp_path: Path):
     """checkpoint.dir puts a stage's checkpoints outside its run directory: `latest` (the resume, the
     checkpoint recorded in DVC, what an interrupted run says it resumes from) is read where job.json says."""
-    from mcx.launch.base import latest_checkpoint, resume_note
+    from mcx.contract.checkpoints import latest_checkpoint
+    from mcx.launch.base import resume_note
 
     stage_dir, elsewhere = tmp_path / "run" / "full", tmp_path / "ckpt" / "run" / "full"
     stage_dir.mkdir(parents=True)

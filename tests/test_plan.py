@@ -22,7 +22,6 @@ from mcx.plan.layout import Layout, resolve_layout
 from mcx.plan.memory import estimate_memory, verdict
 from mcx.plan.params import count_params
 from mcx.plan.planner import make_plan, plan_to_dict
-from mcx.plan.stages import stage_spec
 from mcx.plan.steptime import Features, predict
 from mcx.report.plan_view import render_plan
 from mcx.spec import load_spec, loads_spec
@@ -477,16 +476,22 @@ def test_budget_gate():
                  confirmed=False)  # unknown GPU-hours: nothing to gate on (the plan warns instead)
 
 
+def _smoke(s):
+    """The smoke stage make_plan plans for ``s`` (Transformer Engine present): its spec and layout."""
+    smoke = make_plan(s, te_available=True).smoke
+    return smoke.spec, smoke.layout
+
+
 # --- smoke stage ----------------------------------------------------------------------------------
 
 
 def test_smoke_stage_shrinks_the_model_and_passes_its_own_rules():
     s = spec(model=LLAMA3_LAYER | {"num_layers": 32}, parallel={"tensor": 2, "sequence_parallel": True},
              train={"lr_warmup_iters": 2000, "global_batch_size": 512, "train_iters": 100000})
-    layout, _, _ = resolve_layout(s, te_available=True)
-    full, full_layout = stage_spec(s, layout, "full")
-    assert full is s and full_layout is layout
-    smoke, smoke_layout = stage_spec(s, layout, "smoke", te_available=True)
+    plan = make_plan(s, te_available=True)
+    layout = resolve_layout(s, te_available=True)[0]
+    assert plan.full.spec is s and plan.full.layout == layout and plan.stage("full") is plan.full
+    smoke, smoke_layout = plan.smoke.spec, plan.smoke.layout
     m = smoke.model
     assert (m.num_layers, m.hidden_size, m.seq_length, m.num_attention_heads, m.num_query_groups) == (2, 256, 256, 4, 2)
     assert m.ffn_hidden_size == 896 and m.vocab_size == 128256 and m.preset is None
@@ -502,8 +507,7 @@ def test_smoke_stage_shrinks_degrees_to_one_node():
                     "ffn_hidden_size": 53248, "seq_length": 8192, "vocab_size": 128256},
              parallel={"tensor": 8, "pipeline": 8, "context": 2, "sequence_parallel": True},
              train={"global_batch_size": 256}, hardware={"nodes": 16, "gpu": "H200"}, smoke={"nodes": 1})
-    layout, _, _ = resolve_layout(s, te_available=True)
-    smoke, sl = stage_spec(s, layout, "smoke", te_available=True)
+    smoke, sl = _smoke(s)
     assert (sl.tp, sl.pp, sl.cp, sl.dp, sl.world_size) == (2, 2, 2, 1, 8)  # every parallel kind still exercised
     assert smoke.hardware.nodes == 1 and smoke.parallel.tensor == 2 and smoke.train.global_batch_size == 2
 
@@ -525,8 +529,7 @@ def test_smoke_of_a_64_gpu_job_is_one_node_with_its_own_time_limit():
     limit = plan.smoke.time
     assert (limit.seconds, limit.slurm, limit.source) == (smoketime.FLOOR_S + 300, "00:15:00", "estimate")
     assert smoke.launch.slurm.time == "00:15:00" and smoke.launch.slurm.signal_grace_seconds == 300
-    assert stage_spec(s, plan.layout, "smoke")[0].launch.slurm.time == "00:15:00"
-    assert stage_spec(s, plan.layout, "full")[0].launch.slurm.time == "4-00:00:00"  # the full stage keeps its own
+    assert plan.full.spec.launch.slurm.time == "4-00:00:00"  # the full stage keeps its own
     d = plan_to_dict(plan)["smoke"]
     assert (d["nodes"], d["gpus"], d["launcher"]) == (1, 8, "slurm")
     assert d["time_limit"]["slurm"] == "00:15:00" and d["time_limit"]["source"] == "estimate"
@@ -590,19 +593,18 @@ def test_a_bad_smoke_time_limit_exits_2_naming_the_key(value, said):
 
 def test_smoke_pins_and_its_errors_name_smoke_keys():
     s = spec(smoke={"tensor": 4})
-    layout, _, _ = resolve_layout(s, te_available=True)
-    _, sl = stage_spec(s, layout, "smoke", te_available=True)
+    _, sl = _smoke(s)
     assert sl.tp == 4
     bad = spec(smoke={"tensor": 3, "num_attention_heads": 4})
     with pytest.raises(SpecError) as exc:
-        stage_spec(bad, resolve_layout(bad, te_available=True)[0], "smoke", te_available=True)
+        _smoke(bad)
     assert "smoke.tensor" in {p for p, _ in exc.value.problems}
     assert all(msg.startswith("smoke stage: ") for _, msg in exc.value.problems)
 
 
 def test_smoke_moe_keeps_experts_within_ep():
     s = spec(model={"num_experts": 8}, parallel={"expert": 8})
-    smoke, sl = stage_spec(s, resolve_layout(s, te_available=True)[0], "smoke", te_available=True)
+    smoke, sl = _smoke(s)
     assert smoke.model.num_experts == 4 and sl.ep == 4 and smoke.model.num_experts % sl.ep == 0
 
 
@@ -612,8 +614,7 @@ def test_smoke_on_cpu_trains_what_the_cpu_backend_runs():
     s = spec(model={"transformer_impl": "transformer_engine"}, parallel={"tensor": 8, "sequence_parallel": True},
              train={"precision": "bf16", "recompute_granularity": "full", "te_op_fuser": True},
              hardware={"nodes": 2, "gpu": "H200"}, smoke={"nodes": 1, "gpus_per_node": 2, "gpu": "cpu"})
-    layout, _, _ = resolve_layout(s, te_available=True)
-    smoke, sl = stage_spec(s, layout, "smoke", te_available=True)
+    smoke, sl = _smoke(s)
     assert (sl.tp, sl.pp, sl.cp, sl.ep, sl.dp, sl.world_size, sl.sequence_parallel) == (1, 1, 1, 1, 2, 2, False)
     assert (smoke.hardware.gpu, smoke.hardware.nodes, smoke.hardware.gpus_per_node) == ("cpu", 1, 2)
     assert (smoke.train.precision, smoke.train.recompute_granularity, smoke.train.te_op_fuser,
@@ -627,7 +628,7 @@ def test_smoke_on_cpu_trains_what_the_cpu_backend_runs():
     assert "on 1x2 CPU processes (fp32): TP 1 PP 1 CP 1 EP 1 DP 2" in " ".join(text.split())
     pinned = spec(hardware={"gpu": "H200"}, smoke={"gpu": "cpu", "tensor": 2, "pipeline": 2})
     with pytest.raises(SpecError) as exc:
-        stage_spec(pinned, resolve_layout(pinned, te_available=True)[0], "smoke", te_available=True)
+        _smoke(pinned)
     found = dict(exc.value.problems)
     assert {"smoke.tensor", "smoke.pipeline"} <= set(found) and 'smoke.gpu = "cpu"' in found["smoke.tensor"]
 
@@ -685,21 +686,17 @@ H200_PEAKS = {"h200_1gpu.toml": (1722171392, 65997631488), "h200_2gpu.toml": (11
 def test_smoke_measurement_predicts_the_full_stage_peak_measured_on_h200(name):
     """The smoke stage's check: the planner's full-model estimate corrected by its error on the
     smoke model. On the two H200 specs it predicted the measured full-stage peaks within 0.1%."""
-    from types import SimpleNamespace
-
-    from mcx.launch.result import StageResult
+    from mcx.contract.result import StageResult
     from mcx.ops.stage import memory_prediction as _memory_prediction
-    from mcx.plan.planner import make_plan, plan_to_dict
 
     smoke_peak, full_peak = H200_PEAKS[name]
     # Measured before the fused cross entropy existed (d003192): planned as it ran.
-    plan = plan_to_dict(make_plan(load_spec(REPO / "experiments" / name, ["train.cross_entropy_fusion=false"]),
-                                  te_available=True))
-    check = _memory_prediction(SimpleNamespace(plan_dict=plan),
-                               StageResult.from_json({"final": {"mem_peak_bytes": smoke_peak}, "details": {"device": "cuda"}}))
+    plan = make_plan(load_spec(REPO / "experiments" / name, ["train.cross_entropy_fusion=false"]), te_available=True)
+    check = _memory_prediction(plan, StageResult.from_json({"final": {"mem_peak_bytes": smoke_peak},
+                                                            "details": {"device": "cuda"}}))
     assert check["passed"] and abs(check["predicted_full_bytes"] / full_peak - 1) < 0.001, check
-    assert abs(plan["memory_per_gpu_bytes"] / full_peak - 1) < 0.10  # the planner alone: within 10%
-    cpu = _memory_prediction(SimpleNamespace(plan_dict=plan), StageResult.from_json({"final": {"mem_peak_bytes": smoke_peak},
+    assert abs(plan.memory.total / full_peak - 1) < 0.10  # the planner alone: within 10%
+    cpu = _memory_prediction(plan, StageResult.from_json({"final": {"mem_peak_bytes": smoke_peak},
                                                                 "details": {"device": "cpu"}}))
     assert "not comparable" in cpu["detail"]
 
@@ -721,13 +718,13 @@ def test_the_job_file_carries_the_planners_layout_and_reads_it_back():
     from attrs import evolve
 
     from mcx.plan.degrees import JOB_FIELDS
-    from mcx.train.job import DEGREE_KEYS, Job, job_from_dict, job_to_dict
+    from mcx.contract.job import DEGREE_KEYS, Job, job_from_dict, job_to_dict
 
     for name, vocab in (("llama3_70b.toml", 128256), ("mixtral_8x7b.toml", 32000), ("tiny.toml", 512)):
         spec = load_spec(REPO / "experiments" / name)
         plan = make_plan(spec, te_available=True, vocab_size=vocab)
         for stage in ("full", "smoke"):
-            sspec, slayout = stage_spec(spec, plan.layout, stage, te_available=True, vocab_size=vocab)
+            sspec, slayout = plan.stage(stage).spec, plan.stage(stage).layout
             job = Job(run_id="0123456789ab", stage=stage, spec=sspec, layout=slayout, data_dir="/d",
                       checkpoint_dir="/c", device="cuda")
             data = json.loads(json.dumps(job_to_dict(job)))

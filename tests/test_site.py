@@ -148,7 +148,7 @@ def test_a_spec_without_te_features_plans_as_it_would_run_here(tmp_path: Path) -
                           "pipeline = 4", "pipeline = 1").replace("seq_length = 4096", "seq_length = 4096\nvocab_size = 128256"))
     pr = plan_loaded(spec, tmp_path, probe_hardware=False)
     assert pr.plan.transformer_impl == ("transformer_engine" if TE_HERE else "local") and pr.te_available is TE_HERE
-    assert not any("Transformer Engine is not importable" in w for w in pr.plan_dict["warnings"])
+    assert not any("Transformer Engine is not importable" in w for w in pr.plan_json()["warnings"])
 
 
 # ---- the vocabulary from the tokenizer's own files, against the tokenizer libraries
@@ -212,8 +212,8 @@ def test_the_worker_refuses_a_node_that_lacks_what_the_job_needs(tmp_path: Path)
     (stage / "job.json").write_text(json.dumps(job))
     probe = textwrap.dedent(f"""
         import sys
-        from mcx.train.stage import run_stage
-        result = run_stage({str(stage)!r})
+        from mcx.train.stage import train_stage
+        result = train_stage({str(stage)!r})
         print(result["exit_code"], "torch" in sys.modules)
     """)
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)

@@ -17,7 +17,7 @@ import tomli_w
 from conftest import make_e2e_project, mcx_inprocess
 from rich.console import Console
 
-from mcx.launch.result import StageResult
+from mcx.contract.result import StageResult
 from mcx.plan.cost import check_budget
 from mcx.plan.layout import Layout
 from mcx.plan.params import count_params, stage_params

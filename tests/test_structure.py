@@ -30,9 +30,10 @@ ALLOWED_CYCLES: frozenset[tuple[str, ...]] = frozenset()
 # Layers, lowest first (docs/architecture.md): a module imports only from its own layer or below.
 # The package ``mcx`` itself holds ``__version__``; ``mcx.__main__`` is ``python -m mcx``.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("mcx", "mcx.errors", "mcx.hashing", "mcx.jsonfile"),
+    # The contract's names and statuses are plain data: below everything that reads or writes a stage directory.
+    ("mcx", "mcx.errors", "mcx.hashing", "mcx.jsonfile", "mcx.contract.files", "mcx.contract.status"),
     ("mcx.spec",),
-    ("mcx.plan", "mcx.launch", "mcx.track", "mcx.data", "mcx.fingerprint", "mcx.metrics", "mcx.weights"),
+    ("mcx.plan", "mcx.contract", "mcx.launch", "mcx.track", "mcx.data", "mcx.fingerprint", "mcx.metrics", "mcx.weights"),
     ("mcx.train", "mcx.report", "mcx.interop"),
     ("mcx.ops",),
     ("mcx.cli",),
@@ -323,3 +324,82 @@ def test_every_page_of_docs_the_code_names_exists():
     assert named, "the scan found no reference at all: its pattern is wrong"
     missing = sorted((page, where) for page, where in named if not (ROOT / page).is_file())
     assert not missing, missing
+
+
+# -- one plan of each stage ------------------------------------------------------------------------------
+
+def test_a_stages_spec_layout_and_device_are_derived_only_by_make_plan():
+    """The smoke stage's spec is shrunk in one place (mcx.plan.stages.smoke_spec) and called from one
+    (mcx.plan.planner.make_plan, into a StagePlan); everything else reads ``plan.stage(name)``. A second
+    derivation (once at five call sites, the device at four) is how two views of one stage drift apart."""
+    import re
+
+    callers = sorted(path.relative_to(ROOT).as_posix() for path in [*MCX.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+                     if re.search(r"\bsmoke_spec\b", path.read_text(encoding="utf-8")))
+    assert callers == ["mcx/plan/planner.py", "mcx/plan/stages.py", "tests/test_structure.py"], callers
+    for name in ("stage_spec", "stage_device"):  # the old derivations are gone, not renamed in place
+        found = [path.relative_to(ROOT).as_posix() for path in MCX.rglob("*.py")
+                 if re.search(rf"\bdef {name}\b", path.read_text(encoding="utf-8"))]
+        assert not found, (name, found)
+
+
+def test_the_control_plane_and_the_worker_meet_only_in_the_contract():
+    """The job, the stage result, the statuses, the stage directory's files and the checkpoint layout live in
+    mcx.contract, which both sides import; nothing outside the worker imports mcx.train (ops once imported
+    mcx.train.job and mcx.train.checkpoint for them), and the contract imports neither side."""
+    graph = import_graph()
+    into_worker = sorted(f"{module} imports {target}" for module, edges in graph.items() for target in edges
+                         if target.startswith("mcx.train") and not module.startswith("mcx.train"))
+    assert not into_worker, into_worker
+    contract = [m for m in graph if m.startswith("mcx.contract")]
+    assert {"mcx.contract.job", "mcx.contract.result", "mcx.contract.status", "mcx.contract.files",
+            "mcx.contract.checkpoints"} <= set(contract)
+    upward = sorted(f"{module} imports {target}" for module in contract for target in graph[module]
+                    if target.startswith(("mcx.train", "mcx.ops", "mcx.launch", "mcx.track", "mcx.cli")))
+    assert not upward, upward
+
+
+
+def _status_literals() -> Iterator[tuple[str, str]]:
+    """(where, value) of each string the code writes as a status or compares a status with: ``"status": "..."``,
+    ``status="..."``, and ``<x>.status`` / ``<x>.get("status")`` against a literal."""
+    def is_status(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "status") or (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value == "status")
+
+    for module, (path, _) in sorted(MODULES.items()):
+        if module == "mcx.track.mlflow_store":  # MLflow's own run statuses (RUNNING, FINISHED, KILLED)
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            found: list[ast.AST] = []
+            if isinstance(node, ast.Dict):
+                found = [v for k, v in zip(node.keys, node.values) if isinstance(k, ast.Constant) and k.value == "status"]
+            elif isinstance(node, ast.keyword) and node.arg == "status":
+                found = [node.value]
+            elif isinstance(node, ast.Compare) and is_status(node.left):
+                found = node.comparators
+            while found:
+                value = found.pop()
+                if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    yield where, value.value
+                elif isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+                    found += value.elts
+                elif isinstance(value, ast.IfExp):
+                    found += [value.body, value.orelse]
+                elif isinstance(value, ast.BoolOp):
+                    found += value.values
+
+
+def test_every_status_written_to_disk_is_a_status_of_the_contract():
+    """result.json, run.json and the mcx.status tag spell a stage's or a run's end with mcx.contract.status.Status
+    (its values are the strings the files always held): no status the code writes or compares is outside it."""
+    from mcx.contract.status import Status, parse_status
+
+    found = list(_status_literals())
+    assert found, "the scan found no status at all: its pattern is wrong"
+    unknown = sorted(f"{where}: {value!r}" for where, value in found if parse_status(value) is None)
+    assert not unknown, unknown
+    assert {parse_status(s.value) for s in Status} == set(Status)  # each value parses back to its member
+    assert parse_status("finished") is Status.FINISHED and parse_status("done") is None and parse_status(None) is None

@@ -68,10 +68,12 @@ def make_stage(stage_dir: Path, data_dir: Path, stage: str = "full", overrides: 
 
 
 def run(stage_dir: Path) -> dict:
-    from mcx.train import run_stage
+    from mcx.contract.status import WORKER_STATUSES, parse_status
+    from mcx.train import train_stage
 
-    result = run_stage(stage_dir)
+    result = train_stage(stage_dir)
     assert json.loads((stage_dir / "result.json").read_text()) == json.loads(json.dumps(result))
+    assert parse_status(json.loads((stage_dir / "result.json").read_text())["status"]) in WORKER_STATUSES
     return result
 
 
@@ -687,7 +689,7 @@ def test_divergence_guard_rules():
 
 def test_vocabulary_padding_and_layer_spec_choice():
     from mcx.errors import SpecError
-    from mcx.train.job import Layout
+    from mcx.plan.degrees import Layout
     from mcx.train.model import choose_layer_spec, padded_vocab_size
 
     assert padded_vocab_size(50257, 128, 1) == 50304 and padded_vocab_size(50257, 128, 8) == 51200
@@ -705,7 +707,7 @@ def test_vocabulary_padding_and_layer_spec_choice():
 
 
 def test_fusions_follow_the_spec_the_device_and_the_precision():
-    from mcx.train.job import Layout
+    from mcx.plan.degrees import Layout
     from mcx.train.model import cross_entropy_fusion, describe, transformer_config
 
     fast = ["train.deterministic=false"]  # tiny.toml is deterministic and fp32
@@ -893,7 +895,8 @@ def test_system_sampler_never_raises(tmp_path, caplog):
 
 
 def test_system_sampler_runs_on_each_nodes_local_rank_zero(tmp_path, monkeypatch):
-    from mcx.train.system_metrics import node_place, system_file, system_metrics
+    from mcx.contract.files import system_file
+    from mcx.train.system_metrics import node_place, system_metrics
 
     torchrun = {"RANK": "9", "LOCAL_RANK": "1", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "16",
                 "SLURM_NODEID": "0", "SLURM_NNODES": "2"}
@@ -1068,7 +1071,7 @@ def test_the_checkpoint_results_queue_warms_up_and_is_left_empty(tmp_path, caplo
 def test_stage_result_reads_what_the_worker_writes_and_gives_it_back(tmp_path: Path):
     """The launch seam's StageResult: the worker's result.json (mcx.train.result) read into one typed
     record and written back key for key; a missing ``passed`` is no failure, a false one is."""
-    from mcx.launch.result import StageResult, read_stage_result
+    from mcx.contract.result import StageResult, read_stage_result
     from mcx.train.result import make_result, write_result
 
     made = make_result(status="failed", passed=False, checks={"loss_finite": {"passed": False, "detail": "nan"}},

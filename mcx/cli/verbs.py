@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.cli.output import children_to_stderr, show_progress
+from mcx.contract.status import Status
 
 
 def _console(stderr: bool = False):
@@ -41,7 +42,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         from mcx.report.plan_view import render_plan
 
-        _console().print(render_plan(result.plan_dict, result.run_id or "ID unknown here (its data is not on this machine)"))
+        _console().print(render_plan(result.plan_json(), result.run_id or "ID unknown here (its data is not on this machine)"))
     return 0
 
 
@@ -222,7 +223,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         from mcx.report.run_view import render_verdict
 
         _console().print(render_verdict(result))
-    if result.get("status") == "interrupted":
+    if result.get("status") == Status.INTERRUPTED:
         return 130
     return 0 if result["verdict"] in ("bitwise", "equivalent") else 1
 

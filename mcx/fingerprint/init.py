@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from mcx.contract.status import Status
 from mcx.errors import InputError, RunIdError, SpecError
 from mcx.fingerprint.data import tree_sha256
 from mcx.fingerprint.filehashes import FileHashes
@@ -136,7 +137,7 @@ def run_source(root: Path, run_id: str, step: int | None, key: str = "init.from"
     if step is None:
         status = (read_json(run_dir / "run.json") or {}).get("status")
         latest = checkpoints / LATEST
-        if status != "finished" or not latest.is_file():
+        if status != Status.FINISHED or not latest.is_file():
             raise InputError(f"{key}: run {run_id} never finished (status {status or 'unknown'}), so it has no "
                              "final checkpoint;", f"finish it (`mcx run` of its spec resumes it), or start from a step "
                              f"it saved with {step_key} ({_saved_steps(checkpoints)}).")

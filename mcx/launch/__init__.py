@@ -13,7 +13,8 @@ worker's helpers such as the checkpoint writer do not outlive it); slurm. Side e
 
 from __future__ import annotations
 
-from mcx.launch.base import TERMINAL, Handle, Launcher, LaunchOutcome, Placement, State, placement, read_result
+from mcx.contract.result import read_result
+from mcx.launch.base import TERMINAL, Handle, Launcher, LaunchOutcome, Placement, State, placement
 from mcx.launch.env import worker_env
 from mcx.launch.local import LocalLauncher
 from mcx.launch.sbatch import render_sbatch

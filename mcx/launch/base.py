@@ -9,7 +9,6 @@ what to do next.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 from attrs import frozen
 
+from mcx.contract.checkpoints import latest_checkpoint
 from mcx.errors import InputError
 from mcx.plan.degrees import Layout
 from mcx.spec.schema import LaunchSpec
@@ -27,10 +27,6 @@ ACTIVE: frozenset[str] = frozenset({"pending", "running"})
 TERMINAL: frozenset[str] = frozenset(
     {"finished", "failed", "cancelled", "timeout", "node_fail", "preempted"}
 )
-
-RESULT_FILE = "result.json"
-JOB_FILE = "job.json"
-
 
 @frozen(kw_only=True)
 class LaunchOutcome:
@@ -127,42 +123,6 @@ class Placement:
 def placement(layout: Layout, device: Literal["cpu", "cuda"]) -> Placement:
     """The placement of a stage the planner laid out (the one place the control plane builds one)."""
     return Placement(world_size=layout.world_size, nodes=layout.nodes, device=device, layout=layout)
-
-
-def read_result(stage_dir: Path) -> dict[str, Any] | None:
-    """The worker's ``result.json``, or None when it wrote none (or none that parses)."""
-    try:
-        data = json.loads((stage_dir / RESULT_FILE).read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def clear_result(stage_dir: Path) -> None:
-    """Remove a ``result.json`` left by an earlier attempt, so it is never taken for this one's."""
-    (stage_dir / RESULT_FILE).unlink(missing_ok=True)
-
-
-def checkpoint_root(stage_dir: Path) -> Path:
-    """Where the stage's worker keeps its checkpoints: job.json's ``checkpoint_dir`` (``checkpoint.dir`` puts
-    them outside the run directory), else ``checkpoints/`` in the stage directory."""
-    try:
-        job = json.loads((stage_dir / JOB_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
-        job = None
-    where = job.get("checkpoint_dir") if isinstance(job, dict) else None
-    return Path(where) if isinstance(where, str) and where else stage_dir / "checkpoints"
-
-
-def latest_checkpoint(stage_dir: Path) -> str | None:
-    """The name the stage's ``latest`` points at, or None before the first checkpoint."""
-    from mcx.weights.paths import LATEST
-
-    try:
-        name = (checkpoint_root(stage_dir) / LATEST).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):  # none yet, or no directory there (the worker names what is wrong)
-        return None
-    return name or None
 
 
 def resume_note(stage_dir: Path) -> str:

@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from mcx.contract.result import clear_result, read_result
 from mcx.errors import EnvironmentProblem
-from mcx.launch.base import LaunchOutcome, State, clear_result, read_result, resume_note, worker_said
+from mcx.launch.base import LaunchOutcome, State, resume_note, worker_said
 
 # How long cancel() lets the workers checkpoint before it kills them.
 CANCEL_GRACE_S = 120.0

@@ -23,15 +23,8 @@ from typing import Any
 from attrs import frozen
 
 from mcx.errors import EnvironmentProblem, InputError
-from mcx.launch.base import (
-    LaunchOutcome,
-    Placement,
-    State,
-    clear_result,
-    read_result,
-    resume_note,
-    worker_said,
-)
+from mcx.contract.result import clear_result, read_result
+from mcx.launch.base import LaunchOutcome, Placement, State, resume_note, worker_said
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.sbatch import LOG_PATTERN, SCRIPT_NAME, render_sbatch
 from mcx.spec.schema import LaunchSpec

@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import asdict, frozen
 
+from mcx.contract.checkpoints import PARTIAL, RETIRED, checkpoint_path, checkpoint_steps, read_latest
+from mcx.contract.files import CACHE_DIR, CHECKPOINTS_DIR, JOB_FILE
+from mcx.contract.result import read_stage_result
 from mcx.fingerprint.filehashes import CACHE_FILE
 from mcx.ops.usage import Inodes, freed_bytes, inodes, total
 from mcx.track import paths
@@ -181,30 +184,23 @@ def _run(project: Path, run_path: Path, tally: _Tally, remote: RemoteCheck, seen
 
 def _stage(project: Path, stage_path: Path, recorded: dict[str, str], tally: _Tally, remote: RemoteCheck,
            seen: set[Path], *, keep_final: bool) -> None:
-    from mcx.train.checkpoint import RETIRED, CheckpointStore
-    from mcx.weights.paths import LATEST
-
-    result = paths.read_json(stage_path / paths.RESULT_FILE)
-    ended = isinstance(result, dict)  # the worker writes result.json last: without it, it may still run
-    done = ended and result.get("status") == "finished" and result.get("passed", True)  # what run.py reuses
+    result = read_stage_result(stage_path)  # the worker writes result.json last: without it, it may still run
+    done = result is not None and result.ok  # what run.py reuses
     ckpt = _checkpoint_dir(stage_path)
-    if done and (stage_path / "cache").is_dir():
-        tally.remove(stage_path / "cache", "dataset cache", "Megatron-Core's dataset index cache of a finished stage; "
+    cache = stage_path / CACHE_DIR
+    if done and cache.is_dir():
+        tally.remove(cache, "dataset cache", "Megatron-Core's dataset index cache of a finished stage; "
                      "rebuilt if the stage ever runs again")
-    elif (stage_path / "cache").is_dir():
-        tally.keep(stage_path / "cache", "dataset cache", "the unfinished stage reads it when it resumes")
+    elif cache.is_dir():
+        tally.keep(cache, "dataset cache", "the unfinished stage reads it when it resumes")
     if ckpt.resolve() in seen or not ckpt.is_dir():
         return
     seen.add(ckpt.resolve())
-    partial = [p for p in sorted(ckpt.iterdir()) if p.name.endswith((".tmp", RETIRED))]
-    try:
-        latest = (ckpt / LATEST).read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
-        latest = None
-    store = CheckpointStore(ckpt, keep=1)
-    steps = [store.path(s) for s in store.steps()]
+    partial = [p for p in sorted(ckpt.iterdir()) if p.name.endswith((PARTIAL, RETIRED))]
+    latest = read_latest(ckpt)
+    steps = [checkpoint_path(ckpt, s) for s in checkpoint_steps(ckpt)]
     final = ckpt / latest if latest else None
-    if not ended:  # a worker outlives a killed `mcx run` (its own session) and may be saving right now
+    if result is None:  # a worker outlives a killed `mcx run` (its own session) and may be saving right now
         for p in (*partial, *steps):
             tally.keep(p, "latest checkpoint" if p == final else "checkpoint", "the stage has no result.json: it "
                        "was interrupted, or its worker still runs without its `mcx run`; left as it is")
@@ -227,7 +223,7 @@ def _stage(project: Path, stage_path: Path, recorded: dict[str, str], tally: _Ta
     if final is None or final not in steps:
         return
     if not done:
-        tally.keep(final, "latest checkpoint", f"the stage {result.get('status')}; `mcx run` resumes it from here")
+        tally.keep(final, "latest checkpoint", f"the stage {result.status}; `mcx run` resumes it from here")
         return
     why = "kept by --keep-final" if keep_final else _final_kept_why(project, final, recorded, remote)
     if why:
@@ -241,8 +237,8 @@ def _checkpoint_dir(stage_path: Path) -> Path:
     """The stage's checkpoint directory: job.json's where it is the stage's own (``<stage>/checkpoints``)
     or ``checkpoint.dir``'s ``<dir>/<run id>/<stage>``; any other path is a run directory's old place
     (the project was copied or moved), which gc leaves alone."""
-    own = stage_path / "checkpoints"
-    recorded = (paths.read_json(stage_path / "job.json") or {}).get("checkpoint_dir")
+    own = stage_path / CHECKPOINTS_DIR
+    recorded = (paths.read_json(stage_path / JOB_FILE) or {}).get("checkpoint_dir")
     if not recorded:
         return own
     path = Path(recorded)

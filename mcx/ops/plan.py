@@ -16,6 +16,9 @@ from typing import Any
 from attrs import frozen
 
 from mcx.errors import DataError, SpecError
+from mcx.fingerprint.record import FingerprintRecord, collect, component_hashes, run_id
+from mcx.plan.degrees import Device
+from mcx.plan.planner import Plan, make_plan, plan_to_dict
 from mcx.spec import ExperimentSpec, load_spec
 
 Problems = list[tuple[str, str]]
@@ -24,21 +27,22 @@ Problems = list[tuple[str, str]]
 @frozen
 class PlanResult:
     spec: ExperimentSpec
-    plan: Any  # mcx.plan.planner.Plan
-    plan_dict: dict[str, Any]
-    record: Any  # mcx.fingerprint.record.FingerprintRecord
+    plan: Plan
+    record: FingerprintRecord
     run_id: str | None  # None: the data is not on this machine, so its content (part of the ID) is unknown
     te_available: bool | None  # Transformer Engine as planned (see te_for_plan); the stages are planned alike
+    notes: tuple[str, ...] = ()  # what this machine lacks or cannot know, said beside the plan's own warnings
+
+    def plan_json(self) -> dict[str, Any]:
+        """The plan as plan.json holds it and `mcx plan` renders it: the planner's view with this machine's notes."""
+        data = plan_to_dict(self.plan)
+        return {**data, "warnings": [*data["warnings"], *self.notes]}
 
     def as_json(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, **self.plan_dict, "fingerprint": _component_hashes(self.record),
-                "warnings": [*self.plan_dict.get("warnings", []), *self.record.warnings]}
-
-
-def _component_hashes(record: Any) -> dict[str, str]:
-    from mcx.fingerprint.record import component_hashes
-
-    return component_hashes(record)
+        """`mcx plan --json`: the plan, the run ID and the fingerprint's component hashes."""
+        data = self.plan_json()
+        return {"run_id": self.run_id, **data, "fingerprint": component_hashes(self.record),
+                "warnings": [*data["warnings"], *self.record.warnings]}
 
 
 def te_available(spec: ExperimentSpec) -> bool | None:
@@ -72,7 +76,13 @@ def te_for_plan(spec: ExperimentSpec, at_launch: bool = False, warnings: list[st
     return te
 
 
-def _site(spec: ExperimentSpec, root: Path, record: Any, params: int | None) -> Problems:
+def local_device(record: FingerprintRecord) -> Device:
+    """The device a job started on this machine gets: "cuda" where the hardware fingerprint probed a GPU
+    the spec wants, else "cpu" (make_plan plans each stage's device from it)."""
+    return "cuda" if (record.hardware.get("id") or {}).get("device") == "cuda" else "cpu"
+
+
+def _site(spec: ExperimentSpec, root: Path, record: FingerprintRecord, params: int | None) -> Problems:
     """What this machine lacks for the job: data and tokenizer files, writable checkpoint and run
     directories with room for a checkpoint of ``params`` parameters (None: unknown)."""
     from mcx.launch import site
@@ -96,7 +106,7 @@ def _site(spec: ExperimentSpec, root: Path, record: Any, params: int | None) -> 
     return problems
 
 
-def token_id_problems(spec: ExperimentSpec, root: Path, record: Any) -> Problems:
+def token_id_problems(spec: ExperimentSpec, root: Path, record: FingerprintRecord) -> Problems:
     """A dataset holding token ids at or past the vocabulary (an embedding row the model does not have, or
     one no tokenizer token trains): refused, from the largest id the data fingerprint recorded."""
     from mcx.data.vocab import tokenizer_vocab_size
@@ -115,7 +125,7 @@ def token_id_problems(spec: ExperimentSpec, root: Path, record: Any) -> Problems
                           "data.tokenizer at the tokenizer that made it")]
 
 
-def _params(spec: ExperimentSpec, plan: Any, vocab: int | None) -> int | None:
+def _params(spec: ExperimentSpec, plan: Plan | None, vocab: int | None) -> int | None:
     """The model's parameters, also for a spec whose layout did not plan (counted at TP 1)."""
     from mcx.plan.params import count_params, effective_vocab_size
 
@@ -140,26 +150,28 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
     ``state_root``: where the runs an ``[init]`` source names live, when ``project`` is a reproduction's worktree;
     ``code_path``: that worktree, whose own mcx (where it holds one) the worker imports."""
     from mcx.data.vocab import tokenizer_vocab_size
-    from mcx.fingerprint.record import collect, run_id
     from mcx.metrics.summary import METRIC_KEYS
     from mcx.plan.params import effective_vocab_size
-    from mcx.plan.planner import make_plan, plan_to_dict
 
     notes: list[str] = []
     te = te_for_plan(spec, at_launch, notes)
     vocab = None if effective_vocab_size(spec) is not None else tokenizer_vocab_size(spec.data, project)
     problems: Problems = [(f"baseline.tolerances.{metric}", f"unknown metric; use one of {', '.join(METRIC_KEYS)}")
                           for metric in spec.baseline.tolerances if metric not in METRIC_KEYS]
-    plan = None
-    try:
-        plan = make_plan(spec, te_available=te, vocab_size=vocab)
-    except SpecError as exc:
-        problems += exc.problems
-    try:
+    record, data_error = None, None
+    try:  # first: the stages' device is planned from its hardware probe
         record = collect(spec, project, probe_hardware=probe_hardware, require_data=require_data, allow_absent=True,
                          rehash_data=verify_data, state_root=state_root, code_path=code_path)
     except DataError as exc:  # e.g. a tracked dataset changed since `dvc add`: said with the rest
-        raise SpecError(_dedupe([*problems, ("", str(exc))])) from None
+        data_error = exc
+    plan = None
+    try:
+        plan = make_plan(spec, te_available=te, vocab_size=vocab,
+                         local_device=None if record is None else local_device(record))
+    except SpecError as exc:
+        problems += exc.problems
+    if record is None:
+        raise SpecError(_dedupe([*problems, ("", str(data_error))])) from None
     problems += token_id_problems(spec, project, record)
     site = _site(spec, project, record, _params(spec, plan, vocab))
     if at_launch:
@@ -170,16 +182,13 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
     if problems:
         raise SpecError(_dedupe(problems))
     assert plan is not None
-    plan_dict = plan_to_dict(plan)
-    plan_dict["warnings"] = [*plan_dict["warnings"], *notes]
     absent = any((ident or {}).get("source") == "absent" for ident in record.data.get("id", {}).values())
-    return PlanResult(spec=spec, plan=plan, plan_dict=plan_dict, record=record,
-                      run_id=None if absent else run_id(record), te_available=te)
+    return PlanResult(spec=spec, plan=plan, record=record, run_id=None if absent else run_id(record),
+                      te_available=te, notes=tuple(notes))
 
 
 def _dedupe(problems: Problems) -> Problems:
-    seen: set[tuple[str, str]] = set()
-    return [p for p in problems if not (p in seen or seen.add(p))]
+    return list(dict.fromkeys(problems))  # first occurrences, in order
 
 
 def plan_spec(path: str, overrides: list[str], project: Path, *, probe_hardware: bool = True) -> PlanResult:

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mcx.contract.status import Status
 from mcx.errors import InputError
 
 
@@ -118,7 +119,7 @@ def run_dirs(project: Path, run_ids: list[str], experiment: str | None) -> list[
     from mcx.track.query import list_runs as query
 
     if experiment:
-        rows = [r for r in query(project, None) if r.get("name") == experiment and r.get("status") == "finished"]
+        rows = [r for r in query(project, None) if r.get("name") == experiment and r.get("status") == Status.FINISHED]
         if not rows:
             raise InputError(f"no finished run of experiment {experiment!r} in this project;", "list runs with `mcx ls`.")
         run_ids = [*run_ids, *[r["run_id"] for r in reversed(rows)]]

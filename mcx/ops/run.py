@@ -16,16 +16,20 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, frozen
 
+from mcx.contract.job import Output
+from mcx.contract.status import RUN_ENDINGS, Status
 from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, PlanShown, Progress
-from mcx.ops.stage import Watch, explain_failure, run_stage, smoke_limit, stage_device
+from mcx.ops.stage import Watch, explain_failure, run_stage, smoke_limit
 from mcx.spec import ExperimentSpec, dump_spec, load_spec
 
 if TYPE_CHECKING:
-    from mcx.launch.result import StageResult
+    from mcx.contract.result import StageResult
 
 STAGES = ("smoke", "full")
+# A stage that ended early without failing ends its run so: the run's exit code for each.
+_ENDED_EARLY = {Status.DIVERGED: 1, Status.PREEMPTED: 0, Status.PRUNED: 0, Status.INTERRUPTED: 130}
 
 
 @frozen(kw_only=True)
@@ -35,7 +39,7 @@ class RunOptions:
     yes: bool = False
     dry_run: bool = False
     skip_smoke: bool = False
-    output: str = "bar"  # bar | quiet | json (the worker's progress display)
+    output: Output = "bar"  # the worker's progress display
     wait: bool = False
     verify_data: bool = False  # read every data file, trusting no kept hash (mcx.fingerprint.filehashes)
     # Asked when the full stage is over budget.max_gpu_hours and --yes was not given (the CLI asks
@@ -105,7 +109,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
             return cached
     _preflight(planned, project, stages)
     if stages == ["full"] and options.stage == "full" and not options.skip_smoke and planned.spec.smoke.enabled:
-        from mcx.launch.result import read_stage_result
+        from mcx.contract.result import read_stage_result
 
         prior = read_stage_result(run_path / "smoke")
         if not (prior and prior.passed):  # refused before anything is written
@@ -140,7 +144,7 @@ def _budget_gate(planned: PlanResult, options: RunOptions, progress: Progress, *
 
     if not planned.plan.cost.over_budget:
         return
-    progress(PlanShown(plan=planned.plan_dict, run_id=planned.run_id))
+    progress(PlanShown(plan=planned.plan_json(), run_id=planned.run_id))
     try:
         check_budget(planned.plan, confirmed=options.yes)
     except BudgetError as exc:
@@ -157,7 +161,6 @@ def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
     (``init.from = "run:..."``), each stage's spec and layout, and whether its launcher can place that layout
     (exit 2, no run directory, no MLflow run)."""
     from mcx.launch import placement
-    from mcx.plan.stages import stage_spec
     from mcx.track.target import resolve_target
 
     resolve_target(project, planned.spec.tracking.uri)
@@ -167,11 +170,10 @@ def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
 
         # the plan checked the parent's files by size; its weights are about to be read: every file's CRC-32
         check_checkpoint(project, source["id"]["run_id"], Path(source["info"]["path"]))
-    te = planned.te_available
     for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
-        job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=te, vocab_size=planned.plan.vocab_size)
-        where = placement(job_layout, stage_device(job_spec, planned))
-        kind = job_spec.launch.kind
+        sp = planned.plan.stage(stage)
+        where = placement(sp.layout, sp.device)
+        kind = sp.spec.launch.kind
         keys = "smoke.nodes x smoke.gpus_per_node" if stage == "smoke" else "hardware.nodes x hardware.gpus_per_node"
         if kind == "local" and where.world_size != 1:
             raise InputError(f"launch.kind = 'local' runs one process, but the {stage} stage needs {where.world_size} "
@@ -198,22 +200,24 @@ def _cached(project: Path, planned: PlanResult, options: RunOptions, progress: P
     from mcx.track.errors import RunLocked
     from mcx.track.runcache import lookup
 
-    state = lookup(project, planned.run_id, tracking_uri=planned.spec.tracking.uri)
+    run_id = planned.run_id
+    assert run_id is not None, "run_spec asks only at launch, where the data (part of the ID) is here"
+    state = lookup(project, run_id, tracking_uri=planned.spec.tracking.uri)
     if locked and state.state == "running":  # the holder is this process
         status = (_read_json(state.run_dir / "run.json") or {}).get("status")
-        state = type(state)(planned.run_id, "finished" if status == "finished" else "interrupted", state.run_dir, status)
+        state = type(state)(run_id, "finished" if status == Status.FINISHED else "interrupted", state.run_dir, status)
     if state.state == "running" and not options.wait:
-        raise RunLocked(planned.run_id, state.holder)
+        raise RunLocked(run_id, state.holder)
     if state.state != "finished" or options.force:
         return None
     run_json = _read_json(state.run_dir / "run.json") or {}
     summary = {**run_json.get("summary", {}), "run_id": planned.run_id, "cached": True, "exit_code": 0, "error": None,
                "baseline": None, "run_dir": str(state.run_dir)}
-    summary.setdefault("status", state.status or "finished")
+    summary.setdefault("status", state.status or Status.FINISHED)
     notes = [Note(level="info", lead=f"run {planned.run_id}", text=f" already finished ({summary['status']}); not "
                      f"training again. Use --force to retrain, `mcx show {planned.run_id}` for its record.")]
     if planned.spec.baseline.run:  # [baseline] is not part of the run ID: judge the cached result against it now
-        from mcx.launch.result import StageResult, read_stage_result
+        from mcx.contract.result import StageResult, read_stage_result
 
         full = read_stage_result(state.run_dir / "full") or StageResult(final=summary.get("final") or {})
         _judge(summary, project, planned, full)
@@ -245,19 +249,17 @@ def _archive(project: Path, run_path: Path) -> None:
 def _dry_run(planned: PlanResult, run_path: Path, stages: list[str], progress: Progress) -> RunResult:
     """The plan and what each stage would launch (its sbatch script on Slurm); the CLI prints them."""
     from mcx.launch import placement, render_sbatch, worker_env
-    from mcx.plan.stages import stage_spec
 
     scripts: dict[str, str] = {}
     launch: dict[str, dict[str, Any]] = {}
-    te = planned.te_available
     for stage in stages:
-        job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=te, vocab_size=planned.plan.vocab_size)
-        launch[stage] = {"kind": job_spec.launch.kind, "layout": job_layout.job_dict()}
-        if job_spec.launch.kind == "slurm":
-            scripts[stage] = render_sbatch(run_path / stage, placement(job_layout, stage_device(job_spec, planned)), job_spec.launch,
-                                           worker_env(job_spec))
-    return RunResult(summary={"run_id": planned.run_id, "status": "dry-run", "cached": False, "stages": {s: {} for s in stages},
-                              "scripts": scripts, "launch": launch, "plan": planned.plan_dict, "exit_code": 0})
+        sp = planned.plan.stage(stage)
+        launch[stage] = {"kind": sp.spec.launch.kind, "layout": sp.layout.job_dict()}
+        if sp.spec.launch.kind == "slurm":
+            scripts[stage] = render_sbatch(run_path / stage, placement(sp.layout, sp.device), sp.spec.launch,
+                                           worker_env(sp.spec))
+    return RunResult(summary={"run_id": planned.run_id, "status": Status.DRY_RUN, "cached": False, "stages": {s: {} for s in stages},
+                              "scripts": scripts, "launch": launch, "plan": planned.plan_json(), "exit_code": 0})
 
 
 def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], options: RunOptions) -> None:
@@ -267,7 +269,7 @@ def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], opt
     run_path.mkdir(parents=True, exist_ok=True)
     (run_path / "spec.toml").write_text(dump_spec(planned.spec), encoding="utf-8")
     write_json_atomic(run_path / "fingerprint.json", record_to_dict(planned.record))
-    write_json_atomic(run_path / "plan.json", planned.plan_dict)
+    write_json_atomic(run_path / "plan.json", planned.plan_json())
     run_json = _read_json(run_path / "run.json") or {}
     archive = run_path.parent.parent / "archive"
     attempts = len(list(archive.glob(f"{planned.run_id}-*"))) if run_path.parent.name == "runs" and archive.is_dir() else 0
@@ -289,7 +291,7 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     tags = {"mcx.skip_smoke": "true"} if "smoke" not in stages else {}
     recorder.start(launcher=planned.spec.launch.kind, tags=tags)
     results: dict[str, StageResult] = {}
-    status, error, exit_code = "finished", None, 0
+    status, error, exit_code = Status.FINISHED, None, 0
     started = time.time()
     try:
         for stage in stages:
@@ -298,34 +300,34 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
                                 devices=options.devices, reproduction=reproduces is not None)
             results[stage] = result
             if not result.ok:
-                status = result.status if result.status in ("diverged", "preempted", "pruned", "interrupted") else "failed"
-                error = result.error if status in ("pruned", "interrupted") else explain_failure(stage, result, planned)
+                status = result.status if result.status in _ENDED_EARLY else Status.FAILED
+                error = result.error if status in (Status.PRUNED, Status.INTERRUPTED) else explain_failure(stage, result, planned)
                 # 2: the worker found bad input where it runs (a node without Transformer Engine, say)
-                exit_code = {"preempted": 0, "pruned": 0, "interrupted": 130}.get(status, 2 if result.exit_code == 2 else 1)
+                exit_code = _ENDED_EARLY.get(status, 2 if result.exit_code == 2 else 1)
                 break
     except KeyboardInterrupt:  # a Ctrl-C no launch passed on (between stages; a Slurm job followed): what finished is kept
         again = ("`mcx reproduce` again reruns it from the start" if reproduces is not None else
                  "the same `mcx run` command resumes the run where it stopped")
-        status, error, exit_code = "interrupted", f"interrupted; {again}", 130
+        status, error, exit_code = Status.INTERRUPTED, f"interrupted; {again}", 130
     except McxError as exc:  # a stage could not be started or followed: the run failed, it is not still running
-        status, error, exit_code = "failed", str(exc), exc.exit_code
+        status, error, exit_code = Status.FAILED, str(exc), exc.exit_code
         if stage == "full" and "smoke" in results and results["smoke"].passed:
             error += (" The smoke stage passed and is kept: `mcx run` of this spec again (where the job can run) "
                       "submits the full stage without repeating it.")
     summary = _summary(planned, results, status, error, exit_code, time.time() - started)
     summary["run_dir"] = str(run_path)
-    if status == "finished" and "full" in results:
+    if status == Status.FINISHED and "full" in results:
         _judge(summary, project, planned, results["full"])
         check = _prediction(planned, run_path, results["full"])
         if check is not None:
             summary["step_time"] = check.to_dict()
             recorder.record_prediction(summary["step_time"], step=results["full"].steps or 0)
     run_json = _read_json(run_path / "run.json") or {}
-    done = status == "finished" and "full" in results and results["full"].status == "finished"
-    run_json.update({"status": status if (done or status != "finished") else "smoke-passed",
+    done = status == Status.FINISHED and "full" in results and results["full"].status == Status.FINISHED
+    run_json.update({"status": status if (done or status != Status.FINISHED) else Status.SMOKE_PASSED,
                      "ended": time.time(), "summary": summary})
     write_json_atomic(run_path / "run.json", run_json)
-    recorder.finish(status if status in ("finished", "failed", "diverged", "preempted", "interrupted", "pruned") else "failed",
+    recorder.finish(status if status in RUN_ENDINGS else Status.FAILED,
                tags={"mcx.baseline.verdict": str((summary.get("baseline") or {}).get("verdict", "none"))})
     entry = recorder.close()
     summary["tracking"] = {"target": entry.target, "state": entry.state, "error": entry.error,
@@ -347,7 +349,7 @@ def _prediction(planned: PlanResult, run_path: Path, full: StageResult) -> Any:
     from mcx.metrics.summary import steady
     from mcx.plan.hardware import gpu_from_name
     from mcx.plan.steptime import check_prediction
-    from mcx.track.paths import METRICS_FILE
+    from mcx.contract.files import METRICS_FILE
 
     if full.details.get("device") != "cuda":
         return None

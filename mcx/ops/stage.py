@@ -10,17 +10,20 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, frozen
 
+from mcx.contract.checkpoints import latest_checkpoint
+from mcx.contract.files import CHECKPOINTS_DIR, JOB_FILE, RESULT_FILE
+from mcx.contract.job import Checks, InitFrom, Job, Output, job_to_dict
+from mcx.contract.result import StageResult, clear_result, read_result, read_stage_result
+from mcx.contract.status import Status
 from mcx.errors import McxError
 from mcx.jsonfile import read_json
 from mcx.ops.plan import PlanResult
 from mcx.ops.progress import Note, Progress
+from mcx.plan.planner import Plan, StagePlan
 from mcx.spec import ExperimentSpec
 
 if TYPE_CHECKING:
     from mcx.launch.base import Handle, LaunchOutcome
-    from mcx.launch.result import StageResult
-    from mcx.plan.degrees import Layout
-    from mcx.train.job import Job
 
 WATCH_S = 2.0  # how often a watched stage is asked about
 
@@ -28,44 +31,36 @@ WATCH_S = 2.0  # how often a watched stage is asked about
 @frozen
 class Stop:
     """What a watch returns to end a stage early: the workers save a checkpoint and stop, and the stage and
-    its run end with ``status`` ("pruned": a sweep's pruner; "interrupted": the sweep was interrupted)."""
+    its run end with ``status`` (PRUNED: a sweep's pruner; INTERRUPTED: the sweep was interrupted)."""
 
-    status: str
+    status: Status
     detail: str
 
 
 Watch = Callable[[str, Path], "Stop | None"]  # (stage, stage directory) -> Stop to end it, None to go on
 
 
-def stage_device(spec: ExperimentSpec, planned: PlanResult) -> str:
-    if spec.hardware.gpu == "cpu":
-        return "cpu"
-    if spec.launch.kind == "slurm":
-        return "cuda"
-    # The hardware fingerprint says "cuda" when a GPU is visible here and the spec wants one.
-    return "cuda" if (planned.record.hardware.get("id") or {}).get("device") == "cuda" else "cpu"
-
-
-def stage_job(stage: str, job_spec: ExperimentSpec, job_layout: Layout, planned: PlanResult, stage_path: Path,
-              data_dir: Path, output: str) -> Job:
-    """The stage's job contract; ``job_to_dict`` gives job.json."""
-    from mcx.train.job import Checks, Job
-
-    limit = smoke_limit(planned, data_dir, job_spec) if stage == "smoke" else None
-    ckpt = Path(planned.spec.checkpoint.dir) / planned.run_id / stage if planned.spec.checkpoint.dir else stage_path / "checkpoints"
+def stage_job(sp: StagePlan, planned: PlanResult, stage_path: Path, data_dir: Path, output: Output) -> Job:
+    """The planned stage's job contract; ``job_to_dict`` gives job.json."""
+    stage, run_id = sp.stage, _run_id(planned)
+    limit = smoke_limit(planned, data_dir) if stage == "smoke" else None
+    ckpt = Path(planned.spec.checkpoint.dir) / run_id / stage if planned.spec.checkpoint.dir else stage_path / CHECKPOINTS_DIR
     sm = planned.spec.smoke
-    return Job(run_id=planned.run_id, stage=stage, spec=job_spec, layout=job_layout, data_dir=str(data_dir.resolve()),
+    return Job(run_id=run_id, stage=stage, spec=sp.spec, layout=sp.layout, data_dir=str(data_dir.resolve()),
                checkpoint_dir=str(ckpt.resolve()), train_samples_limit=limit,
                checks=Checks(resume_check_iters=sm.resume_check_iters, loss_window=sm.loss_window,
                              min_loss_drop=sm.min_loss_drop),
-               device=stage_device(job_spec, planned), output=output,
+               device=sp.device, output=output,
                init=_init(stage, planned))
 
 
-def _init(stage: str, planned: PlanResult):
-    """The full stage's source of weights ([init] from, as the fingerprint resolved it); None: random."""
-    from mcx.train.job import InitFrom
+def _run_id(planned: PlanResult) -> str:
+    assert planned.run_id is not None, "a stage runs only where its data is, so its run ID is known"
+    return planned.run_id
 
+
+def _init(stage: str, planned: PlanResult) -> InitFrom | None:
+    """The full stage's source of weights ([init] from, as the fingerprint resolved it); None: random."""
     source = planned.record.init
     if stage != "full" or source is None:
         return None
@@ -74,36 +69,30 @@ def _init(stage: str, planned: PlanResult):
                     load_optimizer=init.load_optimizer, reset_step=init.reset_step)
 
 
-def smoke_limit(planned: PlanResult, data_dir: Path, job_spec: ExperimentSpec | None = None) -> int:
+def smoke_limit(planned: PlanResult, data_dir: Path) -> int:
     """The smoke stage's ``train_samples_limit``; DataError when the train split holds no sample."""
     from mcx.data.dataset import smoke_samples_limit
 
-    if job_spec is None:
-        assert planned.plan.smoke is not None, "a smoke stage is planned whenever smoke.enabled"
-        job_spec = planned.plan.smoke.spec
+    job_spec = planned.plan.stage("smoke").spec
     return smoke_samples_limit(data_dir, job_spec.data.split, job_spec.model.seq_length, planned.spec.smoke.data_fraction,
                                job_spec.data.prefix)
 
 
 def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: Any,
-               output: str, progress: Progress, code_path: Path | None = None, watch: Watch | None = None,
+               output: Output, progress: Progress, code_path: Path | None = None, watch: Watch | None = None,
                devices: tuple[str, ...] | None = None, reproduction: bool = False) -> StageResult:
     from mcx.launch import launcher_for, placement, worker_env
-    from mcx.launch.base import clear_result, latest_checkpoint
-    from mcx.launch.result import StageResult, read_stage_result
-    from mcx.plan.stages import stage_spec
     from mcx.jsonfile import write_json_atomic
-    from mcx.train.job import job_to_dict
 
     stage_path = run_path / stage
     prior = read_stage_result(stage_path)
     if prior and prior.ok:
         progress(Note(lead=f"{stage} stage", text=f" already finished in {stage_path}; reusing it"))
         return prior
-    job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=planned.te_available,
-                                vocab_size=planned.plan.vocab_size)
+    sp = planned.plan.stage(stage)
+    job_spec, job_layout = sp.spec, sp.layout
     stage_path.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(stage_path / "job.json", job_to_dict(stage_job(stage, job_spec, job_layout, planned, stage_path, data_dir, output)))
+    write_json_atomic(stage_path / JOB_FILE, job_to_dict(stage_job(sp, planned, stage_path, data_dir, output)))
     resume = latest_checkpoint(stage_path)
     clear_result(stage_path)
     progress(Note(lead=f"{stage} stage", text=f": {job_spec.model.num_layers} layers, hidden {job_spec.model.hidden_size}, "
@@ -120,7 +109,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
             if code_path is not None:  # a reproduction: the worker imports the recorded mcx first
                 path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
                 env = {**env, "PYTHONPATH": os.pathsep.join(path)}
-            handle = launcher.start(stage_path, placement(job_layout, stage_device(job_spec, planned)), job_spec.launch, env)
+            handle = launcher.start(stage_path, placement(job_layout, sp.device), job_spec.launch, env)
             forwarding = getattr(handle, "forwarding_signals", None)
             if forwarding is not None:
                 with forwarding():
@@ -131,24 +120,24 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
         recorder.finish_stage(stage)
         raise
     result = read_stage_result(stage_path) or StageResult(
-        status="failed", passed=False, error=f"the worker wrote no result ({outcome.state}: {outcome.detail})")
-    if stopped is not None and result.status != "finished":  # it ended because it was asked to
+        status=Status.FAILED, passed=False, error=f"the worker wrote no result ({outcome.state}: {outcome.detail})")
+    if stopped is not None and result.status != Status.FINISHED:  # it ended because it was asked to
         result = evolve(result, status=stopped.status, error=stopped.detail)
-    if outcome.state not in ("finished", "failed") and result.status == "finished" and not outcome.interrupted_by:
-        result = evolve(result, status="failed", error=f"launch ended {outcome.state}: {outcome.detail}")
-    if outcome.state == "preempted" and result.status != "preempted":
-        result = evolve(result, status="preempted", error=outcome.detail)
+    if outcome.state not in ("finished", "failed") and result.status == Status.FINISHED and not outcome.interrupted_by:
+        result = evolve(result, status=Status.FAILED, error=f"launch ended {outcome.state}: {outcome.detail}")
+    if outcome.state == "preempted" and result.status != Status.PREEMPTED:
+        result = evolve(result, status=Status.PREEMPTED, error=outcome.detail)
     for warning in result.warnings:  # e.g. a damaged checkpoint set aside (D36)
         progress(Note(level="warning", text=f"{stage} stage: {warning}"))
     checkpoint = None
-    if result.status == "finished" and planned.spec.tracking.log_checkpoints:
+    if result.status == Status.FINISHED and planned.spec.tracking.log_checkpoints:
         checkpoint = _track_checkpoint(project, stage_path, planned, progress)
-    if stage == "smoke" and result.status == "finished":
+    if stage == "smoke" and result.status == Status.FINISHED:
         result = evolve(result, control_checks={**result.control_checks,
-                                                "memory_prediction": memory_prediction(planned, result)})
+                                                "memory_prediction": memory_prediction(planned.plan, result)})
     if outcome.interrupted_by:  # the user stopped `mcx run` (Ctrl-C, SIGTERM): not a preemption, the run ends (D47)
-        stopped_by_user = result.status != "finished"
-        result = evolve(result, status="interrupted",
+        stopped_by_user = result.status != Status.FINISHED
+        result = evolve(result, status=Status.INTERRUPTED,
                         error=_interruption(stage, stage_path, result, outcome.interrupted_by, rerun=reproduction))
         if stopped_by_user:
             _mark_interrupted(stage_path, result.error)
@@ -160,24 +149,21 @@ def _mark_interrupted(stage_path: Path, error: str | None) -> None:
     """result.json says "interrupted" where the worker wrote "preempted" on the SIGTERM mcx forwarded for the user,
     so the stage's record (`mcx ls`, `mcx show`, MLflow) tells it from a scheduler's preemption; the worker's own
     view stays in ``details.stop_signal``."""
-    from mcx.launch.base import RESULT_FILE, read_result
     from mcx.jsonfile import write_json_atomic
 
     written = read_result(stage_path)
     if written is not None:
-        write_json_atomic(stage_path / RESULT_FILE, {**written, "status": "interrupted", "error": error}, allow_nan=True)
+        write_json_atomic(stage_path / RESULT_FILE, {**written, "status": Status.INTERRUPTED, "error": error}, allow_nan=True)
 
 
 def _interruption(stage: str, stage_path: Path, result: StageResult, signal_name: str, *, rerun: bool = False) -> str:
     """One line: where the user's signal stopped the stage and how it goes on (``rerun``: a reproduction's,
     which `mcx reproduce` runs afresh)."""
-    from mcx.launch.base import latest_checkpoint
-
     head = f"interrupted by {signal_name}: the {stage} stage"
     at = f" at step {result.steps}" if result.steps else ""
     if rerun:
         return f"{head} of the reproduction stopped{at}; `mcx reproduce` again reruns it from the start"
-    if result.status == "finished":
+    if result.status == Status.FINISHED:
         return f"{head} finished as it was interrupted; the same `mcx run` command goes on from it"
     latest = latest_checkpoint(stage_path)
     if latest is None:
@@ -200,7 +186,6 @@ def _wait(handle: Handle, watch: Watch | None, stage: str, stage_path: Path) -> 
 
 
 def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, progress: Progress) -> dict[str, Any] | None:
-    from mcx.launch.base import latest_checkpoint
     from mcx.ops.data import data_versions
     from mcx.track import paths
     from mcx.track.dvc_store import track_checkpoint
@@ -209,17 +194,18 @@ def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, prog
     latest = latest_checkpoint(stage_path)
     if latest is None:
         return None
-    ckpt_dir = Path(read_json(stage_path / "job.json")["checkpoint_dir"]) / latest
+    ckpt_dir = Path(read_json(stage_path / JOB_FILE)["checkpoint_dir"]) / latest
     # The run's own stages get a pointer git can carry (.mcx/checkpoints/<id>/<stage>.dvc, D38);
     # a reproduction's checkpoints keep theirs beside them.
-    own = stage_path.parent == paths.run_dir(project, planned.run_id)
-    pointer = paths.pointer_file(project, planned.run_id, stage_path.name) if own else None
-    meta = {"run_id": planned.run_id, "stage": stage_path.name,
+    run_id = _run_id(planned)
+    own = stage_path.parent == paths.run_dir(project, run_id)
+    pointer = paths.pointer_file(project, run_id, stage_path.name) if own else None
+    meta = {"run_id": run_id, "stage": stage_path.name,
             "data": data_versions(project, planned.spec.data, planned.record.data.get("id") or {})} if own else None
     try:
         tracked = track_checkpoint(project, ckpt_dir, remote=planned.spec.tracking.dvc_remote, dvc_file=pointer, meta=meta)
         if own:
-            hint = share_hint(project, tracked, planned.run_id, stage_path.name, configured_remotes(project))
+            hint = share_hint(project, tracked, run_id, stage_path.name, configured_remotes(project))
             progress(Note(text=hint, copyable=True))
         return tracked.to_dict()
     except McxError as exc:
@@ -227,7 +213,7 @@ def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, prog
         return None
 
 
-def memory_prediction(planned: PlanResult, smoke_result: StageResult) -> dict[str, Any]:
+def memory_prediction(plan: Plan, smoke_result: StageResult) -> dict[str, Any]:
     """Full-model peak memory predicted from the smoke stage's measurement and the planner's model.
 
     The planner's error on the smoke model (measured - planned) is mostly what no model of
@@ -235,25 +221,26 @@ def memory_prediction(planned: PlanResult, smoke_result: StageResult) -> dict[st
     to the full model as a constant, rather than scaled with it.
     """
     measured = smoke_result.final.get("mem_peak_bytes")
-    smoke_plan = (planned.plan_dict.get("smoke") or {}).get("memory_per_gpu_bytes")
-    full_plan = planned.plan_dict.get("memory_per_gpu_bytes")
+    smoke_plan = None if plan.smoke is None else plan.smoke.memory.total
+    full_plan = plan.memory.total
     on_cpu = smoke_result.details.get("device", smoke_result.extra.get("device")) == "cpu"
     if on_cpu or not measured or not smoke_plan or not full_plan:
         return {"passed": True, "detail": "not comparable on this device (CPU memory is not GPU memory)"}
+    assert smoke_plan is not None  # checked above: a smoke stage was planned
     predicted = full_plan + (measured - smoke_plan)
-    capacity = planned.plan_dict.get("memory", {}).get("capacity_bytes")
+    capacity = plan.memory.capacity
     fits = capacity is None or predicted <= capacity
     return {"passed": bool(fits), "measured_smoke_bytes": measured, "planned_smoke_bytes": smoke_plan,
             "planned_full_bytes": full_plan, "predicted_full_bytes": predicted, "capacity_bytes": capacity,
             "detail": f"full stage predicted at {predicted / 2**30:.1f} GiB per GPU (planner: {full_plan / 2**30:.1f} "
                       f"GiB; smoke measured {measured / 2**30:.2f} GiB against {smoke_plan / 2**30:.2f} GiB planned)"
-                      + ("" if fits else f", over the {capacity / 2**30:.0f} GiB of the GPU")}
+                      + ("" if fits or capacity is None else f", over the {capacity / 2**30:.0f} GiB of the GPU")}
 
 
 def explain_failure(stage: str, result: StageResult, planned: PlanResult) -> str:
     failed = [f"{name}: {c.get('detail', '')}" for name, c in result.checks.items()
               if isinstance(c, dict) and c.get("passed") is False]
-    base = f"the {stage} stage {result.status or 'failed'}"
+    base = f"the {stage} stage {result.status or Status.FAILED}"
     if result.error:
         base += f": {result.error}"
     if failed:

@@ -348,7 +348,6 @@ class _Runner:
     def _smoke_key(self, params: dict[str, Any]) -> str | None:
         """What the trial's smoke stage trains (its job spec and layout): trials that share it run it once."""
         from mcx.plan.planner import make_plan
-        from mcx.plan.stages import stage_spec
         from mcx.plan.sweep import trial_spec
         from mcx.spec.convert import unstructure
 
@@ -356,11 +355,10 @@ class _Runner:
         if not tspec.smoke.enabled:
             return None
         try:
-            plan = make_plan(tspec, te_available=False)
-            job_spec, layout = stage_spec(tspec, plan.layout, "smoke", te_available=False, vocab_size=plan.vocab_size)
+            smoke = make_plan(tspec, te_available=False).stage("smoke")
         except McxError:
             return None
-        return digest({"spec": unstructure(job_spec), "layout": layout.job_dict()})
+        return digest({"spec": unstructure(smoke.spec), "layout": smoke.layout.job_dict()})
 
 
 # -- reading a sweep ---------------------------------------------------------------------------------

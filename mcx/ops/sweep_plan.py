@@ -120,7 +120,6 @@ class PlannedTrial:
 def plan_trials(spec: ExperimentSpec, project: Path, options: SweepOptions) -> list[PlannedTrial]:
     """Each known trial's spec, run ID (None where its data is not here) and GPU-hours."""
     from mcx.ops.plan import plan_loaded
-    from mcx.ops.stage import stage_device
     from mcx.plan.sweep import trial_spec
     from mcx.track.runcache import lookup
 
@@ -131,7 +130,7 @@ def plan_trials(spec: ExperimentSpec, project: Path, options: SweepOptions) -> l
         planned = plan_loaded(tspec, project, require_data=False, at_launch=not options.dry_run,
                               verify_data=options.verify_data)
         cached = planned.run_id is not None and lookup(project, planned.run_id).state == "finished"
-        here = stage_device(tspec, planned) == "cuda" and tspec.launch.kind != "slurm"
+        here = planned.plan.full.device == "cuda" and tspec.launch.kind != "slurm"
         out.append(PlannedTrial(params, tspec, planned.run_id, planned.plan.cost.gpu_hours, cached,
                                 planned.plan.layout.world_size if here else 0))
     return out
@@ -159,8 +158,8 @@ def gpu_slots(spec: ExperimentSpec, planned: list[PlannedTrial], visible: list[s
 def estimate_gpu_hours(spec: ExperimentSpec, planned: list[PlannedTrial]) -> float | None:
     """The sweep's GPU-hours: the planned trials not yet trained, and each trial not known up front (a
     Bayesian search's) at the most any planned trial costs. None where a trial's cost is unknown."""
-    hours = [t.gpu_hours for t in planned]
-    if not hours or any(h is None for h in hours):
+    hours = [t.gpu_hours for t in planned if t.gpu_hours is not None]
+    if not planned or len(hours) < len(planned):
         return None
     unknown = total_trials(spec) - len(planned)
     return sum(h for t, h in zip(planned, hours) if not t.cached) + unknown * max(hours)

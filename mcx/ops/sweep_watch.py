@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from mcx.contract.status import Status
 from mcx.errors import InputError
 
 
@@ -23,7 +24,7 @@ class StopWatch:
         from mcx.ops.stage import Stop
 
         if self.stop.is_set():
-            return Stop("interrupted", "the sweep was interrupted; `mcx sweep` again trains this trial on")
+            return Stop(Status.INTERRUPTED, "the sweep was interrupted; `mcx sweep` again trains this trial on")
         return None
 
 
@@ -53,7 +54,7 @@ class PrunerWatch(StopWatch):
             value = float(record[self.field])
             self.trial.report(value, self.evals)
             if self.trial.should_prune():
-                return Stop("pruned", f"pruned at step {record.get('step')} (evaluation {self.evals}): {self.field} "
+                return Stop(Status.PRUNED, f"pruned at step {record.get('step')} (evaluation {self.evals}): {self.field} "
                                       f"{value:.4f} trails the median of the earlier trials there")
         return None
 

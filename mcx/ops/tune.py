@@ -21,6 +21,9 @@ from typing import Any
 
 from attrs import evolve
 
+from mcx.contract.files import JOB_FILE, METRICS_FILE
+from mcx.contract.job import job_to_dict
+from mcx.contract.result import read_stage_result
 from mcx.errors import BudgetError, InputError, TrainingFailed
 from mcx.ops.progress import Note, Progress
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
@@ -102,29 +105,27 @@ def _measure(spec: Any, steps: int, project: Path, stage_path: Path, label: str)
     from mcx.ops.data import ensure_dataset
     from mcx.ops.plan import plan_loaded
     from mcx.ops.stage import stage_job
-    from mcx.plan.stages import stage_spec
-    from mcx.train.job import job_to_dict
 
     tspec = evolve(spec, train=evolve(spec.train, train_iters=steps + 1, eval_interval=10**9,
                                       lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
                    checkpoint=evolve(spec.checkpoint, interval=0, async_save=False))
     tpr = plan_loaded(tspec, project, probe_hardware=True)
-    job_spec, job_layout = stage_spec(tspec, tpr.plan.layout, "full", vocab_size=tpr.plan.vocab_size)
+    job_spec, job_layout = tpr.plan.full.spec, tpr.plan.full.layout
     stage_path.mkdir(parents=True)
     data_dir = ensure_dataset(project, spec.data, remote=spec.tracking.dvc_remote)
-    job = stage_job("full", job_spec, job_layout, tpr, stage_path, data_dir, "quiet")
-    (stage_path / "job.json").write_text(json.dumps(job_to_dict(job)), encoding="utf-8")
+    job = stage_job(tpr.plan.full, tpr, stage_path, data_dir, "quiet")
+    (stage_path / JOB_FILE).write_text(json.dumps(job_to_dict(job)), encoding="utf-8")
     launcher = launcher_for(job_spec.launch)
     handle = launcher.start(stage_path, placement(job_layout, job.device), job_spec.launch, worker_env(job_spec))
     try:
-        while handle.poll() in ("pending", "running") and len(_records(stage_path / "metrics.jsonl")) < steps + 1:
+        while handle.poll() in ("pending", "running") and len(_records(stage_path / METRICS_FILE)) < steps + 1:
             time.sleep(0.5)
     finally:
         if handle.poll() in ("pending", "running"):  # enough steps: no final checkpoint or evaluation
             kill = getattr(handle, "kill", None)
             kill() if kill is not None else handle.cancel()
         outcome = handle.wait()
-    recs = _records(stage_path / "metrics.jsonl")
+    recs = _records(stage_path / METRICS_FILE)
     if len(recs) < steps + 1:
         facts = _out_of_memory(stage_path)
         if facts is not None or _log_says_out_of_memory(stage_path):
@@ -157,7 +158,6 @@ def check_trials_can_run(spec: Any, planned: Any) -> None:
     the trials get here. On Slurm the trials run on the cluster's nodes, which are not probed here."""
     from mcx.errors import SpecError
     from mcx.launch import site
-    from mcx.ops.stage import stage_device
 
     if spec.launch.kind == "slurm":
         return
@@ -165,7 +165,7 @@ def check_trials_can_run(spec: Any, planned: Any) -> None:
     problems: list[tuple[str, str]] = []
     info = (planned.record.hardware.get("info") or {}).get("probe") or {}
     seen = len(info.get("visible") or [])
-    if stage_device(spec, planned) == "cpu":
+    if planned.plan.full.device == "cpu":
         if spec.hardware.gpu not in ("cpu", "any"):
             problems.append(("hardware.gpu", f"\"{spec.hardware.gpu}\", but this machine shows no GPU (nvidia-smi); "
                              "mcx tune measures the real hardware: run it on a machine with that GPU"))
@@ -192,10 +192,8 @@ def check_trials_can_run(spec: Any, planned: Any) -> None:
 
 def _out_of_memory(stage_dir: Path) -> dict[str, Any] | None:
     """What the worker recorded of its allocator when it ran out of memory (result.json), if it did."""
-    try:
-        return json.loads((stage_dir / "result.json").read_text(encoding="utf-8")).get("out_of_memory")
-    except (OSError, ValueError, AttributeError):
-        return None
+    result = read_stage_result(stage_dir)
+    return None if result is None else result.out_of_memory
 
 
 def _log_says_out_of_memory(stage_dir: Path) -> bool:

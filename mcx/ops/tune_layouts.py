@@ -40,12 +40,11 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
 
 def _where_trials_run(spec: Any, planned: Any) -> str | None:
     """None where the trials can run (the spec's GPUs are here, or Slurm's nodes have them); else why not."""
-    from mcx.ops.stage import stage_device
     from mcx.plan.hardware import gpu_from_name
 
     if spec.launch.kind == "slurm":
         return None
-    if stage_device(spec, planned) == "cpu":
+    if planned.plan.full.device == "cpu":
         return "this machine shows no GPU (nvidia-smi)"
     probed = (planned.record.hardware.get("info") or {}).get("probe") or {}
     by_index = {g["index"]: g for g in probed.get("gpus") or []}

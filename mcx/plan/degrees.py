@@ -6,12 +6,14 @@ both import it without importing each other.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from attrs import frozen
 
-# The fields of a Layout the job file carries (docs/architecture.md, "The job contract"); the others
-# (nodes, gpus_per_node, distributed_optimizer) the worker reads from the stage's spec (mcx.train.job).
+Device = Literal["cpu", "cuda"]  # what a stage's ranks train on (the planner's StagePlan.device, the job's device)
+
+# The fields of a Layout the job file carries (docs/stage-directory.md); the others
+# (nodes, gpus_per_node, distributed_optimizer) the worker reads from the stage's spec (mcx.contract.job).
 JOB_FIELDS = ("tp", "pp", "vpp", "cp", "ep", "dp", "world_size", "sequence_parallel")
 
 
@@ -38,7 +40,7 @@ class Layout:
         return self.vpp if self.pp > 1 and self.vpp is not None and self.vpp > 1 else None
 
     def job_dict(self) -> dict[str, Any]:
-        """The ``layout`` object of the job contract (docs/architecture.md)."""
+        """The ``layout`` object of the job contract (docs/stage-directory.md)."""
         return {name: getattr(self, name) for name in JOB_FIELDS}
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,8 +1,8 @@
-"""One plan from one spec: layout, parameters, memory, FLOPs, time, cost and the smoke stage.
+"""One plan from one spec: layout, parameters, memory, FLOPs, time, cost and each stage (a StagePlan).
 
 Pure: no files, no devices, no torch. ``te_available`` (whether Transformer Engine is importable
-where the worker runs; None when that cannot be known here) and a measured MFU come from the
-caller, which probes them.
+where the worker runs; None when that cannot be known here), the device a job started here gets and
+a measured MFU come from the caller, which probes them.
 """
 
 from __future__ import annotations
@@ -15,23 +15,39 @@ from mcx.errors import SpecError
 from mcx.plan.cost import CostEstimate, estimate_cost
 from mcx.plan.flops import flops_per_iteration, flops_per_token
 from mcx.plan.hardware import GiB, gpu_info
+from mcx.plan.degrees import Device
 from mcx.plan.layout import Layout, resolve_layout, transformer_impl
 from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTION, MemoryEstimate, estimate_memory
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
 from mcx.plan.smoketime import SmokeTime, smoke_time_limit
-from mcx.plan.stages import stage_spec
+from mcx.plan.stages import Stage, smoke_spec
 from mcx.plan.steptime import StepTime, predict_worker
 from mcx.spec.schema import ExperimentSpec
 
 _STAND_IN_VOCAB = 32000  # only to find the other problems of a spec whose vocabulary is unknown
 
-
 @frozen(kw_only=True)
-class SmokePlan:
-    spec: ExperimentSpec  # the shrunk spec the smoke stage trains
+class StagePlan:
+    """One stage as it trains (its job's spec, layout and device), planned once by make_plan: nothing else
+    derives a stage's spec, layout or device.
+
+    Two facts depend on the machine the stage runs on; both are planned here, from what the caller probed:
+
+    * ``device``: "cpu" where the stage's ``hardware.gpu`` is "cpu"; "cuda" for a Slurm job (its nodes are
+      not this machine, and the spec names their GPUs); for a local or torchrun launch, the job starts here,
+      so the device this machine offers (``local_device``: the hardware fingerprint's probe, a GPU visible
+      or not). The worker builds on exactly this device.
+    * Transformer Engine: the layer implementation is planned from ``te_available`` as the caller found it
+      (mcx.ops.plan.te_for_plan); where it is None (a Slurm job, a spec planned away from its GPUs) it is
+      assumed present, and the launch checks it (mcx.launch.site here; on Slurm the worker's first seconds).
+    """
+
+    stage: Stage
+    spec: ExperimentSpec  # the spec the stage trains: the spec as written (full), or its shrunk copy (smoke)
     layout: Layout
-    memory: MemoryEstimate  # the planner's estimate for the smoke model (checked against its measured peak)
-    time: SmokeTime  # its job's time limit (the smoke spec's launch.slurm.time) and where it came from
+    device: Device
+    memory: MemoryEstimate  # the planner's estimate (the smoke stage's is checked against its measured peak)
+    time: SmokeTime | None = None  # the smoke stage's time limit (its launch.slurm.time) and where it came from
 
 
 @frozen(kw_only=True)
@@ -51,15 +67,35 @@ class Plan:
     cost: CostEstimate
     warnings: tuple[str, ...]
     recommendations: tuple[str, ...]
-    smoke: SmokePlan | None
+    full: StagePlan
+    smoke: StagePlan | None  # None: smoke.enabled = false
+
+    def stage(self, name: str) -> StagePlan:
+        """The planned stage ``name``; a smoke stage is planned whenever smoke.enabled."""
+        if name not in ("full", "smoke"):
+            raise ValueError(f"unknown stage {name!r}")
+        planned = self.full if name == "full" else self.smoke
+        if planned is None:
+            raise ValueError(f"no {name} stage is planned (smoke.enabled = false)")
+        return planned
+
+
+def _device(spec: ExperimentSpec, local_device: Device | None) -> Device:
+    """The device a stage of ``spec`` trains on (StagePlan.device says why)."""
+    if spec.hardware.gpu == "cpu":
+        return "cpu"
+    if spec.launch.kind == "slurm" or local_device is None:
+        return "cuda"
+    return local_device
 
 
 def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_size: int | None = None,
-              mfu: float | None = None) -> Plan:
+              mfu: float | None = None, local_device: Device | None = None) -> Plan:
     """Plan ``spec``; raise SpecError listing every layout problem.
 
     ``vocab_size``: the tokenizer's size when the spec leaves model.vocab_size unset and the
-    tokenizer is a file; ``mfu``: a measured MFU for the time and cost lines.
+    tokenizer is a file; ``mfu``: a measured MFU for the time and cost lines; ``local_device``: the
+    device a job started on this machine gets (None: not probed, the spec's GPUs are assumed).
     """
     try:
         vocab = require_vocab_size(spec, vocab_size)
@@ -80,20 +116,21 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
     step = predict_worker(spec, layout, padded_vocab=counts.padded_vocab, impl=impl)
     cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu, predicted=step)
     warnings = [*warnings, *_memory_warnings(spec, memory), *_cost_warnings(spec, cost)]
+    full = StagePlan(stage="full", spec=spec, layout=layout, device=_device(spec, local_device), memory=memory)
     smoke = None
     if spec.smoke.enabled:
-        smoke_spec, smoke_layout = stage_spec(spec, layout, "smoke", te_available=te_available, vocab_size=vocab)
-        smoke_impl = transformer_impl(smoke_spec, te_available)[0]
-        smoke = SmokePlan(spec=smoke_spec, layout=smoke_layout,
-                          memory=estimate_memory(smoke_spec, smoke_layout, vocab_size=vocab,
-                                                 transformer_impl=smoke_impl, suggest_fixes=False),
-                          time=smoke_time_limit(spec, smoke_spec, smoke_layout, vocab, impl=smoke_impl))
+        sspec, slayout = smoke_spec(spec, layout, te_available=te_available, vocab_size=vocab)
+        smoke_impl = transformer_impl(sspec, te_available)[0]
+        smoke = StagePlan(stage="smoke", spec=sspec, layout=slayout, device=_device(sspec, local_device),
+                          memory=estimate_memory(sspec, slayout, vocab_size=vocab, transformer_impl=smoke_impl,
+                                                 suggest_fixes=False),
+                          time=smoke_time_limit(spec, sspec, slayout, vocab, impl=smoke_impl))
     return Plan(spec=spec, layout=layout, transformer_impl=impl, transformer_impl_known=impl_known, vocab_size=vocab,
                 params=counts, params_per_gpu=per_gpu, memory=memory, flops_per_step=flops,
                 flops_per_token=flops_per_token(m, padded_vocab=counts.padded_vocab),
                 tokens_per_step=t.global_batch_size * m.seq_length,
                 num_microbatches=t.global_batch_size // (t.micro_batch_size * layout.dp),
-                cost=cost, warnings=tuple(warnings), recommendations=tuple(recommendations), smoke=smoke)
+                cost=cost, warnings=tuple(warnings), recommendations=tuple(recommendations), full=full, smoke=smoke)
 
 
 def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:
@@ -125,8 +162,9 @@ def _smoke_shapes(s: ExperimentSpec) -> dict[str, Any]:
             "gpus_per_node": s.hardware.gpus_per_node, "gpu": s.hardware.gpu}
 
 
-def _smoke_dict(smoke: SmokePlan) -> dict[str, Any]:
+def _smoke_dict(smoke: StagePlan) -> dict[str, Any]:
     hw, limit = smoke.spec.hardware, smoke.time
+    assert limit is not None, "the smoke stage is planned with its time limit"
     return {"layout": smoke.layout.to_dict(), "shapes": _smoke_shapes(smoke.spec),
             "memory_per_gpu_bytes": smoke.memory.total, "nodes": hw.nodes, "gpus": hw.nodes * hw.gpus_per_node,
             "launcher": smoke.spec.launch.kind,

@@ -68,16 +68,13 @@ def _smoke_words(message: str) -> str:
     return _DOTTED.sub(lambda match: _SMOKE_KEYS[match.group(0)], message)
 
 
-def stage_spec(spec: ExperimentSpec, layout: Layout, stage: Stage, *, te_available: bool | None = None,
+def smoke_spec(spec: ExperimentSpec, layout: Layout, *, te_available: bool | None = None,
                vocab_size: int | None = None) -> tuple[ExperimentSpec, Layout]:
-    """The spec and layout one stage trains with. ``full``: the spec as written, with ``layout``.
+    """The spec and layout the smoke stage trains, from the full spec and its ``layout``. Only
+    :func:`mcx.plan.planner.make_plan` calls this: its StagePlan is where every other reader finds them.
 
     ``te_available`` and ``vocab_size`` as for :func:`mcx.plan.layout.resolve_layout`.
     """
-    if stage == "full":
-        return spec, layout
-    if stage != "smoke":
-        raise ValueError(f"unknown stage {stage!r}")
     return _smoke(spec, layout, te_available, vocab_size)
 
 

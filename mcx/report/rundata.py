@@ -13,6 +13,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from mcx.contract.status import Status
 from mcx.errors import InputError
 from mcx.metrics.curves import Curve, read_metrics
 from mcx.metrics.summary import spreads, summarize
@@ -25,7 +26,7 @@ class StageData:
     """One stage directory: its result record and its metrics."""
 
     name: str  # "smoke" | "full"
-    status: str  # result.json's status, or "incomplete" when the stage wrote no result
+    status: str  # result.json's status (a Status), or INCOMPLETE when the stage wrote no result
     passed: bool | None = None
     checks: dict[str, Any] = field(factory=dict)
     final: dict[str, Any] = field(factory=dict)  # result.json "final", verbatim
@@ -122,7 +123,7 @@ def load_stage(stage_dir: Path, spec_world_size: int | None) -> StageData:
         train_loss.steps[-1] if train_loss is not None and train_loss.steps else 0)
     return StageData(
         name=stage_dir.name,
-        status=str(result.get("status") or "incomplete"),
+        status=str(result.get("status") or Status.INCOMPLETE),
         passed=result.get("passed") if isinstance(result.get("passed"), bool) else None,
         checks=result.get("checks") if isinstance(result.get("checks"), dict) else {},
         final=result.get("final") if isinstance(result.get("final"), dict) else {},

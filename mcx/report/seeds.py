@@ -17,6 +17,7 @@ from typing import Any
 
 from attrs import frozen
 
+from mcx.contract.status import Status
 from mcx.errors import InputError
 from mcx.report.rundata import RunData, load_run_dir
 
@@ -64,7 +65,7 @@ def seed_runs(project: Path, run_id: str) -> list[SeedRun]:
         if (seed in seeds or any(record.component(n)["id"] != want[n] for n in SAME)
                 or _without_seed(record.config["id"]) != want_config):
             continue
-        if (read_json(d / "run.json") or {}).get("status") != "finished":
+        if (read_json(d / "run.json") or {}).get("status") != Status.FINISHED:
             continue
         data = load_run_dir(d)
         if not data.curves:

@@ -8,6 +8,7 @@ from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderR
 from rich.table import Table
 from rich.text import Text
 
+from mcx.contract.status import Status
 from mcx.report import fmt
 from mcx.report.compare import ABSENT, Comparison, DiffRow, MetricRow, same_key
 from mcx.report.outcome import lines
@@ -16,8 +17,8 @@ from mcx.report.titled import titled_table
 WIDE_MAX = 6  # runs shown as columns; more runs become rows
 VALUE_WIDTH = 48  # long values (hashes, paths, package lists) are cut on a terminal; a pipe, JSON and HTML keep them
 
-_STATUS_STYLE = {"finished": "green", "failed": "red", "diverged": "red", "preempted": "yellow", "interrupted": "yellow",
-                 "incomplete": "yellow"}
+_STATUS_STYLE = {Status.FINISHED: "green", Status.FAILED: "red", Status.DIVERGED: "red", Status.PREEMPTED: "yellow",
+                 Status.INTERRUPTED: "yellow", Status.INCOMPLETE: "yellow"}
 
 
 def _cut(text: str, width: int, shorten: bool) -> str:

@@ -39,12 +39,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from attrs import frozen
 
+from mcx.contract.files import SYSTEM_FILES
 from mcx.hashing import digest_bytes
 from mcx.track import paths
 from mcx.track.journal import FlushResult, Journal
 from mcx.track.lines import (
     SYSTEM,
-    SYSTEM_FILE,
     TRAINING,
     LineRule,
     line_metrics,
@@ -183,7 +183,7 @@ class MetricsForwarder:
         """metrics.jsonl, then every node's system metrics file present now."""
         out = [Stream(self.metrics_file, self.stage_dir / paths.CURSOR_FILE, TRAINING)]
         try:
-            names = sorted(e.name for e in os.scandir(self.stage_dir) if SYSTEM_FILE.fullmatch(e.name))
+            names = sorted(e.name for e in os.scandir(self.stage_dir) if SYSTEM_FILES.fullmatch(e.name))
         except FileNotFoundError:
             names = []
         for name in names:  # system.jsonl -> tracked.system.json, system.1.jsonl -> tracked.system.1.json

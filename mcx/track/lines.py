@@ -21,7 +21,6 @@ from attrs import frozen
 _NOT_METRICS = frozenset({"kind", "step", "time"})
 _NOT_SYSTEM_METRICS = frozenset({"time", "node", "nodes", "step"})
 _SYSTEM_NAME = re.compile(r"[A-Za-z0-9_]+")
-SYSTEM_FILE = re.compile(r"system(\.[0-9]+)?\.jsonl")  # system.jsonl (node 0), system.<node>.jsonl
 
 
 def line_metrics(record: dict[str, Any]) -> list[tuple[str, float]]:

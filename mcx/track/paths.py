@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import RunIdError
+from mcx.contract.files import METRICS_FILE, RESULT_FILE  # noqa: F401  (track modules use them as paths.*)
 from mcx.jsonfile import read_json, write_json_atomic  # noqa: F401  (track modules use them as paths.*)
 
 STATE_DIR = ".mcx"
@@ -33,8 +34,6 @@ DVC_REMOTE_DIR = "dvc-remote"
 TRACK_DIR = "track"
 SWEEPS = "sweeps"
 CURSOR_FILE = "tracked.json"
-METRICS_FILE = "metrics.jsonl"
-RESULT_FILE = "result.json"
 STAGES = ("smoke", "full")
 
 RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from mcx.contract.status import Status
 from mcx.errors import RunIdError
 from mcx.track import paths, runrecord
 from mcx.track.errors import TrackingUnavailable
@@ -70,7 +71,7 @@ def _asking(target_name: str) -> Iterator[None]:
 def _stage_summary(stage_dir: Path) -> dict[str, Any]:
     result = paths.read_json(stage_dir / paths.RESULT_FILE)
     if not isinstance(result, dict):
-        return {"status": "incomplete" if (stage_dir / paths.METRICS_FILE).exists() else "pending"}
+        return {"status": Status.INCOMPLETE if (stage_dir / paths.METRICS_FILE).exists() else Status.PENDING}
     return {k: result.get(k) for k in ("status", "passed", "steps", "final", "checks", "error", "layer_spec")}
 
 
@@ -149,7 +150,7 @@ def _local_summary(project_root: Path, run_path: Path) -> dict[str, Any]:
         pass
     state = lookup(project_root, run_path.name)
     return {
-        "run_id": run_path.name, "name": spec_name, "status": "damaged" if damaged else run_json.get("status"),
+        "run_id": run_path.name, "name": spec_name, "status": Status.DAMAGED if damaged else run_json.get("status"),
         "state": "damaged" if damaged else state.state, "damaged": damaged,
         "holder": state.holder.describe() if state.holder else None,
         "created": _created(run_path, run_json), "stages": stages, "final": _final(stages),
@@ -172,7 +173,7 @@ def _tracking_summary(run: Run) -> dict[str, Any]:
     tags = run.data.tags
     return {
         "run_id": tags.get("mcx.run_id"), "name": tags.get("mcx.spec_name"), "status": tags.get("mcx.status"),
-        "state": "finished" if tags.get("mcx.status") == "finished" else "recorded",
+        "state": "finished" if tags.get("mcx.status") == Status.FINISHED else "recorded",
         "holder": None, "created": (run.info.start_time or 0) / 1000.0, "stages": {},
         "final": {k: v for k, v in run.data.metrics.items() if not k.startswith("smoke/")},
         "step_time": _step_time(run),

@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from mcx.contract.status import Status
 from mcx.errors import InputError
 from mcx.track import paths
 from mcx.track.artifacts import Stager, end_artifacts, run_artifacts
@@ -59,8 +60,9 @@ CLOSE_SEND_S = 30.0
 PREDICTION_METRICS = {"predicted_s": "step_time_model_s", "measured_s": "step_time_median_s",
                       "error": "step_time_model_error"}
 # result.json / run status -> MLflow run status
-MLFLOW_STATUS = {"running": "RUNNING", "finished": "FINISHED", "failed": "FAILED", "diverged": "FAILED",
-                 "preempted": "KILLED", "interrupted": "KILLED", "killed": "KILLED", "pruned": "KILLED"}
+MLFLOW_STATUS = {Status.RUNNING: "RUNNING", Status.FINISHED: "FINISHED", Status.FAILED: "FAILED",
+                 Status.DIVERGED: "FAILED", Status.PREEMPTED: "KILLED", Status.INTERRUPTED: "KILLED", "killed": "KILLED",
+                 Status.PRUNED: "KILLED"}
 _LABEL = re.compile(r"^[A-Za-z0-9._:\-]{1,64}$")
 
 
@@ -244,7 +246,7 @@ class RunRecorder:
         record = stage_record(stage)
         result = paths.read_json(self.run_dir / stage / paths.RESULT_FILE)
         if isinstance(result, dict):
-            status = str(result.get("status", "failed"))
+            status = str(result.get("status", Status.FAILED))
             tags = {"mcx.status": status, "mcx.passed": scalar_text(result.get("passed")),
                     "mcx.steps": scalar_text(result.get("steps")),
                     "mcx.layer_spec": scalar_text(result.get("layer_spec"))}
@@ -268,7 +270,7 @@ class RunRecorder:
         else:
             result = None
             end_status = "KILLED"
-            self._op("tags", record=record, tags={"mcx.status": "interrupted"})
+            self._op("tags", record=record, tags={"mcx.status": Status.INTERRUPTED})
         if checkpoint:
             ck = {f"mcx.checkpoint.{stage}.{k}": scalar_text(v) for k, v in checkpoint.items()
                   if k in ("md5", "nfiles", "size", "path", "remote")}

@@ -26,6 +26,7 @@ from typing import Literal
 
 from attrs import frozen
 
+from mcx.contract.status import Status
 from mcx.errors import EnvironmentProblem
 from mcx.track import paths
 from mcx.track.errors import RunLocked
@@ -36,7 +37,7 @@ RUN_FILE = "run.json"
 WAIT_POLL_S = 0.5
 HOLDER_WRITE_S = 1.0  # how long a just-taken lock may show an empty holder record (taken, not yet written)
 State = Literal["finished", "running", "interrupted", "absent"]
-FINISHED_STATUSES = frozenset({"finished"})
+FINISHED_STATUSES = frozenset({Status.FINISHED})
 
 
 @frozen

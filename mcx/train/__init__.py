@@ -1,7 +1,7 @@
 """The training worker: the only package that imports torch and megatron.
 
-``python -m mcx.train STAGE_DIR`` or, in process, :func:`run_stage`. The contract (job.json in;
-metrics.jsonl, checkpoints/, result.json, worker.log out) is in docs/architecture.md. Importing this
+``python -m mcx.train STAGE_DIR`` or, in process, :func:`train_stage`. The contract (job.json in;
+metrics.jsonl, checkpoints/, result.json, worker.log out) is in docs/stage-directory.md. Importing this
 package is cheap: torch and megatron load when a stage runs.
 
 Modules: ``job.py`` (the job file; docs/stage-directory.md); ``warmstart.py`` (a full stage's weights from
@@ -26,15 +26,6 @@ megatron, NVML / nvidia-smi, files in the stage directory.
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from mcx.train.stage import train_stage
 
-
-def run_stage(stage_dir: Path | str) -> dict[str, Any]:
-    """Run one stage in this process; returns the result dict that is also written to result.json."""
-    from mcx.train.stage import run_stage as _run_stage
-
-    return _run_stage(stage_dir)
-
-
-__all__ = ["run_stage"]
+__all__ = ["train_stage"]

@@ -20,7 +20,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from mcx.errors import SpecError
 from mcx.spec.schema import ExperimentSpec
-from mcx.train.job import InitFrom
+from mcx.contract.job import InitFrom
 
 Batch = dict[str, torch.Tensor]  # tokens, labels, loss_mask, position_ids [, attention_mask]
 

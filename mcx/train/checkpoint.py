@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -39,17 +38,14 @@ from typing import Any
 from mcx.errors import InputError
 from mcx.jsonfile import write_json_atomic
 from mcx.weights import checksums
+from mcx.contract.checkpoints import DAMAGED, ITER, META, RETIRED, checkpoint_path, checkpoint_steps
 from mcx.weights.paths import LATEST, iter_name
 
 log = logging.getLogger("mcx.train")
 
-META = "meta.json"
 FORMAT = 2  # 2: with checksums.json
 UNCHECKED_FORMAT = 1  # written before checkpoints carried checksums (D36): loaded with a warning
-RETIRED = ".retired"  # a pruned checkpoint, renamed out of the store while a thread deletes it
-DAMAGED = ".damaged"  # a checkpoint whose files do not match its checksums, set aside for the user
 MISSING = "the directory is missing"  # check()'s problem for a checkpoint ``latest`` names that is not there
-_ITER = re.compile(r"^iter_(\d{7,})$")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -76,17 +72,10 @@ class CheckpointStore:
 
     def steps(self) -> list[int]:
         """Steps of the complete checkpoints present, ascending."""
-        if not self.root.is_dir():
-            return []
-        out = []
-        for p in self.root.iterdir():
-            m = _ITER.match(p.name)
-            if m and p.is_dir() and (p / META).is_file():
-                out.append(int(m.group(1)))
-        return sorted(out)
+        return checkpoint_steps(self.root)
 
     def path(self, step: int) -> Path:
-        return self.root / iter_name(step)
+        return checkpoint_path(self.root, step)
 
     def latest(self) -> Path | None:
         """The checkpoint ``latest`` names, or None when there is none yet. It may be missing or damaged
@@ -95,7 +84,7 @@ class CheckpointStore:
         if not pointer.is_file():
             return None
         name = pointer.read_text(encoding="utf-8").strip()
-        if not _ITER.match(name):
+        if not ITER.match(name):
             steps = self.steps()
             fix = (f"write the name of the checkpoint to resume from into it (the newest here: `echo {iter_name(steps[-1])} "
                    f"> {pointer}`), then run again." if steps else
@@ -113,7 +102,7 @@ class CheckpointStore:
 
     def candidates(self, latest: Path) -> list[Path]:
         """Where a resume may start, newest first: ``latest``, then the complete checkpoints before it."""
-        step = int(_ITER.match(latest.name).group(1))
+        step = int(ITER.match(latest.name).group(1))
         return [latest, *(self.path(s) for s in reversed(self.steps()) if s < step)]
 
     @staticmethod

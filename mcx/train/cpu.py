@@ -42,7 +42,7 @@ from mcx.errors import InputError, SpecError
 from mcx.weights import checksums
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
-from mcx.train.job import InitFrom, Job
+from mcx.contract.job import InitFrom, Job
 from mcx.train.runtime import World, seed_everything
 from mcx.weights.canonical import check_fits, is_extra_state
 from mcx.weights.paths import STATE_FILE

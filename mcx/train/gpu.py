@@ -51,7 +51,7 @@ from mcx.plan.memory import ALLOCATOR_ENV
 from mcx.train import model as model_lib
 from mcx.train import writer
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
-from mcx.train.job import InitFrom, Job
+from mcx.contract.job import InitFrom, Job
 from mcx.train.runtime import World, seed_everything
 
 log = logging.getLogger("mcx.train")

@@ -39,13 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mcx.contract.job import Job, num_microbatches
+from mcx.contract.status import Status
 from mcx.errors import DataError, InputError
 from mcx.plan.flops import flops_per_iteration
 from mcx.train import checkpoint as ckpt
 from mcx.train.backend import Backend, Batch
 from mcx.train.data import Datasets, iterate_batches
 from mcx.train.guard import DivergenceGuard, advice
-from mcx.train.job import Job, num_microbatches
 from mcx.train.metrics import MetricsFile
 from mcx.train.progress import Progress
 from mcx.train import warmstart
@@ -104,7 +105,7 @@ class StopFlag:
 
 @dataclass
 class Outcome:
-    status: str  # finished | preempted | diverged
+    status: Status  # FINISHED | PREEMPTED | DIVERGED
     step: int
     consumed_samples: int
     error: str | None = None
@@ -310,7 +311,7 @@ class Trainer:
         step, consumed = self.resume()
         guard = DivergenceGuard(t.loss_spike_factor, t.loss_spike_window,
                                 [r.get("loss") for r in self.metrics.history("train")])
-        outcome = Outcome(status="finished", step=step, consumed_samples=consumed, warnings=self.warnings)
+        outcome = Outcome(status=Status.FINISHED, step=step, consumed_samples=consumed, warnings=self.warnings)
         self.progress.start(t.train_iters, step, f"{self.job.stage} {self.job.run_id}")
         train_it = self.batches(self.data.train, consumed)
         interval = self.spec.checkpoint.interval
@@ -334,7 +335,7 @@ class Trainer:
             outcome.measured.append(record)
             reason = guard.check(step, out.loss, out.grad_norm, out.skipped)
             if reason:
-                outcome.status, outcome.error = "diverged", f"Training diverged: {reason}. {advice(self.spec)}"
+                outcome.status, outcome.error = Status.DIVERGED, f"Training diverged: {reason}. {advice(self.spec)}"
                 log.error(outcome.error)
                 self._finish_saves()
                 return outcome
@@ -385,5 +386,5 @@ class Trainer:
         if step > 0:
             self.save(step, consumed)
         self._finish_saves()
-        outcome.status = "preempted"
+        outcome.status = Status.PREEMPTED
         return outcome

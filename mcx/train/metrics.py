@@ -16,7 +16,6 @@ from typing import Any
 
 from mcx.metrics.curves import parse_records
 
-METRICS_FILE = "metrics.jsonl"
 
 
 def _clean(value: Any) -> Any:

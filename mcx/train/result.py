@@ -21,10 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mcx.contract.files import RESULT_FILE
+from mcx.contract.result import EXIT_CODES
+from mcx.contract.status import Status
 from mcx.jsonfile import write_json_atomic
 
-RESULT_FILE = "result.json"
-EXIT_CODES = {"finished": 0, "preempted": 0, "failed": 1, "diverged": 1}
 
 
 def versions() -> dict[str, str | None]:
@@ -45,7 +46,7 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def make_result(*, status: str, passed: bool, checks: dict[str, Any] | None = None, final: dict[str, Any] | None = None,
+def make_result(*, status: Status, passed: bool, checks: dict[str, Any] | None = None, final: dict[str, Any] | None = None,
                 error: str | None = None, steps: int = 0, layer_spec: str | None = None, exit_code: int | None = None,
                 details: dict[str, Any] | None = None, out_of_memory: dict[str, Any] | None = None,
                 warnings: list[str] | None = None) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from mcx.errors import EnvironmentProblem, InputError
 from mcx.plan.memory import ALLOCATOR_ENV, with_expandable_segments
-from mcx.train.job import Job
+from mcx.contract.job import Job
 
 # Megatron-LM's deterministic mode (arguments.py / initialize.py): ring all-reduce, a fixed cuBLAS
 # workspace, no non-deterministic Transformer Engine kernels.

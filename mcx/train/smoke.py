@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from mcx.train.backend import Backend
-from mcx.train.job import Job
+from mcx.contract.job import Job
 from mcx.train.runtime import World
 
 log = logging.getLogger("mcx.train")

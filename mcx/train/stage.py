@@ -1,6 +1,6 @@
 """One stage, end to end: job.json in, metrics.jsonl + checkpoints/ + result.json + worker.log out.
 
-``run_stage`` is the in-process entry (the local launcher and the tests call it); ``python -m
+``train_stage`` is the in-process entry (the local launcher and the tests call it); ``python -m
 mcx.train STAGE_DIR`` wraps it and exits with ``result["exit_code"]``. Every rank runs it; rank 0
 writes metrics.jsonl and result.json, all ranks log to worker.log (ranks other than 0 at WARNING), and
 each node's local rank 0 samples system metrics into system.jsonl (mcx.train.system_metrics).
@@ -18,9 +18,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from mcx.contract.files import CACHE_DIR, METRICS_FILE
+from mcx.contract.job import Job, read_job
+from mcx.contract.status import Status
 from mcx.errors import DataError, McxError, SpecError
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
-from mcx.train.job import Job, read_job
 from mcx.train.result import make_result, write_result
 from mcx.train.worklog import start_logging, stop_logging
 
@@ -100,10 +102,10 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     from mcx.train import smoke
     from mcx.train.data import datasets_from_spec
     from mcx.train.loop import Trainer
-    from mcx.train.metrics import METRICS_FILE, MetricsFile
+    from mcx.train.metrics import MetricsFile
     from mcx.train.progress import make_progress
 
-    data = datasets_from_spec(job.spec, Path(job.data_dir), stage_dir / "cache",
+    data = datasets_from_spec(job.spec, Path(job.data_dir), stage_dir / CACHE_DIR,
                               train_samples_limit=job.train_samples_limit)
     vocab = _vocab_size(job, data.tokenizer.vocab_size)
     backend = make_backend(job, world, vocab, stage_dir)
@@ -127,7 +129,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     train_records = metrics.history("train")
     checks: dict[str, Any] = {}
     status, error = outcome.status, outcome.error
-    if is_smoke and status == "finished":
+    if is_smoke and status == Status.FINISHED:
         def replay(fresh, directory, n):
             fresh.load(directory)
             meta = trainer.store.read_meta(directory)
@@ -139,7 +141,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
                                   trainer.store.path(smoke.resume_check_step(job)), replay, trainer.problems)
         failed = [f"{name}: {c['detail']}" for name, c in checks.items() if not c["passed"]]
         if failed:
-            status, error = "failed", "smoke check failed: " + "; ".join(failed)
+            status, error = Status.FAILED, "smoke check failed: " + "; ".join(failed)
         if world.is_main:
             trainer.store.prune()
             trainer.store.settle()
@@ -148,7 +150,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
                "num_microbatches": trainer.num_micro, "consumed_samples": outcome.consumed_samples,
                "stop_signal": stop.signal}
     backend.close()
-    return make_result(status=status, passed=status == "finished", checks=checks,
+    return make_result(status=status, passed=status == Status.FINISHED, checks=checks,
                        final=summarize_file(stage_dir / METRICS_FILE) if world.is_main else {}, error=error,
                        steps=outcome.step, layer_spec=backend.layer_spec, details=details, warnings=outcome.warnings)
 
@@ -170,7 +172,7 @@ def out_of_memory(exc: BaseException, device: str) -> dict[str, Any] | None:
     return facts
 
 
-def run_stage(stage_dir: Path | str) -> dict[str, Any]:
+def train_stage(stage_dir: Path | str) -> dict[str, Any]:
     """Run the stage in ``stage_dir`` in this process; returns (and, on rank 0, writes) the result."""
     stage_dir = Path(stage_dir).resolve()
     rank = _rank()
@@ -196,15 +198,15 @@ def run_stage(stage_dir: Path | str) -> dict[str, Any]:
             result = _train(job, world, stage_dir, stop, sampler)
     except McxError as exc:
         log.error("%s", exc)
-        result = make_result(status="failed", passed=False, error=str(exc), exit_code=exc.exit_code)
+        result = make_result(status=Status.FAILED, passed=False, error=str(exc), exit_code=exc.exit_code)
     except Exception as exc:  # a crash: record it, the control plane reports it (and advises on memory)
         log.error("worker crashed:\n%s", traceback.format_exc())
-        result = make_result(status="failed", passed=False, error=f"{type(exc).__name__}: {exc}", exit_code=1,
+        result = make_result(status=Status.FAILED, passed=False, error=f"{type(exc).__name__}: {exc}", exit_code=1,
                              out_of_memory=out_of_memory(exc, job.device if job else "cpu"))
     finally:
         stop_logging(handler)
     # Rank 0 writes the result. A rank that refused its node (or crashed) before the group formed writes
     # it too: the launcher stops rank 0 as soon as that rank exits, perhaps before rank 0 could write.
-    if rank == 0 or (not in_group and result["status"] == "failed"):
+    if rank == 0 or (not in_group and result["status"] == Status.FAILED):
         write_result(stage_dir, result)
     return result

@@ -37,22 +37,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from mcx.contract.files import system_file
 from mcx.fingerprint.hardware import visible
 from mcx.fingerprint.tools import run_tool
 
 log = logging.getLogger(__name__)
 
-SYSTEM_FILE = "system.jsonl"
 MB = 1e6  # MLflow's megabyte
 MIB = 1 << 20
 SMI_FIELDS = ("index", "uuid", "utilization.gpu", "memory.used", "memory.total", "power.draw", "temperature.gpu",
               "clocks.sm")
 SMI_TIMEOUT_S = 10.0
 STOP_TIMEOUT_S = 15.0  # a hung nvidia-smi is killed after SMI_TIMEOUT_S; the stage never waits longer
-
-
-def system_file(node: int) -> str:
-    return SYSTEM_FILE if node == 0 else f"system.{node}.jsonl"
 
 
 def gpu_values(i: int, *, util: float | None = None, used_bytes: float | None = None,

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from mcx.errors import InputError
-from mcx.train.job import InitFrom
+from mcx.contract.job import InitFrom
 from mcx.weights.canonical import Weights, with_vocab_rows
 from mcx.weights.sources import open_weights
 

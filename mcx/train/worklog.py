@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-LOG_FILE = "worker.log"
+from mcx.contract.files import LOG_FILE
 
 
 def start_logging(stage_dir: Path, rank: int) -> logging.Handler:

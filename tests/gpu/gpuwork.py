@@ -98,7 +98,8 @@ class Stage:
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def records(self, kind: str = "train") -> list[dict[str, Any]]:
-        from mcx.train.metrics import METRICS_FILE, read_records
+        from mcx.contract.files import METRICS_FILE
+        from mcx.train.metrics import read_records
 
         return [r for r in read_records(self.dir / METRICS_FILE) if r.get("kind") == kind]
 

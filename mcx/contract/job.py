@@ -1,6 +1,6 @@
 """The job file: what the control plane asks the worker to do (STAGE_DIR/job.json).
 
-The contract is in docs/architecture.md ("The job contract"). The spec inside is the stage's resolved
+The contract is in docs/stage-directory.md. The spec inside is the stage's resolved
 ``ExperimentSpec``, structured with the same strict converter as a TOML spec, so a job file that a
 newer or older control plane wrote is rejected with the exact key instead of being half-understood.
 """
@@ -13,17 +13,15 @@ from typing import Any, Literal
 
 from attrs import evolve, field, frozen
 
+from mcx.contract.files import JOB_FILE
 from mcx.errors import InputError, SpecError
-from mcx.plan.degrees import JOB_FIELDS, Layout
+from mcx.plan.degrees import JOB_FIELDS, Device, Layout
 from mcx.spec import convert
 from mcx.spec.schema import ExperimentSpec
 from mcx.spec.load import spec_to_dict
 
 Stage = Literal["smoke", "full"]
-Device = Literal["cpu", "cuda"]
 Output = Literal["bar", "quiet", "json"]
-
-JOB_FILE = "job.json"
 
 
 @frozen(kw_only=True)
@@ -78,7 +76,7 @@ def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
     layout = data.get("layout")
     extra = sorted(set(layout) - set(JOB_FIELDS)) if isinstance(layout, dict) else []
     problems = [(f"layout.{key}", f"unknown key; known keys: {', '.join(JOB_FIELDS)}") for key in extra]
-    if extra:  # the converter would take the planner's other fields: they are the spec's here
+    if extra and isinstance(layout, dict):  # the converter would take the planner's other fields: they are the spec's here
         data = {**data, "layout": {k: v for k, v in layout.items() if k not in extra}}
     if "test_hooks" in data:  # an older control plane's test switch: refused, never half-applied
         problems.append(("test_hooks", "an older mcx's test hooks (MCX_TEST_HOOKS), which this worker does not run; "
@@ -104,7 +102,7 @@ def job_from_dict(data: dict[str, Any], source: str = JOB_FILE) -> Job:
 
 
 def job_to_dict(job: Job) -> dict[str, Any]:
-    """The job file's JSON object (docs/architecture.md, "The job contract"); job_from_dict reads it back."""
+    """The job file's JSON object (docs/stage-directory.md); job_from_dict reads it back."""
     spec = spec_to_dict(job.spec)
     spec["parallel"] = {k: v for k, v in spec["parallel"].items() if k not in DEGREE_KEYS}  # layout carries them
     return {"run_id": job.run_id, "stage": job.stage, "spec": spec, "layout": job.layout.job_dict(),
