@@ -568,7 +568,7 @@ def test_what_changes_the_id_and_what_does_not(dvc_project: Path) -> None:
 def test_slurm_launch_is_identified_by_the_declared_hardware(dvc_project: Path) -> None:
     local = collect(spec_in(dvc_project, 'hardware.gpu="H100"'), dvc_project, probe_hardware=False)
     slurm = collect(spec_in(dvc_project, 'hardware.gpu="H100"', 'launch.kind="slurm"'), dvc_project)
-    assert slurm.hardware["id"] == {"probed": False, "device": "cuda", "gpu": "H100", "nodes": 1,
+    assert slurm.hardware.id == {"probed": False, "device": "cuda", "gpu": "H100", "nodes": 1,
                                     "gpus_per_node": 1}
     assert run_id(slurm) == run_id(local)
 
@@ -580,7 +580,7 @@ def test_project_files_do_not_change_the_id(project: Path) -> None:
     (project / "experiments" / "x.toml").touch()
     after = collect(spec_in(project), project)
     assert run_id(after) == run_id(before) and explain(before, after).same
-    assert after.code["info"]["dirty"] is True and "README.md" in after.side["patch"]
+    assert after.code.dirty is True and "README.md" in after.side["patch"]
 
 
 def test_every_not_hashed_key_is_a_spec_field() -> None:
@@ -744,9 +744,9 @@ def test_this_machine_probe(dvc_project: Path) -> None:
     rec = collect(spec_in(dvc_project), dvc_project)
     hw = rec.hardware
     if shutil.which("nvidia-smi") is None:
-        assert hw["id"]["device"] == "cpu" and hw["id"]["cpu"] == cpu_model()
-        assert hw["info"]["probe"]["nvidia_smi"] is False
-    assert hw["info"]["probe"]["cpu_cores"] >= 1
+        assert hw.device == "cpu" and hw.id["cpu"] == cpu_model() and hw.visible_gpus == []
+        assert hw.info["probe"]["nvidia_smi"] is False
+    assert hw.info["probe"]["cpu_cores"] >= 1
 
 
 # nvidia-smi as probed on the two-H200 machine (fingerprint.json of a run there, 2026-11-30).
@@ -763,13 +763,14 @@ def test_mcx_run_trains_on_the_gpu_its_hardware_fingerprint_probed():
     H200 machine once went to the CPU backend because this read the wrong key)."""
     from types import SimpleNamespace
 
+    from mcx.fingerprint.components import HardwareComponent
     from mcx.fingerprint.hardware import identity
     from mcx.ops.stage import stage_device as _device
 
     spec = load_spec(REPO / "experiments" / "h200_1gpu.toml")
 
     def device(probed):
-        hw = {"id": identity(spec, probed, []), "info": {"probe": probed}}
+        hw = HardwareComponent(id=identity(spec, probed, []), info={"probe": probed})
         return _device(spec, SimpleNamespace(record=SimpleNamespace(hardware=hw)))
 
     assert device(H200_PROBE) == "cuda"

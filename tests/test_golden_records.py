@@ -36,3 +36,39 @@ def test_golden_record_round_trips_to_the_same_bytes_and_run_id(path, tmp_path):
     out = tmp_path / "fingerprint.json"
     write_json_atomic(out, record_to_dict(record))
     assert out.read_bytes() == raw
+
+
+def _golden(name: str):
+    path = GOLDEN[0].parent / f"{name}.json"
+    return record_from_dict(json.loads(path.read_text(encoding="utf-8")), str(path))
+
+
+def test_typed_views_of_a_record_made_before_modules_were_hashed():
+    """A code id of the commit (before D52): the commit is read from it; no module list."""
+    rec = _golden("tiny__before_d52")
+    assert rec.code.modules is None
+    assert rec.code.commit == rec.code.id["commit"] and rec.code.dirty is False
+    assert rec.environment.lockfile == "cpu"
+
+
+def test_typed_views_of_a_dirty_probed_record():
+    rec = _golden("tiny__dirty_probed")
+    assert rec.code.modules is not None and "mcx/train/loop.py" in rec.code.modules
+    assert rec.code.dirty is True and rec.code.changes == {"README.md": "modified", "notes.bin": "untracked"}
+    assert rec.hardware.device == "cpu" and rec.hardware.visible_gpus == []
+    dataset = rec.data.paths["dataset"]
+    assert dataset.source == "dvc" and dataset.subpath == "quickstart" and dataset.record.endswith("data.dvc")
+    assert not dataset.pulled and rec.data.max_token_id is None and not rec.data.absent
+    assert rec.config.seed == rec.config.id["train"]["seed"]
+    assert "seed" not in rec.config.without_seed()["train"] and "seed" in rec.config.id["train"]
+
+
+def test_a_component_view_never_changes_what_is_hashed():
+    """with_path replaces a data path's info, never its id: the run ID stays."""
+    from mcx.fingerprint.components import DataPath
+
+    rec = _golden("tiny")
+    dataset = rec.data.paths["dataset"]
+    data = rec.data.with_path(DataPath(name="dataset", id=dataset.id, info={**dataset.info, "max_token_id": 7}))
+    assert data.max_token_id == 7 and data.paths["dataset"].pulled is False
+    assert data.digest() == rec.data.digest()

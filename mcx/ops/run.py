@@ -119,7 +119,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
     if "smoke" in stages:
         smoke_limit(planned, data_dir)  # data too small for the smoke stage is bad input: said before anything is written
     if reproduces is None:  # kept by hash for `mcx reproduce` (a reproduction's data came from there)
-        keep_dataset(project, spec.data, planned.record.data.get("id") or {}, remote=spec.tracking.dvc_remote,
+        keep_dataset(project, spec.data, planned.record.data.id, remote=spec.tracking.dvc_remote,
                      progress=progress)
     with acquire(run_path, wait=options.wait):  # RunLocked (exit 1) when another process trains it
         if reproduces is None:
@@ -162,11 +162,11 @@ def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
 
     resolve_target(project, planned.spec.tracking.uri)
     source = planned.record.init
-    if "full" in stages and source is not None and source["id"]["kind"] == "run":
+    if "full" in stages and source is not None and source.kind == "run":
         from mcx.fingerprint.init import check_checkpoint
 
         # the plan checked the parent's files by size; its weights are about to be read: every file's CRC-32
-        check_checkpoint(project, source["id"]["run_id"], Path(source["info"]["path"]))
+        check_checkpoint(project, str(source.run_id), Path(source.path))
     te = planned.te_available
     for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
         job_spec, job_layout = stage_spec(planned.spec, planned.plan.layout, stage, te_available=te, vocab_size=planned.plan.vocab_size)
