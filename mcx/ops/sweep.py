@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import asdict, evolve, frozen
 
@@ -33,6 +33,13 @@ from mcx.ops.sweep_plan import (PlannedTrial, SweepOptions, budget_gate, definit
                                 total_trials)
 from mcx.ops.sweep_watch import PrunerWatch, StopWatch
 from mcx.spec import ExperimentSpec, dump_spec
+from mcx.spec.schema import SweepSpec
+from mcx.track.records import scalar_text
+
+if TYPE_CHECKING:
+    import optuna
+
+    from mcx.track.sweep_record import SweepRecorder
 
 DEFINITION = "sweep.json"
 STUDY = "study.db"
@@ -122,7 +129,8 @@ def sweep(spec_path: str, overrides: list[str], *, project: Path, options: Sweep
         result = show(name, project)
         best = result.best
         recorder.finish("finished" if status == "finished" else "interrupted",
-                        tags={"mcx.sweep.best_run": best.run_id if best else "", "mcx.sweep.trials": len(result.trials)})
+                        tags={"mcx.sweep.best_run": scalar_text(best.run_id) if best else "",
+                              "mcx.sweep.trials": str(len(result.trials))})
         entry = recorder.close()
     notes = list(runner.notes)
     if entry.state == "pending":
@@ -132,7 +140,7 @@ def sweep(spec_path: str, overrides: list[str], *, project: Path, options: Sweep
                   notes=tuple(notes))
 
 
-def _recorder(spec: ExperimentSpec, name: str, directory: Path, project: Path):
+def _recorder(spec: ExperimentSpec, name: str, directory: Path, project: Path) -> SweepRecorder:
     """The sweep's MLflow parent run (mcx.track.sweep_record), its definition as params."""
     from mcx.track.sweep_record import SweepRecorder
 
@@ -170,7 +178,7 @@ def _record_definition(directory: Path, spec: ExperimentSpec, name: str) -> None
                                                "created": created or time.time()})
 
 
-def open_study(directory: Path, name: str, spec: ExperimentSpec, *, create: bool):
+def open_study(directory: Path, name: str, spec: ExperimentSpec, *, create: bool) -> optuna.Study:
     import optuna
 
     from mcx.plan.sweep import direction
@@ -198,7 +206,8 @@ class _Runner:
         self.recorder = recorder
         self.slots = list(slots) if slots is not None else None  # free GPU sets; None: trials take no GPUs here
         self.options, self.progress = options, progress
-        self.sweep = spec.sweep
+        assert spec.sweep is not None  # a sweep's spec has its [sweep] table
+        self.sweep: SweepSpec = spec.sweep
         self.study = open_study(directory, name, spec, create=True)
         self.total = total_trials(spec)
         self.stop = threading.Event()
@@ -222,7 +231,7 @@ class _Runner:
         resumed = [optuna.trial.Trial(self.study, t._trial_id) for t in running]
         self.smoke_passed = {t.user_attrs["smoke"] for t in self.study.trials if t.user_attrs.get("smoke_passed")}
         parallel = self.sweep.parallel
-        futures: set[Future] = set()
+        futures: set[Future[None]] = set()
         with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial") as pool, term_interrupts():
             try:
                 while True:
@@ -247,7 +256,7 @@ class _Runner:
                 raise
         return "interrupted" if self.stop.is_set() else "finished"
 
-    def _ask(self):
+    def _ask(self) -> optuna.trial.Trial | None:
         """The next new trial, or None once the sweep has its number of trials."""
         import optuna
 
@@ -259,17 +268,17 @@ class _Runner:
                 self.study.sampler = sampler_for(self.spec, len(counted))
             return self.study.ask(distributions(self.spec))
 
-    def _run_trial(self, trial) -> None:
+    def _run_trial(self, trial: optuna.trial.Trial) -> None:
         with self.lock:  # a free set of GPUs for the trial's workers, given back when it ends
             devices = self.slots.pop() if self.slots else None
         try:
             self._trial(trial, devices)
         finally:
-            if devices is not None:
+            if devices is not None and self.slots is not None:
                 with self.lock:
                     self.slots.append(devices)
 
-    def _trial(self, trial, devices: tuple[str, ...] | None) -> None:
+    def _trial(self, trial: optuna.trial.Trial, devices: tuple[str, ...] | None) -> None:
         from mcx.ops.run import RunOptions, run_spec
         from mcx.plan.sweep import trial_spec
 
@@ -331,7 +340,7 @@ class _Runner:
             self._tell(trial, "failed", detail=summary.get("error") or f"run {run_id} ended {status}")
         progress(Note(text=f"{status}, run {run_id}" + (" (already trained)" if summary.get("cached") else "")))
 
-    def _tell(self, trial, state: str, *, value: float | None = None, detail: str | None = None) -> None:
+    def _tell(self, trial: optuna.trial.Trial, state: str, *, value: float | None = None, detail: str | None = None) -> None:
         import optuna
 
         if detail:
@@ -395,7 +404,7 @@ def show(name: str, project: Path) -> SweepResult:
                        trials=tuple(t for t in ranked if t.state != "waiting"), max_trials=total)
 
 
-def _trial(t) -> Trial:
+def _trial(t: optuna.trial.FrozenTrial) -> Trial:
     attrs_ = t.user_attrs
     return Trial(number=t.number, params=dict(t.params), state=STATES.get(t.state.name, t.state.name.lower()),
                  value=t.value, run_id=attrs_.get("run_id"), cached=bool(attrs_.get("cached")),
