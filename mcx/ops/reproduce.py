@@ -39,6 +39,7 @@ from mcx.fingerprint.hardware import collect_hardware
 from mcx.fingerprint.init import collect_init
 from mcx.fingerprint.record import FingerprintRecord, load_record, patch_bytes
 from mcx.ops.progress import Note, Progress
+from mcx.track.run_summary import RunSummary
 from mcx.spec import ExperimentSpec
 
 if TYPE_CHECKING:
@@ -276,17 +277,18 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress) ->
             for note in rerun_result.notes:  # the rerun's notes are the reproduction's progress
                 progress(note)
             summary = rerun_result.summary
+            assert isinstance(summary, RunSummary)  # a rerun trains: never a dry run
         finally:
             if worktree is not None:
                 _git(project, "worktree", "remove", "--force", str(worktree), ok=True)
     rerun = load_run_dir(rep_dir)
     v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source)
     out = {"run_id": run_id, "reproduction": label, "reproduction_dir": str(rep_dir),
-           "mlflow_run": summary.get("tracking", {}).get("mlflow_run"), **verdict_to_dict(v),
+           "mlflow_run": summary.tracking.mlflow_run if summary.tracking else None, **verdict_to_dict(v),
            "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code,
            "data_identical": True, "data_changes": changes, "data_restored": restored, "parent": parent,
            "seed_runs": [{"run_id": s.run_id, "seed": s.seed} for s in seeds] if band_source == "seed spread" else [],
-           "status": summary.get("status")}
+           "status": summary.status}
     if v.divergence is not None:
         d = v.divergence
         out["diverged_at"] = {"step": d.step, "metric": d.metric, "original": d.original, "reproduction": d.rerun}

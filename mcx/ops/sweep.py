@@ -28,6 +28,7 @@ from mcx.hashing import digest
 from mcx.jsonfile import read_json, write_json_atomic
 from mcx.ops.interrupts import term_interrupts
 from mcx.ops.progress import Note, Progress
+from mcx.track.run_summary import RunSummary
 from mcx.ops.sweep_plan import (PlannedTrial, SweepOptions, budget_gate, definition_identity, distributions,
                                 estimate_gpu_hours, gpu_slots, load_sweep, params_key, plan_trials, sampler_for,
                                 total_trials)
@@ -312,14 +313,15 @@ class _Runner:
             progress(Note(level="error", text=f"failed before it trained: {exc}"))
             return
         summary = result.summary
-        run_id, status = summary.get("run_id"), summary.get("status")
+        assert isinstance(summary, RunSummary)  # a trial trains: never a dry run
+        run_id, status = summary.run_id, summary.status
         if planned_id is not None and run_id != planned_id:
             progress(Note(level="warning", text=f"ran as run {run_id}, not {planned_id} as planned when the sweep "
                                                 "started: the project's code or data changed since (the run's ID "
                                                 "holds what it ran with)"))
         trial.set_user_attr("run_id", run_id)
-        trial.set_user_attr("cached", bool(summary.get("cached")))
-        smoke_passed = bool(((summary.get("stages") or {}).get("smoke") or {}).get("passed")) or skip
+        trial.set_user_attr("cached", summary.cached)
+        smoke_passed = ("smoke" in summary.stages and summary.stages["smoke"].passed) or skip
         if smoke is not None:
             trial.set_user_attr("smoke", smoke)
             trial.set_user_attr("smoke_passed", smoke_passed)
@@ -329,16 +331,16 @@ class _Runner:
         if status == "interrupted":
             return  # stays running: the next `mcx sweep` trains it on from its checkpoint
         if status == "pruned":
-            self._tell(trial, "pruned", detail=summary.get("error"))
+            self._tell(trial, "pruned", detail=summary.error)
         elif status == "finished":
-            value = (summary.get("final") or {}).get(self.sweep.objective)
+            value = summary.final.get(self.sweep.objective)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self._tell(trial, "complete", value=float(value))
             else:
                 self._tell(trial, "failed", detail=f"run {run_id} finished without a {self.sweep.objective}")
         else:
-            self._tell(trial, "failed", detail=summary.get("error") or f"run {run_id} ended {status}")
-        progress(Note(text=f"{status}, run {run_id}" + (" (already trained)" if summary.get("cached") else "")))
+            self._tell(trial, "failed", detail=summary.error or f"run {run_id} ended {status}")
+        progress(Note(text=f"{status}, run {run_id}" + (" (already trained)" if summary.cached else "")))
 
     def _tell(self, trial: optuna.trial.Trial, state: str, *, value: float | None = None, detail: str | None = None) -> None:
         import optuna
