@@ -103,7 +103,7 @@ def fingerprint(spec_path: Path, root: Path) -> dict[str, str]:
     from mcx.spec import load_spec
 
     record = collect(load_spec(spec_path), root)
-    return {"run_id": run_id(record), "data_source": record.data["id"]["dataset"]["source"]}
+    return {"run_id": run_id(record), "data_source": record.data.paths["dataset"].source}
 
 
 def flip(path: Path, offset: int, n: int = 64) -> None:

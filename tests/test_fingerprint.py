@@ -569,7 +569,7 @@ def test_what_changes_the_id_and_what_does_not(dvc_project: Path) -> None:
 def test_slurm_launch_is_identified_by_the_declared_hardware(dvc_project: Path) -> None:
     local = collect(spec_in(dvc_project, 'hardware.gpu="H100"'), dvc_project, probe_hardware=False)
     slurm = collect(spec_in(dvc_project, 'hardware.gpu="H100"', 'launch.kind="slurm"'), dvc_project)
-    assert slurm.hardware["id"] == {"probed": False, "device": "cuda", "gpu": "H100", "nodes": 1,
+    assert slurm.hardware.id == {"probed": False, "device": "cuda", "gpu": "H100", "nodes": 1,
                                     "gpus_per_node": 1}
     assert run_id(slurm) == run_id(local)
 
@@ -581,7 +581,7 @@ def test_project_files_do_not_change_the_id(project: Path) -> None:
     (project / "experiments" / "x.toml").touch()
     after = collect(spec_in(project), project)
     assert run_id(after) == run_id(before) and explain(before, after).same
-    assert after.code["info"]["dirty"] is True and "README.md" in after.side["patch"]
+    assert after.code.dirty is True and "README.md" in after.side["patch"]
 
 
 def test_every_not_hashed_key_is_a_spec_field() -> None:
@@ -760,9 +760,9 @@ def test_this_machine_probe(dvc_project: Path) -> None:
     rec = collect(spec_in(dvc_project), dvc_project)
     hw = rec.hardware
     if shutil.which("nvidia-smi") is None:
-        assert hw["id"]["device"] == "cpu" and hw["id"]["cpu"] == cpu_model()
-        assert hw["info"]["probe"]["nvidia_smi"] is False
-    assert hw["info"]["probe"]["cpu_cores"] >= 1
+        assert hw.device == "cpu" and hw.id["cpu"] == cpu_model() and hw.visible_gpus == []
+        assert hw.info["probe"]["nvidia_smi"] is False
+    assert hw.info["probe"]["cpu_cores"] >= 1
 
 
 # nvidia-smi as probed on the two-H200 machine (fingerprint.json of a run there, 2026-11-30).
@@ -777,6 +777,7 @@ H200_PROBE = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_cores": 32, "interconnec
 def test_mcx_run_trains_on_the_gpu_its_hardware_fingerprint_probed():
     """The worker's device follows the hardware fingerprint: a visible GPU -> cuda (a run on the
     H200 machine once went to the CPU backend because this read the wrong key). The plan's stages carry it."""
+    from mcx.fingerprint.components import HardwareComponent
     from mcx.fingerprint.hardware import identity
     from mcx.ops.plan import local_device
     from mcx.plan.planner import make_plan
@@ -784,7 +785,7 @@ def test_mcx_run_trains_on_the_gpu_its_hardware_fingerprint_probed():
     spec = load_spec(REPO / "experiments" / "h200_1gpu.toml")
 
     def device(probed):
-        hw = {"id": identity(spec, probed, []), "info": {"probe": probed}}
+        hw = HardwareComponent(id=identity(spec, probed, []), info={"probe": probed})
         plan = make_plan(spec, te_available=True, local_device=local_device(
             FingerprintRecord(code={}, environment={}, config={}, data={}, hardware=hw)))
         assert plan.smoke.device == plan.full.device

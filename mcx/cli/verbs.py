@@ -83,12 +83,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print_notes(result.notes)
     summary = result.summary
     if args.json:
-        _emit_json(summary)
+        _emit_json(summary.to_dict())
     else:
+        from mcx.track.run_summary import DryRun
         from mcx.report.run_view import render_dry_run, render_run_result
 
-        _console().print(render_dry_run(summary) if args.dry_run else render_run_result(summary))
-    return int(summary.get("exit_code", 0))
+        _console().print(render_dry_run(summary) if isinstance(summary, DryRun) else render_run_result(summary))
+    return summary.exit_code
 
 
 def _print_notes(notes: Any) -> None:

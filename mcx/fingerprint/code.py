@@ -135,12 +135,6 @@ def collect_code(project_root: Path, code_path: Path | None = None) -> dict[str,
     return {"id": ident, "info": info, "warnings": warnings, "patch": patch}
 
 
-def recorded_commit(code: dict[str, Any]) -> str | None:
-    """The commit a code component was recorded at: in its provenance, or (records made before modules were
-    hashed by content, D52) in its hashed part."""
-    return (code.get("info") or {}).get("commit") or (code.get("id") or {}).get("commit")
-
-
 def module_changes(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """The module files whose content differs between two code ids ("path (added)", "path (removed)", "path");
     [] when they are equal. A record made before D52 has no module list: ["(recorded before modules were

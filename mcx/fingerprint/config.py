@@ -52,9 +52,10 @@ def _drop(tree: dict[str, Any], dotted: str) -> None:
     *parents, leaf = dotted.split(".")
     node = tree
     for part in parents:
-        node = node.get(part)
-        if not isinstance(node, dict):
+        child = node.get(part)
+        if not isinstance(child, dict):
             return
+        node = child
     node.pop(leaf, None)
 
 

@@ -31,16 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError
+from mcx.fingerprint.components import NOT_PULLED
 from mcx.fingerprint.dvcworkspace import check_output
 from mcx.fingerprint.dvcfiles import DvcOut, find_out, norm
 from mcx.fingerprint.filehashes import FileHashes
 from mcx.hashing import digest
 from mcx.spec import ExperimentSpec
 from mcx.spec.schema import DataSpec
-
-# What a data path's info says when the plan knew it only by its DVC record (mcx.ops.data takes it again once
-# the run has pulled it).
-NOT_PULLED = "not verified (not in the workspace)"
 
 
 def not_pulled_warning(key: str, value: str, record: str) -> str:

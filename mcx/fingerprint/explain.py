@@ -87,7 +87,7 @@ def explain(rec_a: FingerprintRecord, rec_b: FingerprintRecord) -> Explanation:
     names = COMPONENTS + ((INIT,) if INIT in ha or INIT in hb else ())  # a run with a source and one without
 
     def ident(rec: FingerprintRecord, name: str) -> dict[str, Any]:
-        return (rec.component(name) or {}).get("id", {})
+        return rec.component(name).id if name in rec.names() else {}
 
     diffs = tuple(
         ComponentDiff(name, ha.get(name, ""), hb.get(name, ""),

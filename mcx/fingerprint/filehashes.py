@@ -87,7 +87,7 @@ def load(path: Path) -> dict[str, list[Any]]:
     if not (isinstance(data, dict) and data.get("format") == FORMAT and data.get("version") == VERSION
             and isinstance(data.get("files"), dict)):
         return {}
-    files = data["files"]
+    files: dict[str, list[Any]] = data["files"]
     if not all(isinstance(k, str) and os.path.isabs(k) and _valid(v) for k, v in files.items()):
         return {}
     return files
@@ -122,8 +122,8 @@ class FileHashes:
     def _keep(self, name: str, key: list[int], field: str, value: Any, started: int, after: os.stat_result) -> None:
         """Keep ``field`` of the file's version ``key``, beside what is kept of that same version."""
         old = self._fresh.get(name) or self._kept.get(name)
-        same = old is not None and old[:3] == key and old[3].get(field) in (None, value)
-        entry = [*key, {**(old[3] if same else {}), field: value}]
+        same = old[3] if old is not None and old[:3] == key and old[3].get(field) in (None, value) else {}
+        entry = [*key, {**same, field: value}]
         if [after.st_ino, after.st_mtime_ns, after.st_size] != key:
             return  # written to while read: neither kept nor reused
         self._fresh[name] = entry
@@ -139,7 +139,7 @@ class FileHashes:
         self.files += 1
         known = self._known(name, key, algo)
         if known is not None:
-            return known
+            return str(known)
         started = time.time_ns()
         with open(path, "rb") as f:
             value = hashlib.file_digest(f, _ALGOS[algo]).hexdigest()
@@ -162,7 +162,7 @@ class FileHashes:
         key = [st.st_ino, st.st_mtime_ns, st.st_size]
         known = self._known(name, key, field)
         if known is not None:
-            return known
+            return int(known)
         started = time.time_ns()
         value = _largest(path, dtype)
         self.read += 1

@@ -172,7 +172,8 @@ def _pointed_path(pointer: Path) -> Path:
     """The checkpoint directory a committed pointer names (its ``outs[0].path``, from the pointer's folder)."""
     import yaml  # PyYAML, a dvc dependency
 
-    return (pointer.parent / yaml.safe_load(pointer.read_text(encoding="utf-8"))["outs"][0]["path"]).resolve()
+    path: str = yaml.safe_load(pointer.read_text(encoding="utf-8"))["outs"][0]["path"]
+    return (pointer.parent / path).resolve()
 
 
 def _checkpoint(root: Path, run_id: str, path: Path, key: str = "init.from") -> dict[str, Any]:

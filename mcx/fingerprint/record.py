@@ -1,11 +1,12 @@
 """The fingerprint record and the run ID it hashes to.
 
 A record holds five components, and a sixth, ``init``, when the run starts from another run's or a
-model's weights (mcx.fingerprint.init), each ``{"id": {...}, "info": {...}}``: ``id`` is exactly what is
-hashed, ``info`` is what was observed along the way (paths, probes, versions that cannot change a
-result). Warnings and side data (the code patch) are kept beside them and never hashed.
+model's weights (mcx.fingerprint.init), each a typed ``Component`` (mcx.fingerprint.components) written as
+``{"id": {...}, "info": {...}}``: ``id`` is exactly what is hashed, ``info`` is what was observed along the
+way (paths, probes, versions that cannot change a result). Warnings and side data (the code patch) are kept
+beside them and never hashed.
 
-    component hash = mcx.hashing.digest(component["id"])
+    component hash = mcx.hashing.digest(component.id)
     run ID         = first 12 hex of digest({"schema": SCHEMA, "components": {name: component hash}})
 
 So the same spec, code, environment, data and hardware give the same ID in any process on any
@@ -24,6 +25,17 @@ from attrs import field, frozen
 
 from mcx.errors import InputError, RunIdError
 from mcx.fingerprint.code import collect_code
+from mcx.fingerprint.components import (
+    C,
+    CodeComponent,
+    Component,
+    ConfigComponent,
+    DataComponent,
+    EnvironmentComponent,
+    HardwareComponent,
+    InitComponent,
+    component_from,
+)
 from mcx.fingerprint.config import collect_config
 from mcx.fingerprint.data import collect_data
 from mcx.fingerprint.environment import collect_environment
@@ -41,22 +53,51 @@ RUN_ID_PATTERN = re.compile(r"^[0-9a-f]{12}$")
 RUNS_DIR = Path(".mcx") / "runs"  # <project>/.mcx/runs/<run_id>/fingerprint.json
 
 
+# Converters: a component as given, or as its {"id", "info"} JSON (a collector's output, an older caller's dict).
+def _code(data: object) -> CodeComponent:
+    return component_from(CodeComponent, data, "fingerprint record", "code")
+
+
+def _environment(data: object) -> EnvironmentComponent:
+    return component_from(EnvironmentComponent, data, "fingerprint record", "environment")
+
+
+def _config(data: object) -> ConfigComponent:
+    return component_from(ConfigComponent, data, "fingerprint record", "config")
+
+
+def _data(data: object) -> DataComponent:
+    return component_from(DataComponent, data, "fingerprint record", "data")
+
+
+def _hardware(data: object) -> HardwareComponent:
+    return component_from(HardwareComponent, data, "fingerprint record", "hardware")
+
+
+def _init(data: object) -> InitComponent | None:
+    return None if data is None else component_from(InitComponent, data, "fingerprint record", INIT)
+
+
 @frozen(kw_only=True)
 class FingerprintRecord:
-    """Everything a run ID stands for. Components are plain JSON-able dicts with ``id`` and ``info``."""
+    """Everything a run ID stands for: the typed components, and what is kept beside them unhashed."""
 
-    code: dict[str, Any]
-    environment: dict[str, Any]
-    config: dict[str, Any]
-    data: dict[str, Any]
-    hardware: dict[str, Any]
-    init: dict[str, Any] | None = None
+    code: CodeComponent = field(converter=_code)
+    environment: EnvironmentComponent = field(converter=_environment)
+    config: ConfigComponent = field(converter=_config)
+    data: DataComponent = field(converter=_data)
+    hardware: HardwareComponent = field(converter=_hardware)
+    init: InitComponent | None = field(default=None, converter=_init)
     warnings: tuple[str, ...] = ()
     # Not hashed: {"patch": str, "patch_encoding": "utf-8" | "base64"} when the tree is dirty.
     side: dict[str, Any] = field(factory=dict)
 
-    def component(self, name: str) -> dict[str, Any]:
-        return getattr(self, name)
+    def component(self, name: str) -> Component:
+        """The component called ``name`` (one of ``names()``); KeyError for one this record does not hold."""
+        found = getattr(self, name, None) if name in COMPONENTS + (INIT,) else None
+        if not isinstance(found, Component):
+            raise KeyError(name)
+        return found
 
     def names(self) -> tuple[str, ...]:
         """The components this record hashes: COMPONENTS, and ``init`` when the run has a source."""
@@ -76,7 +117,7 @@ def patch_bytes(record: FingerprintRecord) -> bytes | None:
     """The uncommitted change as ``git apply`` takes it; None for a clean tree."""
     if "patch" not in record.side:
         return None
-    text = record.side["patch"]
+    text = str(record.side["patch"])
     return base64.b64decode(text) if record.side.get("patch_encoding") == "base64" else text.encode("utf-8")
 
 
@@ -109,7 +150,7 @@ def collect(
     EnvironmentProblem when git cannot read the repository.
     """
     root = Path(project_root).resolve()
-    parts = {
+    parts: dict[str, dict[str, Any]] = {
         "code": collect_code(root, code_path),
         "environment": collect_environment(root, lockfile),
         "config": collect_config(spec),
@@ -121,13 +162,19 @@ def collect(
         parts[INIT] = init
     warnings = tuple(f"{name}: {w}" for name, part in parts.items() for w in part["warnings"])
     side = _patch_side(parts["code"].get("patch"))
-    comps = {name: {"id": part["id"], "info": part["info"]} for name, part in parts.items()}
-    return FingerprintRecord(**comps, warnings=warnings, side=side)
+
+    def typed(cls: type[C], name: str) -> C:
+        return cls(id=parts[name]["id"], info=parts[name]["info"])
+
+    return FingerprintRecord(code=typed(CodeComponent, "code"), environment=typed(EnvironmentComponent, "environment"),
+                             config=typed(ConfigComponent, "config"), data=typed(DataComponent, "data"),
+                             hardware=typed(HardwareComponent, "hardware"),
+                             init=typed(InitComponent, INIT) if INIT in parts else None, warnings=warnings, side=side)
 
 
 def component_hashes(record: FingerprintRecord) -> dict[str, str]:
     """Full sha256 of each component's ``id``."""
-    return {name: digest(record.component(name)["id"]) for name in record.names()}
+    return {name: record.component(name).digest() for name in record.names()}
 
 
 def run_id(record: FingerprintRecord) -> str:
@@ -141,7 +188,7 @@ def record_to_dict(record: FingerprintRecord) -> dict[str, Any]:
         "schema": SCHEMA,
         "run_id": run_id(record),
         "component_hashes": component_hashes(record),
-        **{name: record.component(name) for name in record.names()},
+        **{name: record.component(name).to_dict() for name in record.names()},
         "warnings": list(record.warnings),
         "side": record.side,
     }
@@ -154,11 +201,11 @@ def record_from_dict(data: Any, source: str = "fingerprint record") -> Fingerpri
     if data.get("schema") != SCHEMA:
         raise InputError(f"{source} has fingerprint schema {data.get('schema')!r}; this mcx reads {SCHEMA}",
                          "compare runs recorded by the same mcx version, or run the spec again.")
-    for name in COMPONENTS:
-        comp = data.get(name)
-        if not (isinstance(comp, dict) and isinstance(comp.get("id"), dict) and isinstance(comp.get("info"), dict)):
-            raise InputError(f"{source}: component {name!r} is missing or malformed",
-                             "regenerate it by running the spec again.")
+    code = component_from(CodeComponent, data.get("code"), source, "code")
+    environment = component_from(EnvironmentComponent, data.get("environment"), source, "environment")
+    config = component_from(ConfigComponent, data.get("config"), source, "config")
+    data_part = component_from(DataComponent, data.get("data"), source, "data")
+    hardware = component_from(HardwareComponent, data.get("hardware"), source, "hardware")
     warnings = data.get("warnings", [])
     side = data.get("side", {})
     if not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings) and isinstance(side, dict)):
@@ -167,8 +214,8 @@ def record_from_dict(data: Any, source: str = "fingerprint record") -> Fingerpri
     if init is not None and not (isinstance(init, dict) and isinstance(init.get("id"), dict)
                                  and isinstance(init.get("info"), dict)):
         raise InputError(f"{source}: component {INIT!r} is malformed", "regenerate it by running the spec again.")
-    record = FingerprintRecord(**{name: data[name] for name in COMPONENTS}, init=init, warnings=tuple(warnings),
-                               side=side)
+    record = FingerprintRecord(code=code, environment=environment, config=config, data=data_part,
+                               hardware=hardware, init=init, warnings=tuple(warnings), side=side)
     if "run_id" in data and data["run_id"] != run_id(record):
         raise InputError(f"{source} says run ID {data['run_id']} but its content hashes to {run_id(record)}",
                          "the file was edited or damaged; run the spec again to record it anew.")

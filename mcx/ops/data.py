@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from mcx.errors import DataError, SpecError
 from mcx.ops.progress import Note, Progress
-from mcx.spec.schema import DataSpec, TokenizerSpec
+from mcx.spec.schema import DataSpec, TokenizerKind, TokenizerSpec
 
 if TYPE_CHECKING:
     from mcx.fingerprint.dvcfiles import DvcOut
@@ -21,7 +21,7 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 
 
 def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: str | None,
-            tokenizer_kind: str | None, merges: str | None, vocab_size: int | None, json_key: str,
+            tokenizer_kind: TokenizerKind | None, merges: str | None, vocab_size: int | None, json_key: str,
             force: bool, inside_tracked: bool = False) -> dict[str, Any]:
     from mcx.data.corpus import jsonl_corpus, text_corpus
     from mcx.data.dataset import read_manifest
@@ -206,34 +206,36 @@ def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
     vocabulary (``token_id_problems``, which planning could not check while the data was not here)."""
     from attrs import evolve
 
-    from mcx.fingerprint.data import NOT_PULLED, content_identity, data_paths, largest_token_id, not_pulled_warning
+    from mcx.fingerprint.components import DataPath
+    from mcx.fingerprint.data import content_identity, data_paths, largest_token_id, not_pulled_warning
     from mcx.fingerprint.filehashes import FileHashes
     from mcx.ops.plan import token_id_problems
 
     data = planned.record.data
-    stale = [name for name, info in (data.get("info") or {}).items() if info.get("verified") == NOT_PULLED]
+    stale = [path for path in data.paths.values() if not path.pulled]
     if not stale:
         return planned
-    paths, info = data_paths(planned.spec.data), dict(data["info"])
-    warnings, fresh = list(planned.record.warnings), []
-    for name in stale:
-        key, value = paths[name]
+    paths = data_paths(planned.spec.data)
+    warnings, fresh = list(planned.record.warnings), list[str]()
+    for was in stale:
+        key, value = paths[was.name]
         part = content_identity(root, value, key, fresh, require_data=True)
-        if part["id"] != data["id"][name]:
+        if part["id"] != was.id:
             raise DataError(f"{key} = {value!r}: the data here is {part['id']}, but the run was planned with "
-                            f"{data['id'][name]} (its DVC record changed meanwhile);", "run again.")
-        info[name] = part["info"]
-        stale_warning = f"data: {not_pulled_warning(key, value, data['info'][name]['record'])}"
+                            f"{was.id} (its DVC record changed meanwhile);", "run again.")
+        data = data.with_path(DataPath(name=was.name, id=was.id, info=part["info"]))
+        stale_warning = f"data: {not_pulled_warning(key, value, str(was.record))}"
         warnings = [w for w in warnings if w != stale_warning]
-    if "dataset" in stale:  # its largest token id, as planning data that was here records it
+    if any(path.name == "dataset" for path in stale):  # its largest token id, as planning data that was here records it
         hashes = FileHashes.for_project(root)
         try:
             top = largest_token_id(planned.spec.data, root, hashes)
         finally:
             hashes.save()
         if top is not None:
-            info["dataset"] = {**info["dataset"], "max_token_id": top}
-    record = evolve(planned.record, data={**data, "info": info}, warnings=(*warnings, *(f"data: {w}" for w in fresh)))
+            dataset = data.paths["dataset"]
+            data = data.with_path(DataPath(name="dataset", id=dataset.id, info={**dataset.info, "max_token_id": top}))
+    record = evolve(planned.record, data=data, warnings=(*warnings, *(f"data: {w}" for w in fresh)))
     problems = token_id_problems(planned.spec, root, record)
     if problems:
         raise SpecError(problems)

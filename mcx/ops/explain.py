@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ def _record(ref: str, project: Path, overrides: list[str]) -> Any:
     return collect(load_spec(ref, overrides), project, require_data=False)
 
 
-def explain(a: str, b: str, *, project: Path, overrides: list[str] = ()) -> Any:
+def explain(a: str, b: str, *, project: Path, overrides: Sequence[str] = ()) -> Any:
     from mcx.fingerprint.explain import explain as diff
 
     return diff(_record(a, project, []), _record(b, project, list(overrides)))

@@ -13,6 +13,7 @@ from typing import Any
 from attrs import frozen
 
 from mcx.errors import InputError, RunIdError, SpecError
+from mcx.fingerprint.components import InitComponent
 
 SEQ_LENGTH_CAP = 4096  # import-hf's default sequence length: the model's context, at most this
 TABLES_NEEDED = ("train", "data")
@@ -154,8 +155,9 @@ def export_hf(run_id: str, project: Path, out: str, *, step: int | None = None, 
     problems = export_problems(spec.model)
     if problems:
         raise SpecError(problems, f"run {run_id}")
-    source = run_source(root, run_id, step, key="export-hf", step_key="--step")
-    check_checkpoint(root, run_id, Path(source["info"]["path"]), "export-hf")  # every file's CRC-32, before a read
+    found = run_source(root, run_id, step, key="export-hf", step_key="--step")
+    source = InitComponent(id=found["id"], info=found["info"])
+    check_checkpoint(root, run_id, Path(source.path), "export-hf")  # every file's CRC-32, before a read
     manifest = _manifest(root, spec, read_manifest)
     vocab = spec.model.vocab_size or (manifest or {}).get("tokenizer", {}).get("vocab_size")
     if not isinstance(vocab, int):
@@ -163,14 +165,14 @@ def export_hf(run_id: str, project: Path, out: str, *, step: int | None = None, 
                          "is not on this machine);", f"`mcx pull {run_id}` fetches it, or set model.vocab_size.")
     dtype_name = dtype or PRECISION_DTYPE[spec.train.precision]
     files, special = _tokenizer_files(root, spec, manifest)
-    files[EXPORT_RECORD] = (json.dumps({"run_id": run_id, "stage": "full", **source["id"],
+    files[EXPORT_RECORD] = (json.dumps({"run_id": run_id, "stage": "full", **source.id,
                                         "spec": spec.name}, indent=2, sort_keys=True) + "\n").encode()
     shard_bytes = parse_size(max_shard_size)
     dest.parent.mkdir(parents=True, exist_ok=True)
     return _write(source, spec, vocab, dest, dtype_name, shard_bytes, files, special, progress)
 
 
-def _write(source: dict, spec: Any, vocab: int, dest: Path, dtype_name: str, shard_bytes: int,
+def _write(source: InitComponent, spec: Any, vocab: int, dest: Path, dtype_name: str, shard_bytes: int,
            files: dict[str, bytes], special: dict[str, int | None], progress: Callable[[str], None]) -> dict[str, Any]:
     from mcx.fingerprint.init import EXPORT_RECORD
     from mcx.weights.hf import DTYPES, HF_DTYPE_NAMES, Shapes, write_hf
@@ -183,21 +185,21 @@ def _write(source: dict, spec: Any, vocab: int, dest: Path, dtype_name: str, sha
                     not m.untie_embeddings_and_output_weights)
     dtype = DTYPES[dtype_name]
     config = config_json(m, vocab, HF_DTYPE_NAMES[dtype], special)
-    weights = open_weights(Path(source["info"]["path"]), source["info"]["format"])
+    weights = open_weights(Path(source.path), source.format)
     written = write_hf(weights, shapes, dest, config, dtype, shard_bytes, files, progress)
-    return {"run_id": source["id"]["run_id"], "step": source["id"].get("step"), "out": str(dest),
+    return {"run_id": source.run_id, "step": source.step, "out": str(dest),
             "architecture": config["architectures"][0], "dtype": dtype_name, **written,
             "tokenizer": sorted(f for f in files if f not in (EXPORT_RECORD,))}
 
 
-def _manifest(root: Path, spec: Any, read_manifest: Callable[[Path], dict]) -> dict | None:
+def _manifest(root: Path, spec: Any, read_manifest: Callable[[Path], dict[str, Any]]) -> dict[str, Any] | None:
     try:
         return read_manifest(root / spec.data.path)
     except InputError:
         return None
 
 
-def _tokenizer_files(root: Path, spec: Any, manifest: dict | None) -> tuple[dict[str, bytes], dict[str, int | None]]:
+def _tokenizer_files(root: Path, spec: Any, manifest: dict[str, Any] | None) -> tuple[dict[str, bytes], dict[str, int | None]]:
     """The dataset's tokenizer files and a tokenizer_config.json that lets AutoTokenizer load them; the special
     token ids for config.json. Nothing when the dataset is not here (the weights still export)."""
     if manifest is None:

@@ -79,7 +79,7 @@ def te_for_plan(spec: ExperimentSpec, at_launch: bool = False, warnings: list[st
 def local_device(record: FingerprintRecord) -> Device:
     """The device a job started on this machine gets: "cuda" where the hardware fingerprint probed a GPU
     the spec wants, else "cpu" (make_plan plans each stage's device from it)."""
-    return "cuda" if (record.hardware.get("id") or {}).get("device") == "cuda" else "cpu"
+    return "cuda" if record.hardware.device == "cuda" else "cpu"
 
 
 def _site(spec: ExperimentSpec, root: Path, record: FingerprintRecord, params: int | None) -> Problems:
@@ -89,9 +89,10 @@ def _site(spec: ExperimentSpec, root: Path, record: FingerprintRecord, params: i
     from mcx.plan.memory import checkpoint_bytes
     from mcx.track.paths import STATE_DIR
 
+    paths = record.data.paths
     tracked = {key for name, key in (("dataset", "data.path"), ("tokenizer", "data.tokenizer.path"),
                                      ("merges", "data.tokenizer.merges"))
-               if (record.data.get("id", {}).get(name) or {}).get("source") == "dvc"}
+               if name in paths and paths[name].source == "dvc"}
     # A DVC-tracked path that is not pulled yet is fetched by `mcx run` (the fingerprint says so).
     pulled_later = frozenset(k for k in tracked if not (root / _data_value(spec, k)).exists())
     problems = site.dataset(spec, root, skip=pulled_later)
@@ -112,7 +113,7 @@ def token_id_problems(spec: ExperimentSpec, root: Path, record: FingerprintRecor
     from mcx.data.vocab import tokenizer_vocab_size
     from mcx.plan.params import effective_vocab_size
 
-    top = ((record.data.get("info") or {}).get("dataset") or {}).get("max_token_id")
+    top = record.data.max_token_id
     vocab, source = tokenizer_vocab_size(spec.data, root), "the tokenizer's vocabulary"
     if vocab is None:
         vocab = effective_vocab_size(spec)
@@ -182,7 +183,7 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
     if problems:
         raise SpecError(_dedupe(problems))
     assert plan is not None
-    absent = any((ident or {}).get("source") == "absent" for ident in record.data.get("id", {}).values())
+    absent = record.data.absent
     return PlanResult(spec=spec, plan=plan, record=record, run_id=None if absent else run_id(record),
                       te_available=te, notes=tuple(notes))
 

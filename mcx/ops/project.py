@@ -18,7 +18,7 @@ def find_project(explicit: str | os.PathLike[str] | None = None) -> Path:
         try:
             found = root.is_dir()
         except OSError as exc:
-            raise InputError(f"project directory {given[:40]!r}...: {exc.strerror};",
+            raise InputError(f"project directory {str(given)[:40]!r}...: {exc.strerror};",
                              "pass an existing directory to --project.") from None
         if not found:
             raise InputError(f"project directory {given!r} does not exist;", "pass an existing directory to --project.")

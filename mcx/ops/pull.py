@@ -105,7 +105,7 @@ def _choose(root: Path, run_id: str, pointers: list[Any], override: str | None, 
     """(remote name, URL to hold in memory or None for a configured one); see the module docstring."""
     from mcx.track.share import is_local
 
-    recorded = next((p.remote for p in pointers if p.remote), {})
+    recorded: dict[str, Any] = next((p.remote for p in pointers if p.remote), {})
     rname, rurl = recorded.get("name"), recorded.get("url")
     if override is not None:
         name, url = ((override, None) if override in remotes.urls

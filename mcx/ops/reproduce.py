@@ -24,11 +24,27 @@ import json
 import re
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcx.errors import DataError, InputError, RunIdError
+from mcx.fingerprint.code import module_changes, module_hashes, worker_package
+from mcx.fingerprint.components import Component, InitComponent
+from mcx.fingerprint.data import collect_data, content_identity, data_paths
+from mcx.fingerprint.environment import collect_environment
+from mcx.fingerprint.explain import flatten
+from mcx.fingerprint.filehashes import FileHashes
+from mcx.fingerprint.hardware import collect_hardware
+from mcx.fingerprint.init import collect_init
+from mcx.fingerprint.record import FingerprintRecord, load_record, patch_bytes
 from mcx.ops.progress import Note, Progress
+from mcx.track.run_summary import RunSummary
+from mcx.spec import ExperimentSpec
+
+if TYPE_CHECKING:
+    from mcx.report.seeds import SeedRun
+    from mcx.report.verdict import Band
 
 
 def _record_dir(project: Path, run_id: str) -> Path:
@@ -51,12 +67,9 @@ def _git(project: Path, *args: str, ok: bool = False) -> subprocess.CompletedPro
     return proc
 
 
-def code_worktree(project: Path, record: Any, dest: Path) -> dict[str, Any]:
+def code_worktree(project: Path, record: FingerprintRecord, dest: Path) -> dict[str, Any]:
     """A worktree at the recorded commit (the code's provenance) with the recorded patch applied."""
-    from mcx.fingerprint.code import recorded_commit
-    from mcx.fingerprint.record import patch_bytes
-
-    commit = recorded_commit(record.code)
+    commit = record.code.commit
     if not commit:
         raise InputError("the run was recorded outside git (no commit), and its code or data is not the recorded "
                          "one here;", "put mcx's recorded modules or the recorded data back, or reproduce where "
@@ -77,13 +90,11 @@ def code_worktree(project: Path, record: Any, dest: Path) -> dict[str, Any]:
     return {"commit": commit, "patched": bool(patch), "worktree": str(dest), "rebuilt": True}
 
 
-def mcx_drift(record: Any, code_path: Path | None) -> list[str]:
+def mcx_drift(record: FingerprintRecord, code_path: Path | None) -> list[str]:
     """The module files of the mcx the rerun's worker imports (``code_path``'s own, else the installed one)
     whose content is not the recorded one; [] when the run will execute the recorded code."""
-    from mcx.fingerprint.code import module_changes, module_hashes, worker_package
-
-    recorded = record.code.get("id") or {}
-    if "modules" not in recorded and code_path is not None and worker_package(code_path).parent == Path(code_path).resolve():
+    recorded = record.code.id
+    if record.code.modules is None and code_path is not None and worker_package(code_path).parent == Path(code_path).resolve():
         return []  # recorded before D52: the rebuilt commit + patch is that record's code, mcx included
     return module_changes(recorded, {"modules": module_hashes(worker_package(code_path))})
 
@@ -94,21 +105,17 @@ def next_label(reps: Path) -> str:
     return f"r{max(taken, default=0) + 1}"
 
 
-def _drift(recorded: dict[str, Any], now: dict[str, Any]) -> list[dict[str, Any]]:
-    from mcx.fingerprint.explain import flatten
-
-    a, b = flatten(recorded.get("id") or {}), flatten(now.get("id") or {})
+def _drift(recorded: Component, now: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each hashed key of a component that differs between the record and what is collected here now."""
+    a, b = flatten(recorded.id), flatten(now["id"])
     return [{"key": k, "recorded": a.get(k), "now": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def data_changes(project: Path, spec: Any, record: Any) -> list[dict[str, Any]]:
+def data_changes(project: Path, spec: ExperimentSpec, record: FingerprintRecord) -> list[dict[str, Any]]:
     """The spec's data paths that are not, here, the version the run trained on (missing, changed
     since their DVC record, or another version): ``{"key", "path", "reason"}`` each. Every data
     file is read: a change that kept a file's inode, mtime and size is found too."""
-    from mcx.fingerprint.data import content_identity, data_paths
-    from mcx.fingerprint.filehashes import FileHashes
-
-    recorded = record.data.get("id") or {}
+    recorded = record.data.paths
     changes = []
     hashes = FileHashes.for_project(project.resolve(), full=True)  # every file read: no kept hash trusted
     try:
@@ -118,8 +125,8 @@ def data_changes(project: Path, spec: Any, record: Any) -> list[dict[str, Any]]:
             except DataError as exc:
                 changes.append({"key": key, "path": value, "reason": exc.message.rstrip(";")})
                 continue
-            if now != recorded.get(name):
-                was = (recorded.get(name) or {}).get("value")
+            if name not in recorded or now != recorded[name].id:
+                was = recorded[name].value if name in recorded else None
                 reason = f"{key} = {value!r} is version {now.get('value')} here; the run trained on {was}"
                 changes.append({"key": key, "path": value, "reason": reason})
     finally:
@@ -127,21 +134,21 @@ def data_changes(project: Path, spec: Any, record: Any) -> list[dict[str, Any]]:
     return changes
 
 
-def restore_data(project: Path, worktree: Path, spec: Any, record: Any, run_id: str,
+def restore_data(project: Path, worktree: Path, spec: ExperimentSpec, record: FingerprintRecord, run_id: str,
                  changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Bring the recorded data versions back into the reproduction's worktree, by DVC hash.
 
     The user's workspace is left as it is (see docs/decisions.md); the rerun reads the worktree's
     copy. DataError when a version cannot be brought back or does not match the record after.
     """
-    from mcx.fingerprint.data import collect_data, data_paths
     from mcx.ops.data import tracked_outputs
     from mcx.track.dvc_store import restore_into
 
-    recorded = record.data.get("id") or {}
+    recorded = record.data.id
+    paths = record.data.paths
     why = "; ".join(c["reason"] for c in changes)
     untracked = [key for name, (key, _) in data_paths(spec.data).items()
-                 if (recorded.get(name) or {}).get("source") != "dvc"]
+                 if name not in paths or paths[name].source != "dvc"]
     if untracked:
         raise DataError(f"{why}; {', '.join(untracked)} was not tracked by DVC when run {run_id} was recorded, "
                         "so its version cannot be restored by hash;",
@@ -162,12 +169,11 @@ def restore_data(project: Path, worktree: Path, spec: Any, record: Any, run_id: 
     return restored
 
 
-def restore_parent(project: Path, spec: Any, record: Any, progress: Progress) -> dict[str, Any] | None:
+def restore_parent(project: Path, spec: ExperimentSpec, record: FingerprintRecord,
+                   progress: Progress) -> dict[str, Any] | None:
     """The checkpoint a child run started from ([init] from = "run:..."), back by its content hash: fetched
     from DVC (`mcx pull`) when it is not in this project, then checked against what the child recorded.
     A model directory (hf:, megatron:) must be where the spec says, with the recorded content."""
-    from mcx.fingerprint.init import collect_init
-
     recorded = record.init
     if recorded is None:
         return None
@@ -175,21 +181,22 @@ def restore_parent(project: Path, spec: Any, record: Any, progress: Progress) ->
     try:
         now = collect_init(spec, project)
     except InputError:
-        if recorded["id"].get("kind") != "run":
+        if recorded.kind != "run" or recorded.run_id is None:
             raise
         from mcx.ops.pull import pull
 
-        parent = recorded["id"]["run_id"]
+        parent = recorded.run_id
         progress(Note(text=f"init: the checkpoint of run {parent} is not here; fetching it from DVC"))
         pull(parent, project=project)
         pulled, now = True, collect_init(spec, project)
-    if now["id"] != recorded["id"]:
-        what = f"run {recorded['id'].get('run_id')}'s checkpoint" if recorded["id"].get("kind") == "run" else spec.init.source
+    assert now is not None  # the run's own spec names the source its record holds
+    here = InitComponent(id=now["id"], info=now["info"])
+    if here.id != recorded.id:
+        what = f"run {recorded.run_id}'s checkpoint" if recorded.kind == "run" else spec.init.source
         raise InputError(f"init.from: {what} is not the one this run started from (content "
-                         f"{str(now['id'].get('checkpoint') or now['id'].get('content'))[:12]}, recorded "
-                         f"{str(recorded['id'].get('checkpoint') or recorded['id'].get('content'))[:12]});",
+                         f"{str(here.content)[:12]}, recorded {str(recorded.content)[:12]});",
                          "restore the recorded source (`mcx pull PARENT` for a run), or reproduce the parent first.")
-    return {**recorded["id"], "path": now["info"]["path"], "pulled": pulled}
+    return {**recorded.id, "path": here.path, "pulled": pulled}
 
 
 def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
@@ -197,9 +204,6 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
     """Rerun ``run_id`` and judge it. ``debug``: ``debug.KEY=VALUE`` items, a fault injected into the rerun
     (docs/spec.md, [debug]): the verdict must then find the departure it causes."""
 
-    from mcx.fingerprint.environment import collect_environment
-    from mcx.fingerprint.hardware import collect_hardware
-    from mcx.fingerprint.record import load_record
     from mcx.ops.run import RunOptions, run_spec
     from mcx.ops.worktrees import CODE, PREFIX
     from mcx.report.rundata import load_run_dir
@@ -215,7 +219,7 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
     if debug:
         spec = with_debug(spec, debug, str(run_path / "spec.toml"))
         progress(Note(level="warning", text="fault injection: " + ", ".join(debug) + " (the rerun must depart there)"))
-    env_drift = _drift(record.environment, collect_environment(project, (record.environment.get("info") or {}).get("lockfile")))
+    env_drift = _drift(record.environment, collect_environment(project, record.environment.lockfile))
     hw_drift = _drift(record.hardware, collect_hardware(spec))
     changes = data_changes(project, spec, record)
     parent = restore_parent(project, spec, record, progress)
@@ -227,7 +231,9 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
                                             f"now {drift['now']}"))
     # The band a rerun is held to where bitwise is not expected (other hardware or topology): the
     # spread between recorded seeds, else the spec's tolerances, else the default.
-    band_source, tolerances, seeds = "default", None, []
+    band_source: str = "default"
+    tolerances: Mapping[str, float | Band] | None = None
+    seeds: list[SeedRun] = []
     if hw_drift:
         seeds = seed_runs(project, run_id)
         if len(seeds) >= 2:
@@ -247,13 +253,11 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
     restored: list[dict[str, Any]] = []
     # The code is rebuilt from its provenance (commit + patch) only where mcx's modules here are not the recorded
     # ones, or where the data must be restored (the recorded commit's .dvc files identify it); else it runs here.
-    from mcx.fingerprint.code import recorded_commit, worker_package
-
     rebuild = bool(changes) or bool(mcx_drift(record, None))
     # The lock, held while the worktree lives, tells `mcx gc` that the worktree is in use.
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{run_id}-") as tmp, acquire(Path(tmp)):
-        code = code_worktree(project, record, Path(tmp) / CODE) if rebuild else {
-            "commit": recorded_commit(record.code), "patched": False, "worktree": None, "rebuilt": False}
+        code: dict[str, Any] = code_worktree(project, record, Path(tmp) / CODE) if rebuild else {
+            "commit": record.code.commit, "patched": False, "worktree": None, "rebuilt": False}
         worktree = Path(code["worktree"]) if code["worktree"] else None
         try:
             if changes and worktree is not None:  # before a label is taken: data that cannot be restored leaves nothing behind
@@ -280,17 +284,18 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
             for note in rerun_result.notes:  # the rerun's notes are the reproduction's progress
                 progress(note)
             summary = rerun_result.summary
+            assert isinstance(summary, RunSummary)  # a rerun trains: never a dry run
         finally:
             if worktree is not None:
                 _git(project, "worktree", "remove", "--force", str(worktree), ok=True)
     rerun = load_run_dir(rep_dir)
     v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source)
     out = {"run_id": run_id, "reproduction": label, "reproduction_dir": str(rep_dir),
-           "mlflow_run": summary.get("tracking", {}).get("mlflow_run"), **verdict_to_dict(v),
+           "mlflow_run": summary.tracking.mlflow_run if summary.tracking else None, **verdict_to_dict(v),
            "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code,
            "data_identical": True, "data_changes": changes, "data_restored": restored, "parent": parent,
            "seed_runs": [{"run_id": s.run_id, "seed": s.seed} for s in seeds] if band_source == "seed spread" else [],
-           "status": summary.get("status"), **({"debug": list(debug)} if debug else {})}
+           "status": summary.status, **({"debug": list(debug)} if debug else {})}
     if v.divergence is not None:
         d = v.divergence
         out["diverged_at"] = {"step": d.step, "metric": d.metric, "original": d.original, "reproduction": d.rerun}

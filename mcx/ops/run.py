@@ -22,6 +22,7 @@ from mcx.errors import InputError, McxError, SpecError, TrainingFailed
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, PlanShown, Progress
 from mcx.ops.stage import Watch, explain_failure, run_stage, smoke_limit
+from mcx.track.run_summary import DryRun, RunSummary, StageSummary, Tracking
 from mcx.spec import ExperimentSpec, dump_spec, load_spec
 
 if TYPE_CHECKING:
@@ -55,9 +56,10 @@ class RunOptions:
 
 @frozen(kw_only=True)
 class RunResult:
-    """What `mcx run` returns: ``summary`` is the result (run.json's summary; the object `--json` prints)."""
+    """What `mcx run` returns: ``summary`` is the result (run.json's summary; its ``to_dict()`` is the object
+    `--json` prints)."""
 
-    summary: dict[str, Any]
+    summary: RunSummary | DryRun
     notes: tuple[Note, ...] = ()
 
 
@@ -123,7 +125,7 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
     if "smoke" in stages:
         smoke_limit(planned, data_dir)  # data too small for the smoke stage is bad input: said before anything is written
     if reproduces is None:  # kept by hash for `mcx reproduce` (a reproduction's data came from there)
-        keep_dataset(project, spec.data, planned.record.data.get("id") or {}, remote=spec.tracking.dvc_remote,
+        keep_dataset(project, spec.data, planned.record.data.id, remote=spec.tracking.dvc_remote,
                      progress=progress)
     with acquire(run_path, wait=options.wait):  # RunLocked (exit 1) when another process trains it
         if reproduces is None:
@@ -165,11 +167,11 @@ def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
 
     resolve_target(project, planned.spec.tracking.uri)
     source = planned.record.init
-    if "full" in stages and source is not None and source["id"]["kind"] == "run":
+    if "full" in stages and source is not None and source.kind == "run":
         from mcx.fingerprint.init import check_checkpoint
 
         # the plan checked the parent's files by size; its weights are about to be read: every file's CRC-32
-        check_checkpoint(project, source["id"]["run_id"], Path(source["info"]["path"]))
+        check_checkpoint(project, str(source.run_id), Path(source.path))
     for stage in sorted(stages, key=lambda s: s != "full"):  # the full stage first: smoke inherits its hardware
         sp = planned.plan.stage(stage)
         where = placement(sp.layout, sp.device)
@@ -211,18 +213,19 @@ def _cached(project: Path, planned: PlanResult, options: RunOptions, progress: P
     if state.state != "finished" or options.force:
         return None
     run_json = _read_json(state.run_dir / "run.json") or {}
-    summary = {**run_json.get("summary", {}), "run_id": planned.run_id, "cached": True, "exit_code": 0, "error": None,
-               "baseline": None, "run_dir": str(state.run_dir)}
-    summary.setdefault("status", state.status or Status.FINISHED)
-    notes = [Note(level="info", lead=f"run {planned.run_id}", text=f" already finished ({summary['status']}); not "
+    stored = run_json.get("summary", {})
+    summary = evolve(RunSummary.from_dict(stored), run_id=planned.run_id, cached=True, exit_code=0, error=None,
+                     judged=True, baseline=None, run_dir=str(state.run_dir),
+                     status=stored.get("status") or state.status or Status.FINISHED)
+    notes = [Note(level="info", lead=f"run {planned.run_id}", text=f" already finished ({summary.status}); not "
                      f"training again. Use --force to retrain, `mcx show {planned.run_id}` for its record.")]
     if planned.spec.baseline.run:  # [baseline] is not part of the run ID: judge the cached result against it now
         from mcx.contract.result import StageResult, read_stage_result
 
-        full = read_stage_result(state.run_dir / "full") or StageResult(final=summary.get("final") or {})
-        _judge(summary, project, planned, full)
-        if summary["error"]:
-            notes.append(Note(level="error", text=f"mcx: {summary['error']}"))
+        full = read_stage_result(state.run_dir / "full") or StageResult(final=summary.final)
+        summary = summary.judge(_baseline(project, planned, full))
+        if summary.error:
+            notes.append(Note(level="error", text=f"mcx: {summary.error}"))
     return RunResult(summary=summary, notes=tuple(notes))
 
 
@@ -258,8 +261,8 @@ def _dry_run(planned: PlanResult, run_path: Path, stages: list[str], progress: P
         if sp.spec.launch.kind == "slurm":
             scripts[stage] = render_sbatch(run_path / stage, placement(sp.layout, sp.device), sp.spec.launch,
                                            worker_env(sp.spec))
-    return RunResult(summary={"run_id": planned.run_id, "status": Status.DRY_RUN, "cached": False, "stages": {s: {} for s in stages},
-                              "scripts": scripts, "launch": launch, "plan": planned.plan_json(), "exit_code": 0})
+    return RunResult(summary=DryRun(run_id=planned.run_id, stages=tuple(stages), scripts=scripts, launch=launch,
+                                    plan=planned.plan_json()))
 
 
 def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], options: RunOptions) -> None:
@@ -314,30 +317,34 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
         if stage == "full" and "smoke" in results and results["smoke"].passed:
             error += (" The smoke stage passed and is kept: `mcx run` of this spec again (where the job can run) "
                       "submits the full stage without repeating it.")
-    summary = _summary(planned, results, status, error, exit_code, time.time() - started)
-    summary["run_dir"] = str(run_path)
+    last = results.get("full") or results.get("smoke")
+    summary = RunSummary(run_id=planned.run_id, name=planned.spec.name, status=status,
+                         stages={k: _stage_summary(v) for k, v in results.items()},
+                         final=last.final if last else {}, error=error, exit_code=exit_code,
+                         wall_time_s=time.time() - started, run_dir=str(run_path))
     if status == Status.FINISHED and "full" in results:
-        _judge(summary, project, planned, results["full"])
+        summary = summary.judge(_baseline(project, planned, results["full"]))
         check = _prediction(planned, run_path, results["full"])
         if check is not None:
-            summary["step_time"] = check.to_dict()
-            recorder.record_prediction(summary["step_time"], step=results["full"].steps or 0)
+            summary = evolve(summary, step_time=check.to_dict())
+            recorder.record_prediction(check.to_dict(), step=results["full"].steps or 0)
     run_json = _read_json(run_path / "run.json") or {}
     done = status == Status.FINISHED and "full" in results and results["full"].status == Status.FINISHED
     run_json.update({"status": status if (done or status != Status.FINISHED) else Status.SMOKE_PASSED,
-                     "ended": time.time(), "summary": summary})
+                     "ended": time.time(), "summary": summary.to_dict()})
     write_json_atomic(run_path / "run.json", run_json)
     recorder.finish(status if status in RUN_ENDINGS else Status.FAILED,
-               tags={"mcx.baseline.verdict": str((summary.get("baseline") or {}).get("verdict", "none"))})
+               tags={"mcx.baseline.verdict": str((summary.baseline or {}).get("verdict", "none"))})
     entry = recorder.close()
-    summary["tracking"] = {"target": entry.target, "state": entry.state, "error": entry.error,
-                           "mlflow_run": recorder.record_uuid("run")}
+    # after run.json, which the recorder uploads: where the records went is the command's answer, not the run's
+    summary = evolve(summary, tracking=Tracking(target=entry.target, state=entry.state, error=entry.error,
+                                                mlflow_run=recorder.record_uuid("run")))
     notes = []
     if entry.state == "pending":
         notes.append(Note(level="warning", text=f"tracking store unreachable ({entry.error}); records are spooled: "
                              "run `mcx sync`"))
-    if summary["exit_code"] and summary.get("error"):
-        notes.append(Note(level="error", text=f"mcx: {summary['error']}"))
+    if summary.exit_code and summary.error:
+        notes.append(Note(level="error", text=f"mcx: {summary.error}"))
     return RunResult(summary=summary, notes=tuple(notes))
 
 
@@ -363,14 +370,6 @@ def _prediction(planned: PlanResult, run_path: Path, full: StageResult) -> Any:
                             measured_s=statistics.median(steady(list(curve.values))))
 
 
-def _judge(summary: dict[str, Any], project: Path, planned: PlanResult, full: StageResult) -> None:
-    """The baseline verdict into ``summary``; a regression makes the exit code 1."""
-    summary["baseline"] = _baseline(project, planned, full)
-    if summary["baseline"] and summary["baseline"].get("verdict") == "regress":
-        summary["exit_code"] = 1
-        summary["error"] = "held-out metrics regressed against the baseline: " + summary["baseline"]["detail"]
-
-
 def _baseline(project: Path, planned: PlanResult, full: StageResult) -> dict[str, Any] | None:
     ref = planned.spec.baseline.run
     if not ref:
@@ -388,20 +387,11 @@ def _baseline(project: Path, planned: PlanResult, full: StageResult) -> dict[str
     return {"baseline": ref, "baseline_run_id": base_id, "detail": detail, **out}
 
 
-def _stage_summary(result: StageResult) -> dict[str, Any]:
+def _stage_summary(result: StageResult) -> StageSummary:
     """A stage's entry in run.json's summary."""
-    return {"status": result.status, "passed": bool(result.passed), "checks": result.checks,
-            "control_checks": result.control_checks, "metrics": result.final, "steps": result.steps,
-            "layer_spec": result.layer_spec, "error": result.error, "warnings": list(result.warnings)}
-
-
-def _summary(planned: PlanResult, results: dict[str, StageResult], status: str, error: str | None, exit_code: int,
-             seconds: float) -> dict[str, Any]:
-    last = results.get("full") or results.get("smoke")
-    final = last.final if last else {}
-    return {"run_id": planned.run_id, "name": planned.spec.name, "status": status, "cached": False,
-            "stages": {k: _stage_summary(v) for k, v in results.items()}, "final": final,
-            "error": error, "exit_code": exit_code, "wall_time_s": seconds}
+    return StageSummary(status=result.status, passed=bool(result.passed), checks=dict(result.checks),
+                        control_checks=dict(result.control_checks), metrics=dict(result.final), steps=result.steps,
+                        layer_spec=result.layer_spec, error=result.error, warnings=tuple(result.warnings))
 
 
 def _read_json(path: Path) -> Any:

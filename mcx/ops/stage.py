@@ -65,7 +65,7 @@ def _init(stage: str, planned: PlanResult) -> InitFrom | None:
     if stage != "full" or source is None:
         return None
     init = planned.spec.init
-    return InitFrom(kind=source["id"]["kind"], path=source["info"]["path"], format=source["info"]["format"],
+    return InitFrom(kind=source.kind, path=source.path, format=source.format,
                     load_optimizer=init.load_optimizer, reset_step=init.reset_step)
 
 
@@ -201,7 +201,7 @@ def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, prog
     own = stage_path.parent == paths.run_dir(project, run_id)
     pointer = paths.pointer_file(project, run_id, stage_path.name) if own else None
     meta = {"run_id": run_id, "stage": stage_path.name,
-            "data": data_versions(project, planned.spec.data, planned.record.data.get("id") or {})} if own else None
+            "data": data_versions(project, planned.spec.data, planned.record.data.id)} if own else None
     try:
         tracked = track_checkpoint(project, ckpt_dir, remote=planned.spec.tracking.dvc_remote, dvc_file=pointer, meta=meta)
         if own:

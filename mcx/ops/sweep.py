@@ -19,7 +19,7 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import asdict, evolve, frozen
 
@@ -28,11 +28,19 @@ from mcx.hashing import digest
 from mcx.jsonfile import read_json, write_json_atomic
 from mcx.ops.interrupts import term_interrupts
 from mcx.ops.progress import Note, Progress
+from mcx.track.run_summary import RunSummary
 from mcx.ops.sweep_plan import (PlannedTrial, SweepOptions, budget_gate, definition_identity, distributions,
                                 estimate_gpu_hours, gpu_slots, load_sweep, params_key, plan_trials, sampler_for,
                                 total_trials)
 from mcx.ops.sweep_watch import PrunerWatch, StopWatch
 from mcx.spec import ExperimentSpec, dump_spec
+from mcx.spec.schema import SweepSpec
+from mcx.track.records import scalar_text
+
+if TYPE_CHECKING:
+    import optuna
+
+    from mcx.track.sweep_record import SweepRecorder
 
 DEFINITION = "sweep.json"
 STUDY = "study.db"
@@ -122,7 +130,8 @@ def sweep(spec_path: str, overrides: list[str], *, project: Path, options: Sweep
         result = show(name, project)
         best = result.best
         recorder.finish("finished" if status == "finished" else "interrupted",
-                        tags={"mcx.sweep.best_run": best.run_id if best else "", "mcx.sweep.trials": len(result.trials)})
+                        tags={"mcx.sweep.best_run": scalar_text(best.run_id) if best else "",
+                              "mcx.sweep.trials": str(len(result.trials))})
         entry = recorder.close()
     notes = list(runner.notes)
     if entry.state == "pending":
@@ -132,7 +141,7 @@ def sweep(spec_path: str, overrides: list[str], *, project: Path, options: Sweep
                   notes=tuple(notes))
 
 
-def _recorder(spec: ExperimentSpec, name: str, directory: Path, project: Path):
+def _recorder(spec: ExperimentSpec, name: str, directory: Path, project: Path) -> SweepRecorder:
     """The sweep's MLflow parent run (mcx.track.sweep_record), its definition as params."""
     from mcx.track.sweep_record import SweepRecorder
 
@@ -170,7 +179,7 @@ def _record_definition(directory: Path, spec: ExperimentSpec, name: str) -> None
                                                "created": created or time.time()})
 
 
-def open_study(directory: Path, name: str, spec: ExperimentSpec, *, create: bool):
+def open_study(directory: Path, name: str, spec: ExperimentSpec, *, create: bool) -> optuna.Study:
     import optuna
 
     from mcx.plan.sweep import direction
@@ -198,7 +207,8 @@ class _Runner:
         self.recorder = recorder
         self.slots = list(slots) if slots is not None else None  # free GPU sets; None: trials take no GPUs here
         self.options, self.progress = options, progress
-        self.sweep = spec.sweep
+        assert spec.sweep is not None  # a sweep's spec has its [sweep] table
+        self.sweep: SweepSpec = spec.sweep
         self.study = open_study(directory, name, spec, create=True)
         self.total = total_trials(spec)
         self.stop = threading.Event()
@@ -222,7 +232,7 @@ class _Runner:
         resumed = [optuna.trial.Trial(self.study, t._trial_id) for t in running]
         self.smoke_passed = {t.user_attrs["smoke"] for t in self.study.trials if t.user_attrs.get("smoke_passed")}
         parallel = self.sweep.parallel
-        futures: set[Future] = set()
+        futures: set[Future[None]] = set()
         with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="trial") as pool, term_interrupts():
             try:
                 while True:
@@ -247,7 +257,7 @@ class _Runner:
                 raise
         return "interrupted" if self.stop.is_set() else "finished"
 
-    def _ask(self):
+    def _ask(self) -> optuna.trial.Trial | None:
         """The next new trial, or None once the sweep has its number of trials."""
         import optuna
 
@@ -259,17 +269,17 @@ class _Runner:
                 self.study.sampler = sampler_for(self.spec, len(counted))
             return self.study.ask(distributions(self.spec))
 
-    def _run_trial(self, trial) -> None:
+    def _run_trial(self, trial: optuna.trial.Trial) -> None:
         with self.lock:  # a free set of GPUs for the trial's workers, given back when it ends
             devices = self.slots.pop() if self.slots else None
         try:
             self._trial(trial, devices)
         finally:
-            if devices is not None:
+            if devices is not None and self.slots is not None:
                 with self.lock:
                     self.slots.append(devices)
 
-    def _trial(self, trial, devices: tuple[str, ...] | None) -> None:
+    def _trial(self, trial: optuna.trial.Trial, devices: tuple[str, ...] | None) -> None:
         from mcx.ops.run import RunOptions, run_spec
         from mcx.plan.sweep import trial_spec
 
@@ -303,14 +313,15 @@ class _Runner:
             progress(Note(level="error", text=f"failed before it trained: {exc}"))
             return
         summary = result.summary
-        run_id, status = summary.get("run_id"), summary.get("status")
+        assert isinstance(summary, RunSummary)  # a trial trains: never a dry run
+        run_id, status = summary.run_id, summary.status
         if planned_id is not None and run_id != planned_id:
             progress(Note(level="warning", text=f"ran as run {run_id}, not {planned_id} as planned when the sweep "
                                                 "started: the project's code or data changed since (the run's ID "
                                                 "holds what it ran with)"))
         trial.set_user_attr("run_id", run_id)
-        trial.set_user_attr("cached", bool(summary.get("cached")))
-        smoke_passed = bool(((summary.get("stages") or {}).get("smoke") or {}).get("passed")) or skip
+        trial.set_user_attr("cached", summary.cached)
+        smoke_passed = ("smoke" in summary.stages and summary.stages["smoke"].passed) or skip
         if smoke is not None:
             trial.set_user_attr("smoke", smoke)
             trial.set_user_attr("smoke_passed", smoke_passed)
@@ -320,18 +331,18 @@ class _Runner:
         if status == "interrupted":
             return  # stays running: the next `mcx sweep` trains it on from its checkpoint
         if status == "pruned":
-            self._tell(trial, "pruned", detail=summary.get("error"))
+            self._tell(trial, "pruned", detail=summary.error)
         elif status == "finished":
-            value = (summary.get("final") or {}).get(self.sweep.objective)
+            value = summary.final.get(self.sweep.objective)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self._tell(trial, "complete", value=float(value))
             else:
                 self._tell(trial, "failed", detail=f"run {run_id} finished without a {self.sweep.objective}")
         else:
-            self._tell(trial, "failed", detail=summary.get("error") or f"run {run_id} ended {status}")
-        progress(Note(text=f"{status}, run {run_id}" + (" (already trained)" if summary.get("cached") else "")))
+            self._tell(trial, "failed", detail=summary.error or f"run {run_id} ended {status}")
+        progress(Note(text=f"{status}, run {run_id}" + (" (already trained)" if summary.cached else "")))
 
-    def _tell(self, trial, state: str, *, value: float | None = None, detail: str | None = None) -> None:
+    def _tell(self, trial: optuna.trial.Trial, state: str, *, value: float | None = None, detail: str | None = None) -> None:
         import optuna
 
         if detail:
@@ -393,7 +404,7 @@ def show(name: str, project: Path) -> SweepResult:
                        trials=tuple(t for t in ranked if t.state != "waiting"), max_trials=total)
 
 
-def _trial(t) -> Trial:
+def _trial(t: optuna.trial.FrozenTrial) -> Trial:
     attrs_ = t.user_attrs
     return Trial(number=t.number, params=dict(t.params), state=STATES.get(t.state.name, t.state.name.lower()),
                  value=t.value, run_id=attrs_.get("run_id"), cached=bool(attrs_.get("cached")),

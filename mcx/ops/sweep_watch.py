@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcx.contract.status import Status
 from mcx.errors import InputError
+
+if TYPE_CHECKING:
+    import optuna
+
+    from mcx.ops.stage import Stop
+    from mcx.spec.schema import SweepSpec
 
 
 class StopWatch:
@@ -20,7 +26,7 @@ class StopWatch:
     def __init__(self, stop: threading.Event) -> None:
         self.stop = stop
 
-    def __call__(self, stage: str, stage_path: Path):
+    def __call__(self, stage: str, stage_path: Path) -> Stop | None:
         from mcx.ops.stage import Stop
 
         if self.stop.is_set():
@@ -34,14 +40,14 @@ class PrunerWatch(StopWatch):
     same evaluation, after ``sweep.prune_warmup_evals`` evaluations and ``sweep.prune_startup_trials``
     trials)."""
 
-    def __init__(self, trial, sweep, stop: threading.Event) -> None:
+    def __init__(self, trial: optuna.trial.Trial, sweep: SweepSpec, stop: threading.Event) -> None:
         from mcx.plan.sweep import INTERMEDIATE
 
         super().__init__(stop)
         self.trial, self.kind, self.field = trial, *INTERMEDIATE[sweep.objective]
         self.offset, self.evals = 0, 0
 
-    def __call__(self, stage: str, stage_path: Path):
+    def __call__(self, stage: str, stage_path: Path) -> Stop | None:
         from mcx.ops.stage import Stop
 
         stopped = super().__call__(stage, stage_path)

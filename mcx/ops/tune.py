@@ -163,8 +163,7 @@ def check_trials_can_run(spec: Any, planned: Any) -> None:
         return
     lay, t = planned.plan.layout, spec.train
     problems: list[tuple[str, str]] = []
-    info = (planned.record.hardware.get("info") or {}).get("probe") or {}
-    seen = len(info.get("visible") or [])
+    seen = len(planned.record.hardware.visible_gpus)
     if planned.plan.full.device == "cpu":
         if spec.hardware.gpu not in ("cpu", "any"):
             problems.append(("hardware.gpu", f"\"{spec.hardware.gpu}\", but this machine shows no GPU (nvidia-smi); "

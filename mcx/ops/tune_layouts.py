@@ -46,9 +46,7 @@ def _where_trials_run(spec: Any, planned: Any) -> str | None:
         return None
     if planned.plan.full.device == "cpu":
         return "this machine shows no GPU (nvidia-smi)"
-    probed = (planned.record.hardware.get("info") or {}).get("probe") or {}
-    by_index = {g["index"]: g for g in probed.get("gpus") or []}
-    seen = [by_index[i] for i in probed.get("visible") or [] if i in by_index]
+    seen = planned.record.hardware.visible_gpus
     world = spec.hardware.nodes * spec.hardware.gpus_per_node
     if spec.hardware.nodes > 1 or len(seen) < world:
         return f"the spec's {world} GPUs are not all here ({len(seen)} visible; a Slurm spec measures on its nodes)"

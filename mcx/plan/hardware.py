@@ -17,6 +17,8 @@ import re
 
 from attrs import frozen
 
+from mcx.spec.schema import GpuModel
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -68,20 +70,18 @@ FP8_MIN_CAPABILITY = (8, 9)  # Transformer Engine's FP8 GEMMs: Ada, Hopper and n
 
 # nvidia-smi / torch device names -> model key. Variants with other peaks (H100 PCIe and NVL,
 # H200 NVL, GH200) are deliberately absent: MFU "unknown" beats a wrong number.
-_NAME_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(p, re.IGNORECASE), model)
-    for p, model in (
-        (r"\bH200\b(?!.*\bNVL\b)", "H200"),
-        (r"\bH100\b.*\b(SXM|HBM3)\b|\bH100 SXM", "H100"),
-        (r"\bA100\b.*\b80\s?GB\b", "A100-80GB"),
-        (r"\bA100\b.*\b40\s?GB\b", "A100-40GB"),
-        (r"\bL40S\b", "L40S"),
-        (r"\bB200\b", "B200"),
-    )
+_NAMES: tuple[tuple[str, GpuModel], ...] = (
+    (r"\bH200\b(?!.*\bNVL\b)", "H200"),
+    (r"\bH100\b.*\b(SXM|HBM3)\b|\bH100 SXM", "H100"),
+    (r"\bA100\b.*\b80\s?GB\b", "A100-80GB"),
+    (r"\bA100\b.*\b40\s?GB\b", "A100-40GB"),
+    (r"\bL40S\b", "L40S"),
+    (r"\bB200\b", "B200"),
 )
+_NAME_PATTERNS = tuple((re.compile(p, re.IGNORECASE), model) for p, model in _NAMES)
 
 
-def gpu_from_name(name: str) -> str | None:
+def gpu_from_name(name: str) -> GpuModel | None:
     """Map a device name ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB") to a table key."""
     if re.search(r"\bGH200\b", name, re.IGNORECASE):
         return None

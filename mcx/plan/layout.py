@@ -32,7 +32,7 @@ from attrs import evolve
 
 from mcx.spec.rules import divisors
 from mcx.errors import SpecError
-from mcx.plan.degrees import Layout
+from mcx.plan.degrees import Layout as Layout  # re-exported: the planner and the stages take it from here
 from mcx.plan.hardware import GiB, gpu_info, supports_fp8
 from mcx.plan.memory import TIGHT_FRACTION, estimate_memory
 from mcx.plan.params import count_params, require_vocab_size
@@ -311,8 +311,7 @@ def resolve_layout(spec: ExperimentSpec, *, te_available: bool | None,
 
 
 def _dedupe(problems: Problems) -> Problems:
-    seen: set[tuple[str, str]] = set()
-    return [p for p in problems if not (p in seen or seen.add(p))]
+    return list(dict.fromkeys(problems))  # the first of each, in order
 
 
 def _explain_choice(spec: ExperimentSpec, layout: Layout, unset: list[str], fits: bool) -> list[str]:

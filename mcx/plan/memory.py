@@ -35,7 +35,7 @@ within 2% for every case mcx measured, within 8% of another loop's (docs/gpu.md,
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from attrs import frozen
@@ -169,23 +169,22 @@ def estimate_memory(spec: ExperimentSpec, layout: Layout, *, vocab_size: int, tr
     logits_per_token = counts.padded_vocab / layout.tp * logits_bytes
     final_norm = 2 * m.hidden_size * act_b / (layout.tp if layout.sequence_parallel else 1)
 
-    candidates = []
+    info = gpu_info(spec.hardware.gpu)
+    capacity = info.memory_bytes if info else None
+    candidates: list[MemoryEstimate] = []
     stages = [("only", True, True)] if layout.pp == 1 else [("first", True, False), ("last", False, True)]
     for name, first, last in stages:
         sp = stage_params(counts, m, tp=layout.tp, pp=layout.pp, ep=layout.ep, first=first, last=last)
         in_flight = _in_flight(layout, microbatches) if first else 1.0
-        candidates.append(dict(
+        candidates.append(MemoryEstimate(
             stage=name, in_flight_microbatches=in_flight,
             weights=int(sp.total * wb), gradients=int(sp.total * gb),
             optimizer=int(sp.dense * ob / dense_dp + sp.experts * ob / expert_shards),
             activations=int(in_flight * stored + working),
             logits=int(tokens * (logits_per_token + final_norm)) if last else 0,
-            overhead=RUNTIME_OVERHEAD_BYTES))
-    worst = max(candidates, key=lambda c: sum(v for k, v in c.items() if k not in ("stage", "in_flight_microbatches")))
-    info = gpu_info(spec.hardware.gpu)
-    capacity = info.memory_bytes if info else None
-    est = MemoryEstimate(**worst, capacity=capacity, verdict="unknown")
-    est = attrs.evolve(est, verdict=verdict(est.total, capacity))
+            overhead=RUNTIME_OVERHEAD_BYTES, capacity=capacity, verdict="unknown"))
+    worst = max(candidates, key=lambda c: c.total)  # the first of equal peaks, in stage order
+    est = attrs.evolve(worst, verdict=verdict(worst.total, capacity))
     if suggest_fixes and est.verdict in ("tight", "does not fit"):
         est = attrs.evolve(est, fixes=tuple(memory_fixes(spec, layout, est, vocab_size, transformer_impl)))
     return est
@@ -238,7 +237,7 @@ def with_expandable_segments(conf: str | None) -> str:
     return ",".join([*other_allocator_items(conf), ALLOCATOR_VALUE])
 
 
-def fragments(facts: dict) -> float | None:
+def fragments(facts: dict[str, Any]) -> float | None:
     """Bytes the CUDA allocator held reserved but unallocated when a worker ran out of memory (``facts``:
     ``mcx.train.stage.out_of_memory``), when they are what ``train.expandable_segments`` is for: at
     least 1 GiB and 5% of the GPU, with the setting off. None otherwise."""
@@ -249,7 +248,7 @@ def fragments(facts: dict) -> float | None:
     return unused if unused >= max(GiB, 0.05 * (facts.get("capacity_bytes") or 0)) else None
 
 
-def oom_advice(est: MemoryEstimate, facts: dict, fixes: list[str]) -> list[str]:
+def oom_advice(est: MemoryEstimate, facts: dict[str, Any], fixes: list[str]) -> list[str]:
     """What to try after a stage ran out of memory: the worker's ``facts`` (``mcx.train.stage.
     out_of_memory``) beside the planner's estimate ``est`` for that stage, then ``fixes``."""
     tips = []

@@ -35,7 +35,7 @@ from mcx.plan.degrees import Layout
 from mcx.plan.flops import flops_per_iteration
 from mcx.plan.hardware import Gpu, gpu_info
 from mcx.plan.params import Shapes, count_params, stage_params
-from mcx.spec.schema import ExperimentSpec
+from mcx.spec.schema import ExperimentSpec, GpuModel
 
 BF16, FP8 = 2, 1  # bytes per element
 
@@ -349,7 +349,7 @@ def predict_worker(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, i
                    features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm))
 
 
-def check_prediction(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str, gpu: str | None,
+def check_prediction(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str, gpu: GpuModel | None,
                      measured_s: float) -> PredictionCheck | None:
     """None where the GPU that ran is not in the table or nothing was measured."""
     if gpu is None or measured_s <= 0:

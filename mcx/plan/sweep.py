@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from mcx.errors import SpecError
 from mcx.fingerprint.config import NOT_HASHED
@@ -47,7 +47,7 @@ def objective_metric(sweep: SweepSpec) -> Metric | None:
     return BY_KEY.get(sweep.objective)
 
 
-def direction(sweep: SweepSpec) -> str:
+def direction(sweep: SweepSpec) -> Literal["minimize", "maximize"]:
     if sweep.direction is not None:
         return sweep.direction
     metric = objective_metric(sweep)
@@ -126,8 +126,8 @@ def never_recorded(spec: ExperimentSpec, metric: Metric) -> str | None:
 def grid_points(sweep: SweepSpec) -> list[dict[str, Any]]:
     """Every combination of the listed values, the first key's changing slowest (the order written)."""
     keys = list(sweep.parameters)
-    axes = [sweep.parameters[k] for k in keys]
-    assert all(isinstance(a, tuple) for a in axes), "a grid lists its values"
+    axes = [a for a in (sweep.parameters[k] for k in keys) if isinstance(a, tuple)]
+    assert len(axes) == len(keys), "a grid lists its values"
     return [dict(zip(keys, combo)) for combo in itertools.product(*axes)]
 
 
@@ -141,7 +141,7 @@ def trial_spec(base: ExperimentSpec, params: Mapping[str, Any]) -> ExperimentSpe
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    spec = structure(data, ExperimentSpec)
+    spec: ExperimentSpec = structure(data, ExperimentSpec)
     problems = check_spec(spec)
     if problems:
         raise SpecError(problems)

@@ -17,7 +17,8 @@ from typing import Any
 from attrs import evolve, frozen
 
 from mcx.plan.hardware import gpu_info
-from mcx.plan.layout import Layout, layout_problems, transformer_impl
+from mcx.plan.degrees import Layout
+from mcx.plan.layout import layout_problems, transformer_impl
 from mcx.plan.memory import estimate_memory, verdict
 from mcx.plan.params import padded_vocab_size, require_vocab_size
 from mcx.plan.steptime import StepTime, predict_worker
@@ -26,7 +27,7 @@ from mcx.spec.schema import ExperimentSpec
 
 MAX_MICRO_BATCH = 16
 MIN_CP_CHUNK = 1024  # context parallel below this many tokens a rank leaves attention kernels too short
-RECOMPUTE = (("none", {}), ("selective", {}), ("full", {"train.recompute_method": "uniform",
+RECOMPUTE: tuple[tuple[str, dict[str, Any]], ...] = (("none", {}), ("selective", {}), ("full", {"train.recompute_method": "uniform",
                                                        "train.recompute_num_layers": 1}))
 
 
@@ -163,4 +164,4 @@ def _evaluate(spec: ExperimentSpec, settings: dict[str, Any], te_available: bool
     step = predict_worker(spec, layout, padded_vocab=padded, impl=impl)
     assert step is not None  # the GPU is in the table
     return Candidate(settings=settings, layout=layout, memory_bytes=memory, step=step,
-                     verdict=verdict(memory, gpu_info(hw.gpu).memory_bytes))
+                     verdict=verdict(memory, gpu.memory_bytes if (gpu := gpu_info(hw.gpu)) else None))

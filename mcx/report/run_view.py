@@ -1,9 +1,10 @@
-"""What `mcx run`, `mcx reproduce` and `mcx tune` print on stdout when they end: the result, from the
-dict the library returned (the same dict `--json` prints), never the progress."""
+"""What `mcx run`, `mcx reproduce` and `mcx tune` print on stdout when they end: the result, from what the
+library returned (`mcx run`'s typed summary, whose ``to_dict()`` `--json` prints; the others' dicts), never
+the progress."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich import box
 from rich.console import Group, RenderableType
@@ -12,6 +13,9 @@ from rich.text import Text
 
 from mcx.report.fmt import metric
 from mcx.report.titled import titled_table
+
+if TYPE_CHECKING:
+    from mcx.track.run_summary import DryRun, RunSummary
 
 
 
@@ -23,42 +27,41 @@ def _where(rows: list[tuple[str, str]]) -> Table:
     return t
 
 
-def render_run_result(summary: dict[str, Any]) -> RenderableType:
+def render_run_result(summary: RunSummary) -> RenderableType:
     """The stage table (status, checks passed, losses, speed), the run ID and where its files are."""
-    title = Text(f"run {summary.get('run_id')} ({summary.get('name', '')}): {summary.get('status')}", style="bold")
-    if summary.get("cached"):
+    title = Text(f"run {summary.run_id} ({summary.name or ''}): {summary.status}", style="bold")
+    if summary.cached:
         title.append(" (cached: not trained again)")
     t = titled_table(title)
     for col in ("stage", "status", "checks", "final train loss", "valid loss", "tokens/s/GPU", "MFU"):
         t.add_column(col, no_wrap=True)
-    for name, st in (summary.get("stages") or {}).items():
-        checks = st.get("checks") or {}
-        passed = sum(1 for c in checks.values() if isinstance(c, dict) and c.get("passed"))
-        m = st.get("metrics") or {}
-        t.add_row(name, str(st.get("status")), f"{passed}/{len(checks)}" if checks else "-", metric("train_loss", m.get("train_loss")),
-                  metric("valid_loss", m.get("valid_loss")), metric("tokens_per_s_per_gpu", m.get("tokens_per_s_per_gpu")),
-                  metric("mfu", m.get("mfu")))
-    rows = [("run ID", str(summary.get("run_id")))]
-    if summary.get("run_dir"):
-        rows.append(("run directory", summary["run_dir"]))
-    base = summary.get("baseline") or {}
+    for name, st in summary.stages.items():
+        passed = sum(1 for c in st.checks.values() if isinstance(c, dict) and c.get("passed"))
+        m = st.metrics
+        t.add_row(name, str(st.status), f"{passed}/{len(st.checks)}" if st.checks else "-",
+                  metric("train_loss", m.get("train_loss")), metric("valid_loss", m.get("valid_loss")),
+                  metric("tokens_per_s_per_gpu", m.get("tokens_per_s_per_gpu")), metric("mfu", m.get("mfu")))
+    rows = [("run ID", str(summary.run_id))]
+    if summary.run_dir:
+        rows.append(("run directory", summary.run_dir))
+    base = summary.baseline or {}
     if base:
         rows.append(("baseline", f"{base.get('baseline')}: {base.get('verdict')} ({base.get('detail')})"))
-    tracking = summary.get("tracking") or {}
-    if tracking.get("state"):
-        rows.append(("tracking", f"{tracking.get('target')}: {tracking['state']}"
-                     + ("; run `mcx sync`" if tracking["state"] == "pending" else "")))
-    rows.append(("record", f"mcx show {summary.get('run_id')}"))
+    tracking = summary.tracking
+    if tracking is not None and tracking.state:
+        rows.append(("tracking", f"{tracking.target}: {tracking.state}"
+                     + ("; run `mcx sync`" if tracking.state == "pending" else "")))
+    rows.append(("record", f"mcx show {summary.run_id}"))
     return Group(t, _where(rows))
 
 
-def render_dry_run(result: dict[str, Any]) -> RenderableType:
+def render_dry_run(result: DryRun) -> RenderableType:
     """`mcx run --dry-run`: the plan, then each stage's launcher and layout, or its sbatch script."""
     from mcx.report.plan_view import render_plan
 
-    parts: list[RenderableType] = [render_plan(result["plan"], result.get("run_id"))]
-    for stage, launch in (result.get("launch") or {}).items():
-        script = (result.get("scripts") or {}).get(stage)
+    parts: list[RenderableType] = [render_plan(result.plan, result.run_id)]
+    for stage, launch in result.launch.items():
+        script = result.scripts.get(stage)
         if script is not None:
             parts += [Text(""), Text(f"{stage} stage: sbatch script", style="bold"), Text(script)]
         else:

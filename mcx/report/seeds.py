@@ -11,7 +11,6 @@ So the spread measures the seed alone, on the hardware the run was recorded on. 
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +30,6 @@ class SeedRun:
     data: RunData
 
 
-def _seed(config_id: dict[str, Any]) -> Any:
-    return (config_id.get("train") or {}).get("seed")
-
-
-def _without_seed(config_id: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(config_id)
-    (out.get("train") or {}).pop("seed", None)
-    return out
-
-
 def seed_runs(project: Path, run_id: str) -> list[SeedRun]:
     """``run_id`` itself, then (by run ID) every finished run of the project that differs from it only
     in ``train.seed``, one per seed; each with its main stage's curves."""
@@ -49,9 +38,9 @@ def seed_runs(project: Path, run_id: str) -> list[SeedRun]:
     from mcx.track.paths import run_dir, runs_dir
 
     base = load_record(project, run_id)
-    want = {name: base.component(name)["id"] for name in SAME}
-    want_config = _without_seed(base.config["id"])
-    found = [SeedRun(run_id, _seed(base.config["id"]), load_run_dir(run_dir(project, run_id)))]
+    want = {name: base.component(name).id for name in SAME}
+    want_config = base.config.without_seed()
+    found = [SeedRun(run_id, base.config.seed, load_run_dir(run_dir(project, run_id)))]
     seeds = {found[0].seed}
     for d in sorted(p for p in runs_dir(project).iterdir() if p.is_dir() and p.name != run_id):
         raw = read_json(d / "fingerprint.json")
@@ -61,9 +50,9 @@ def seed_runs(project: Path, run_id: str) -> list[SeedRun]:
             record = record_from_dict(raw, str(d / "fingerprint.json"))
         except InputError:
             continue  # a damaged record is no evidence
-        seed = _seed(record.config["id"])
-        if (seed in seeds or any(record.component(n)["id"] != want[n] for n in SAME)
-                or _without_seed(record.config["id"]) != want_config):
+        seed = record.config.seed
+        if (seed in seeds or any(record.component(n).id != want[n] for n in SAME)
+                or record.config.without_seed() != want_config):
             continue
         if (read_json(d / "run.json") or {}).get("status") != Status.FINISHED:
             continue
