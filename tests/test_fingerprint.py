@@ -784,10 +784,12 @@ def test_mcx_run_trains_on_the_gpu_its_hardware_fingerprint_probed():
 
     spec = load_spec(REPO / "experiments" / "h200_1gpu.toml")
 
+    EMPTY = {"id": {}, "info": {}}
+
     def device(probed):
         hw = HardwareComponent(id=identity(spec, probed, []), info={"probe": probed})
         plan = make_plan(spec, te_available=True, local_device=local_device(
-            FingerprintRecord(code={}, environment={}, config={}, data={}, hardware=hw)))
+            FingerprintRecord(code=EMPTY, environment=EMPTY, config=EMPTY, data=EMPTY, hardware=hw)))
         assert plan.smoke.device == plan.full.device
         return plan.full.device
 

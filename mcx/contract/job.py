@@ -22,6 +22,9 @@ from mcx.spec.load import spec_to_dict
 
 Stage = Literal["smoke", "full"]
 Output = Literal["bar", "quiet", "json"]
+OUTPUTS: tuple[Output, ...] = ("bar", "quiet", "json")
+InitKind = Literal["run", "hf", "megatron"]
+INIT_KINDS: tuple[InitKind, ...] = ("run", "hf", "megatron")
 
 
 @frozen(kw_only=True)
@@ -39,7 +42,7 @@ class InitFrom:
     by the control plane: mcx.fingerprint.init). ``format``: what ``path`` holds: "torch" (the CPU
     backend's state.pt), "dist" (a Megatron-Core distributed checkpoint), "hf" (a Hugging Face model)."""
 
-    kind: Literal["run", "hf", "megatron"]
+    kind: InitKind
     path: str
     format: Literal["torch", "dist", "hf"]
     load_optimizer: bool = False

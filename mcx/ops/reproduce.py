@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mcx.contract.job import OUTPUTS
 from mcx.errors import DataError, InputError, RunIdError
 from mcx.fingerprint.code import module_changes, module_hashes, worker_package
 from mcx.fingerprint.components import Component, InitComponent
@@ -249,7 +250,7 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
     original = load_run_dir(run_path)
     stages = list(original.stages) or ["full"]
     options = RunOptions(stage="all" if stages == ["smoke", "full"] else stages[0], skip_smoke="smoke" not in stages,
-                         yes=True, output=output if output in ("bar", "quiet", "json") else "quiet", verify_data=True)
+                         yes=True, output=next((o for o in OUTPUTS if o == output), "quiet"), verify_data=True)
     restored: list[dict[str, Any]] = []
     # The code is rebuilt from its provenance (commit + patch) only where mcx's modules here are not the recorded
     # ones, or where the data must be restored (the recorded commit's .dvc files identify it); else it runs here.

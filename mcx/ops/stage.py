@@ -12,10 +12,10 @@ from attrs import evolve, frozen
 
 from mcx.contract.checkpoints import latest_checkpoint
 from mcx.contract.files import CHECKPOINTS_DIR, JOB_FILE, RESULT_FILE
-from mcx.contract.job import Checks, InitFrom, Job, Output, job_to_dict
+from mcx.contract.job import INIT_KINDS, Checks, InitFrom, Job, Output, job_to_dict
 from mcx.contract.result import StageResult, clear_result, read_result, read_stage_result
 from mcx.contract.status import Status
-from mcx.errors import McxError
+from mcx.errors import InputError, McxError
 from mcx.jsonfile import read_json
 from mcx.ops.plan import PlanResult
 from mcx.ops.progress import Note, Progress
@@ -65,7 +65,11 @@ def _init(stage: str, planned: PlanResult) -> InitFrom | None:
     if stage != "full" or source is None:
         return None
     init = planned.spec.init
-    return InitFrom(kind=source.kind, path=source.path, format=source.format,
+    kind = next((k for k in INIT_KINDS if k == source.kind), None)
+    if kind is None:  # the fingerprint resolved [init] from; a record naming another kind is damaged
+        raise InputError(f"the fingerprint's init component names {source.kind!r}, not one of {', '.join(INIT_KINDS)};",
+                         "plan the spec again.")
+    return InitFrom(kind=kind, path=source.path, format=source.format,
                     load_optimizer=init.load_optimizer, reset_step=init.reset_step)
 
 

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, frozen
 
+from mcx.contract.job import Output
 from mcx.errors import InputError, SpecError
 from mcx.hashing import digest
 from mcx.spec import ExperimentSpec, load_spec
+
+if TYPE_CHECKING:
+    import optuna
 
 TPE_STARTUP = 10  # Optuna's TPESampler default: random trials before the model proposes
 
@@ -21,7 +25,7 @@ TPE_STARTUP = 10  # Optuna's TPESampler default: random trials before the model 
 class SweepOptions:
     yes: bool = False  # confirm a sweep over budget.max_gpu_hours
     dry_run: bool = False
-    output: str = "quiet"  # each trial's worker display (bar | quiet | json)
+    output: Output = "quiet"  # each trial's worker display (bar | quiet | json)
     confirm: Callable[[str], bool] | None = None  # asked when over budget without --yes; None: refuse
     verify_data: bool = False
 
@@ -73,7 +77,7 @@ def proposals(spec: ExperimentSpec) -> list[dict[str, Any]]:
     return out
 
 
-def sampler_for(spec: ExperimentSpec, number: int):
+def sampler_for(spec: ExperimentSpec, number: int) -> optuna.samplers.BaseSampler:
     """The sampler that draws trial ``number``: seeded with the sweep's seed and the number."""
     import optuna
 

@@ -58,8 +58,9 @@ def trials_gate(spec: Any, step_times: Sequence[float | None], steps: int, *, ye
     with --yes or the user's confirmation, else BudgetError (exit 2) with nothing started."""
     world = spec.hardware.nodes * spec.hardware.gpus_per_node
     startup = TRIAL_STARTUP_S.get(spec.launch.kind, TRIAL_STARTUP_S["slurm"])
-    hours = (None if not step_times or any(s is None for s in step_times)
-             else sum(startup + (steps + 1) * s for s in step_times) * world / 3600)  # type: ignore[operator]
+    known = [s for s in step_times if s is not None]
+    hours: float | None = (None if not step_times or len(known) < len(step_times)
+                           else sum(startup + (steps + 1) * s for s in known) * world / 3600)
     where = "on Slurm" if spec.launch.kind == "slurm" else "here"
     unit = "CPU process" if spec.hardware.gpu == "cpu" else "GPU"
     size = f"{len(step_times)} trial{'s' * (len(step_times) != 1)} of {steps + 1} steps on {world} {unit}{'s' * (world != 1)}"
