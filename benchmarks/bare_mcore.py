@@ -33,7 +33,7 @@ whole loop iteration). Reported, as one JSON line on stdout (rank 0) and in ``--
 
     tokens_per_s_per_gpu   global batch tokens x steps / summed step times / GPUs
     tflops_per_gpu, mfu    Megatron's FLOPs (mcx.plan.flops) over the same time; MFU against the
-                           bf16 dense peak of the GPU (mcx.plan.hardware), null if unknown
+                           bf16 dense peak of the GPU (mcx.plan.gpus), null if unknown
     *_median               the same from the median step time
     mem_peak_bytes         torch.cuda.max_memory_allocated() over the whole run (rank 0, as mcx's
                            metrics; *_max_rank: the largest over ranks)
@@ -93,8 +93,8 @@ with warnings.catch_warnings():  # Megatron-Core warns at import about optional 
     from megatron.core.utils import divide
 
 from mcx.errors import McxError
-from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
-from mcx.plan.layout import Layout
+from mcx.plan.gpus import gpu_from_name, mfu_peak_flops
+from mcx.plan.layout_rules import Layout
 from mcx.plan.params import count_params, padded_vocab_size
 from mcx.spec import ExperimentSpec
 from throughput import FP8, IMPLS, load_benchmark_spec, score, spec_overrides  # the benchmark's definition

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     from rich.console import Console
 
     from mcx.metrics import curves as metricsfile
-    from mcx.report.compare import compare
+    from mcx.report.compare_view import compare
     from mcx.report.htmlpage import to_html
     from mcx.report.jsondoc import to_json
     from mcx.report.markdown import to_markdown

@@ -1,6 +1,6 @@
 """GPU validation: the runs docs/benchmarks.md reports for issues 3, 6, 8 and 11, as one script.
 
-Each task builds job.json files exactly as the control plane does (``mcx.plan.layout.resolve_layout``
+Each task builds job.json files exactly as the control plane does (``mcx.plan.layout_rules.resolve_layout``
 on the spec with the task's ``--set`` overrides), starts mcx's worker on them (``python -m mcx.train``,
 under torchrun for two GPUs), and writes one JSON file of results into ``--out``:
 
@@ -53,7 +53,7 @@ from typing import Any
 from mcx.contract.files import METRICS_FILE
 from mcx.launch.env import worker_env
 from mcx.ops.plan import te_available
-from mcx.plan.layout import resolve_layout
+from mcx.plan.layout_rules import resolve_layout
 from mcx.spec import load_spec, spec_to_dict
 from mcx.train.metrics import read_records
 from throughput import vocab_size  # benchmarks/throughput.py: the vocabulary mcx's worker uses

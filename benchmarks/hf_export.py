@@ -3,7 +3,7 @@
 A canonical checkpoint of a LLaMA-shaped model (random weights, fp32) is written once as each source format
 mcx exports from: a CPU run's ``state.pt`` and (``--dist``) a Megatron-Core distributed checkpoint written by
 the tests' CPU fixture at TP 1. Then, each in a fresh process, the export that `mcx export-hf` runs
-(``mcx.weights.sources.open_weights`` -> ``mcx.weights.hf.write_hf``) writes it as bf16 safetensors shards
+(``mcx.weights.sources.open_weights`` -> ``mcx.weights.hf_convert.write_hf``) writes it as bf16 safetensors shards
 of ``--shard-mb``. A sampler thread reads the process's RssAnon (its own memory: a memory-mapped source's
 pages are file-backed, reclaimable, and not the export's) and VmHWM (everything resident, mapped files
 included) every 5 ms; the export's own memory is the peak RssAnon less what the process held before it began
@@ -39,7 +39,7 @@ def export_child(source: str, fmt: str, out: str, layers: int, heads: int, group
     """One export in this process, with its memory sampled."""
     import torch
 
-    from mcx.weights.hf import Shapes, write_hf
+    from mcx.weights.hf_convert import Shapes, write_hf
     from mcx.weights.sources import open_weights
 
     peak = {"anon": 0}

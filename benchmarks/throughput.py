@@ -5,7 +5,7 @@ One process runs, one after the other (in ``--runners`` order):
     bare   benchmarks/bare_mcore.py: Megatron-Core 0.19.2 wired by hand (no mcx.train), synthetic tokens
     mcx    mcx's worker, ``python -m mcx.train STAGE_DIR``, started by mcx's own launcher for the spec
            (local, or torchrun for several GPUs) on a job.json built here as the control plane builds
-           it (spec with the same overrides, ``mcx.plan.layout.resolve_layout``: the full stage trains the
+           it (spec with the same overrides, ``mcx.plan.layout_rules.resolve_layout``: the full stage trains the
            spec as written), reading the spec's real dataset
 
 Both train ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps of the spec's global
@@ -56,8 +56,8 @@ from mcx.hashing import digest, short_id
 from mcx.launch import Placement, launcher_for, worker_env
 from mcx.launch.env import omp_threads
 from mcx.plan.flops import flops_per_iteration
-from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
-from mcx.plan.layout import Layout, resolve_layout
+from mcx.plan.gpus import gpu_from_name, mfu_peak_flops
+from mcx.plan.layout_rules import Layout, resolve_layout
 from mcx.plan.params import padded_vocab_size
 from mcx.spec import ExperimentSpec, load_spec, spec_to_dict
 from mcx.train.metrics import read_records

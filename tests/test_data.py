@@ -292,7 +292,7 @@ def _copy_dataset(quickstart: Path, tmp_path: Path) -> Path:
     ],
 )
 def test_damaged_dataset_is_a_data_error_when_loading(quickstart: Path, tmp_path: Path, damage, message: str) -> None:
-    from mcx.train.data import build_datasets
+    from mcx.train.datasets import build_datasets
 
     ds = _copy_dataset(quickstart, tmp_path)
     damage(ds)
@@ -331,7 +331,7 @@ def test_split_arithmetic_matches_megatron_core(quickstart: Path, tmp_path: Path
         parse_and_normalize_split,
     )
 
-    from mcx.train.data import build_datasets
+    from mcx.train.datasets import build_datasets
 
     for split in ("969,30,1", "98,2,0", "1,1,1", "0.7, 0.2, 0.1", "100", "3,0,1"):
         for n in (1, 3, 542, 1001):
@@ -345,7 +345,7 @@ def test_split_arithmetic_matches_megatron_core(quickstart: Path, tmp_path: Path
 
 
 def test_empty_split_is_a_data_error(texts: Path, tmp_path: Path) -> None:
-    from mcx.train.data import build_datasets
+    from mcx.train.datasets import build_datasets
 
     prepare(text_corpus([texts]), TokenizerSpec(vocab_size=300), tmp_path / "ds")  # 12 documents
     with pytest.raises(DataError, match="gives the valid split none of the 12 documents"):
@@ -355,7 +355,7 @@ def test_empty_split_is_a_data_error(texts: Path, tmp_path: Path) -> None:
 def test_sampler_order_is_megatrons() -> None:
     from megatron.training.datasets.data_samplers import MegatronPretrainingSampler
 
-    from mcx.train.data import sample_indices
+    from mcx.train.datasets import sample_indices
 
     for total, consumed, mbs, dp in [(100, 0, 4, 1), (100, 24, 2, 2), (97, 8, 3, 4), (64, 63, 1, 1)]:
         for rank in range(dp):
@@ -367,7 +367,7 @@ def test_sampler_order_is_megatrons() -> None:
 def test_batches_resume_exactly_and_split_across_dp_ranks(quickstart: Path, tmp_path: Path) -> None:
     import torch
 
-    from mcx.train.data import build_datasets, iterate_batches, num_samples
+    from mcx.train.datasets import build_datasets, iterate_batches, num_samples
 
     data = quickstart / "data/quickstart"
     before = directory_md5(quickstart / "data")
@@ -412,7 +412,7 @@ def test_batches_resume_exactly_and_split_across_dp_ranks(quickstart: Path, tmp_
 def test_smoke_subset_repeats_distinct_samples(quickstart: Path, tmp_path: Path) -> None:
     import torch
 
-    from mcx.train.data import build_datasets, iterate_batches
+    from mcx.train.datasets import build_datasets, iterate_batches
 
     data = quickstart / "data/quickstart"
     ds = build_datasets(data, prefix="corpus", split="969,30,1", seq_length=64, seed=1, samples=(40, 8, 8), cache_dir=tmp_path, train_samples_limit=10)
@@ -428,7 +428,7 @@ def _gloo_rank(rank: int, tmp: Path, data: Path) -> None:
         import torch
         import torch.distributed as dist
 
-        from mcx.train.data import build_datasets, iterate_batches
+        from mcx.train.datasets import build_datasets, iterate_batches
 
         dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2)
         ds = build_datasets(data, prefix="corpus", split="969,30,1", seq_length=64, seed=1234, samples=(48, 48, 16), cache_dir=tmp / "cache")
@@ -445,7 +445,7 @@ def _gloo_rank(rank: int, tmp: Path, data: Path) -> None:
 def test_gloo_ranks_build_once_and_split_the_global_batch(quickstart: Path, tmp_path: Path) -> None:
     import torch
 
-    from mcx.train.data import build_datasets, iterate_batches
+    from mcx.train.datasets import build_datasets, iterate_batches
 
     data = quickstart / "data/quickstart"
     assert not torch.distributed.is_initialized()

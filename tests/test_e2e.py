@@ -363,8 +363,8 @@ def test_a_stage_out_of_memory_fails_with_the_planners_view_and_fixes(project, a
     """A real allocation failure in the worker (a 64 GiB embedding on a 24 GiB machine): the run fails
     with the allocator's message, the planner's estimate for the stage and the fixes it computes."""
     # Its checkpoint would not fit this machine's disk either, which `mcx run` refuses before anything
-    # starts (tests/test_site.py); this test is about the worker's allocation failure, so that check is off.
-    monkeypatch.setattr("mcx.launch.site.free_space", lambda *args, **kwargs: [])
+    # starts (tests/test_preflight.py); this test is about the worker's allocation failure, so that check is off.
+    monkeypatch.setattr("mcx.launch.preflight.free_space", lambda *args, **kwargs: [])
     res = mcx_inprocess(project, "run", SPEC, *FAST, "--set", "model.hidden_size=33554432", "--skip-smoke", "--yes",
                         "--json", "--quiet")
     assert res.code == 1, res

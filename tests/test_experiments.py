@@ -9,7 +9,7 @@ import pytest
 
 from mcx.errors import BudgetError
 from mcx.plan.cost import check_budget
-from mcx.plan.layout import resolve_layout
+from mcx.plan.layout_rules import resolve_layout
 from mcx.plan.planner import make_plan, plan_to_dict
 from mcx.spec import load_spec
 from mcx.spec.rules import check_spec

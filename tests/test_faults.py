@@ -348,7 +348,7 @@ ZYGOTE = textwrap.dedent('''
     import traceback
     import warnings
 
-    from mcx.train.stage import _import_worker
+    from mcx.train.worker import _import_worker
 
     _import_worker("cpu")  # the worker's own import step: torch, Megatron-Core, mcx.train
     from mcx.train.__main__ import main

@@ -36,7 +36,7 @@ from mcx.fingerprint.code import collect_code, module_changes, worker_package
 from mcx.fingerprint.config import NOT_HASHED, canonical_config
 from mcx.fingerprint.data import collect_data
 from mcx.fingerprint.environment import collect_environment, cuda_version
-from mcx.fingerprint.explain import flatten
+from mcx.fingerprint.diff import flatten
 from mcx.fingerprint.filehashes import cache_path, load
 from mcx.report.explain_view import render_explanation
 from mcx.fingerprint.modules import dependencies, imported_names, module_files
@@ -700,7 +700,7 @@ def test_cuda_version_from_torch_local_tag() -> None:
 
 
 def test_control_plane_imports_stay_light() -> None:
-    code = ("import sys, mcx.fingerprint, mcx.fingerprint.explain; "
+    code = ("import sys, mcx.fingerprint, mcx.fingerprint.diff; "
             "print(sorted(m for m in ('torch', 'megatron', 'mlflow', 'dvc', 'rich', 'yaml') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=REPO)
     assert out.stdout.strip() == "[]"

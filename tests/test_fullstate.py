@@ -57,7 +57,7 @@ FULL = [name for name in CHECKPOINTS if name != "dense_without_final_norm"]
 @contextlib.contextmanager
 def cpu_backend(variant: str, overrides: list[str] = ()):
     """mcx's CPU backend for ``variant`` in this process (torch.distributed and parallel_state for one rank)."""
-    from mcx.plan.degrees import Layout
+    from mcx.plan.layout import Layout
     from mcx.spec.load import load_spec
     from mcx.train.cpu import CpuBackend
     from mcx.contract.job import Job
@@ -262,7 +262,7 @@ def test_directories_that_are_not_torch_dist_checkpoints_are_named_with_what_to_
 
 
 def test_checkpoint_dir_follows_megatron_lm_and_mcx_pointers(tmp_path):
-    from mcx.weights.paths import checkpoint_dir
+    from mcx.weights.checkpoint_files import checkpoint_dir
 
     megatron, mcx = tmp_path / "save", tmp_path / "checkpoints"
     for root, name in ((megatron, "iter_0000500"), (megatron, "release"), (mcx, "iter_0000040")):

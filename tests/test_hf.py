@@ -1,4 +1,4 @@
-"""Hugging Face models in and out (mcx.weights.hf, mcx import-hf, mcx export-hf), checked against
+"""Hugging Face models in and out (mcx.weights.hf_convert, mcx import-hf, mcx export-hf), checked against
 transformers itself: tiny random LLaMA and Mixtral models built locally (no download), the same logits from
 Megatron-Core and transformers, bitwise round trips, and every bad directory refused (exit 2)."""
 
@@ -59,15 +59,15 @@ def mcore():
 
 
 def mcore_model(directory: Path, seq: int = 64):
-    """mcx's CPU model for the Hugging Face model in ``directory``, its weights read by mcx.weights.hf."""
+    """mcx's CPU model for the Hugging Face model in ``directory``, its weights read by mcx.weights.hf_convert."""
     import torch
 
     from mcx.spec import load_spec
     from mcx.train import cpu
     from mcx.train import model as model_lib
-    from mcx.plan.degrees import Layout
+    from mcx.plan.layout import Layout
     from mcx.weights.canonical import check_fits, with_vocab_rows
-    from mcx.weights.hf import hf_weights
+    from mcx.weights.hf_convert import hf_weights
     from mcx.weights.hfconfig import as_model_spec, read_config
 
     hf = read_config(directory)
@@ -137,7 +137,7 @@ def hf_round_trip(source: Path, out: Path, max_shard_bytes: int = 1 << 40):
     """``source`` read as canonical weights and written back by mcx, through a spec's [model]."""
     import torch
 
-    from mcx.weights.hf import Shapes, hf_weights, write_hf
+    from mcx.weights.hf_convert import Shapes, hf_weights, write_hf
     from mcx.weights.hfconfig import as_model_spec, config_json, read_config
 
     hf = read_config(source)
@@ -193,7 +193,7 @@ def test_an_export_never_replaces_a_directory_and_leaves_nothing_on_error(tmp_pa
         hf_round_trip(source, tmp_path / "taken")
     assert list((tmp_path / "taken").iterdir()) == []
 
-    import mcx.weights.hf as hfmod
+    import mcx.weights.hf_convert as hfmod
 
     real = hfmod.hf_weights
 
@@ -316,7 +316,7 @@ BAD = {
 @pytest.mark.parametrize("kind", sorted(BAD))
 def test_a_bad_model_directory_is_named_before_anything_is_read(tmp_path, kind):
     from mcx.errors import InputError
-    from mcx.weights.hf import hf_weights
+    from mcx.weights.hf_convert import hf_weights
 
     directory = _bad(kind, tmp_path)
     with pytest.raises(InputError) as err:
@@ -444,7 +444,7 @@ def test_a_run_leaves_as_a_hugging_face_model_and_a_run_starts_from_it(mcore, tm
     from mcx.spec import load_spec
     from mcx.train import cpu
     from mcx.train import model as model_lib
-    from mcx.plan.degrees import Layout
+    from mcx.plan.layout import Layout
 
     project = make_e2e_project(tmp_path / "project")
     parent = mcx_subprocess(project, "run", "experiments/tiny.toml", *SHORT, "--set", "train.train_iters=20", "--json")

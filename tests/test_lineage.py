@@ -92,7 +92,7 @@ def _fake_run(root: Path, run_id: str, crc: str, status: str = "finished") -> Pa
 
 def test_the_parents_checkpoint_content_is_the_childs_identity_not_its_place(tmp_path: Path) -> None:
     from mcx.errors import InputError
-    from mcx.fingerprint.init import run_source
+    from mcx.fingerprint.init_from import run_source
 
     ckpts = _fake_run(tmp_path, "aaaaaaaaaaaa", "1c291ca3")
     first = run_source(tmp_path, "aaaaaaaaaaaa", None)
@@ -150,7 +150,7 @@ def test_a_megatron_source_is_found_checked_and_identified_by_content(tmp_path: 
     checkpoint directory (``latest``) or the iteration itself; a legacy or foreign directory is named with
     what to do; the checkpoint's files are the child's identity (docs/lineage.md)."""
     from mcx.errors import InputError
-    from mcx.fingerprint.init import collect_init, megatron_checkpoint
+    from mcx.fingerprint.init_from import collect_init, megatron_checkpoint
     from mcx.spec.load import load_spec
 
     save = tmp_path / "megatron" / "save"

@@ -17,8 +17,8 @@ from mcx.hashing import digest
 from mcx.plan import smoketime
 from mcx.plan.cost import check_budget, estimate_cost
 from mcx.plan.flops import flops_per_iteration, flops_per_token
-from mcx.plan.hardware import GPUS, GiB, gpu_from_name, mfu_peak_flops, peak_flops, supports_fp8
-from mcx.plan.layout import Layout, resolve_layout
+from mcx.plan.gpus import GPUS, GiB, gpu_from_name, mfu_peak_flops, peak_flops, supports_fp8
+from mcx.plan.layout_rules import Layout, resolve_layout
 from mcx.plan.memory import estimate_memory, verdict
 from mcx.plan.params import count_params
 from mcx.plan.planner import make_plan, plan_to_dict
@@ -717,7 +717,7 @@ def test_the_job_file_carries_the_planners_layout_and_reads_it_back():
     GPUs per node and distributed optimizer taken from the stage's spec."""
     from attrs import evolve
 
-    from mcx.plan.degrees import JOB_FIELDS
+    from mcx.plan.layout import JOB_FIELDS
     from mcx.contract.job import DEGREE_KEYS, Job, job_from_dict, job_to_dict
 
     for name, vocab in (("llama3_70b.toml", 128256), ("mixtral_8x7b.toml", 32000), ("tiny.toml", 512)):

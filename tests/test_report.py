@@ -25,7 +25,7 @@ import tomli_w
 from rich.console import Console
 
 from mcx.errors import InputError
-from mcx.report.compare import compare
+from mcx.report.compare_view import compare
 from mcx.report.htmlpage import to_html
 from mcx.report.jsondoc import to_json
 from mcx.report.markdown import to_markdown

@@ -19,7 +19,7 @@ from rich.console import Console
 
 from mcx.contract.result import StageResult
 from mcx.plan.cost import check_budget
-from mcx.plan.layout import Layout
+from mcx.plan.layout_rules import Layout
 from mcx.plan.params import count_params, stage_params
 from mcx.plan.planner import make_plan, plan_to_dict
 from mcx.plan.steptime import CALIBRATIONS, Calibration, Features, PredictionCheck, _Device, check_prediction, predict
@@ -68,7 +68,7 @@ def test_a_gemm_is_compute_or_memory_bound_by_hand():
 
 
 def load_gpu(name):
-    from mcx.plan.hardware import gpu_info
+    from mcx.plan.gpus import gpu_info
 
     return gpu_info(name)
 

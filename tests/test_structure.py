@@ -44,7 +44,7 @@ HEAVY = ("torch", "megatron", "mlflow", "dvc", "safetensors")
 ENV_DROP = ("MLFLOW_TRACKING_URI", "MCX_PROJECT", "MCX_LOCKFILE")
 # What may import torch and megatron at module level: the worker, and the modules of mcx.weights that move
 # tensors (the control plane reaches them only inside the functions of the commands that need them).
-WORKER = ("mcx.train", "mcx.weights.canonical", "mcx.weights.hf", "mcx.weights.dist")
+WORKER = ("mcx.train", "mcx.weights.canonical", "mcx.weights.hf_convert", "mcx.weights.dist")
 
 
 # -- the import graph --------------------------------------------------------------------------------

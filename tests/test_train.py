@@ -689,7 +689,7 @@ def test_divergence_guard_rules():
 
 def test_vocabulary_padding_and_layer_spec_choice():
     from mcx.errors import SpecError
-    from mcx.plan.degrees import Layout
+    from mcx.plan.layout import Layout
     from mcx.train.model import choose_layer_spec, padded_vocab_size
 
     assert padded_vocab_size(50257, 128, 1) == 50304 and padded_vocab_size(50257, 128, 8) == 51200
@@ -707,7 +707,7 @@ def test_vocabulary_padding_and_layer_spec_choice():
 
 
 def test_fusions_follow_the_spec_the_device_and_the_precision():
-    from mcx.plan.degrees import Layout
+    from mcx.plan.layout import Layout
     from mcx.train.model import cross_entropy_fusion, describe, transformer_config
 
     fast = ["train.deterministic=false"]  # tiny.toml is deterministic and fp32
@@ -952,7 +952,7 @@ def test_an_out_of_memory_crash_reports_what_the_allocator_held(tmp_path, datase
     the out-of-memory facts the control plane turns into advice; other crashes carry none."""
     import torch
 
-    from mcx.train.stage import out_of_memory
+    from mcx.train.worker import out_of_memory
 
     stage = make_stage(tmp_path / "oom", dataset, overrides=["model.hidden_size=33554432"])
     result = run(stage)
@@ -1069,10 +1069,10 @@ def test_the_checkpoint_results_queue_warms_up_and_is_left_empty(tmp_path, caplo
 
 
 def test_stage_result_reads_what_the_worker_writes_and_gives_it_back(tmp_path: Path):
-    """The launch seam's StageResult: the worker's result.json (mcx.train.result) read into one typed
+    """The launch seam's StageResult: the worker's result.json (mcx.train.result_writer) read into one typed
     record and written back key for key; a missing ``passed`` is no failure, a false one is."""
     from mcx.contract.result import StageResult, read_stage_result
-    from mcx.train.result import make_result, write_result
+    from mcx.train.result_writer import make_result, write_result
 
     made = make_result(status="failed", passed=False, checks={"loss_finite": {"passed": False, "detail": "nan"}},
                        final={"train_loss": 4.5}, error="diverged at step 3", steps=3, layer_spec="local",

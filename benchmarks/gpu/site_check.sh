@@ -1,5 +1,5 @@
 #!/bin/bash
-# The worker's node check (mcx.train.stage.check_node) and the one-node smoke stage on one H200, with and without
+# The worker's node check (mcx.train.worker.check_node) and the one-node smoke stage on one H200, with and without
 # Transformer Engine (issue 21). Run from the repository root on the GPU machine, carrying .whl (Megatron-Core and
 # mcx's pure dependencies, benchmarks/README.md), .te (Transformer Engine 2.20.2 as one sm_90 wheel and its
 # dependencies, docs/gpu.md) and data/quickstart. About 2.5 minutes.

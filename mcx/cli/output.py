@@ -62,6 +62,6 @@ def show_progress(event: Any) -> None:
 
         console(stderr=True).print(render_plan(event.plan, event.run_id))
         return
-    from mcx.report.notes import render_note
+    from mcx.report.notes_view import render_note
 
     console(stderr=True).print(render_note(event), soft_wrap=event.copyable)  # commands to copy: never wrapped

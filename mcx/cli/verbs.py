@@ -51,7 +51,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
     expl = explain(args.a, args.b, project=project_root(args), overrides=args.overrides)
     if args.json:
-        from mcx.fingerprint.explain import explanation_to_dict
+        from mcx.fingerprint.diff import explanation_to_dict
 
         _emit_json(explanation_to_dict(expl))
     else:
@@ -94,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _print_notes(notes: Any) -> None:
     """A run's notes (cached, its error, records left to sync) on stderr, before its result on stdout."""
-    from mcx.report.notes import render_note
+    from mcx.report.notes_view import render_note
 
     err = _console(stderr=True)
     for note in notes:

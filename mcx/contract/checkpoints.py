@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from mcx.contract.files import CHECKPOINTS_DIR, JOB_FILE
-from mcx.weights.paths import LATEST, iter_name
+from mcx.weights.checkpoint_files import LATEST, iter_name
 
 META = "meta.json"  # what makes an iteration directory a complete checkpoint (written last)
 RETIRED = ".retired"  # a pruned checkpoint, renamed out of the store while a thread deletes it

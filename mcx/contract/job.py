@@ -15,7 +15,7 @@ from attrs import evolve, field, frozen
 
 from mcx.contract.files import JOB_FILE
 from mcx.errors import InputError, SpecError
-from mcx.plan.degrees import JOB_FIELDS, Device, Layout
+from mcx.plan.layout import JOB_FIELDS, Device, Layout
 from mcx.spec import convert
 from mcx.spec.schema import ExperimentSpec
 from mcx.spec.load import spec_to_dict
@@ -39,7 +39,7 @@ class Checks:
 @frozen(kw_only=True)
 class InitFrom:
     """Where a full stage's weights start when it has no checkpoint of its own (the spec's [init], resolved
-    by the control plane: mcx.fingerprint.init). ``format``: what ``path`` holds: "torch" (the CPU
+    by the control plane: mcx.fingerprint.init_from). ``format``: what ``path`` holds: "torch" (the CPU
     backend's state.pt), "dist" (a Megatron-Core distributed checkpoint), "hf" (a Hugging Face model)."""
 
     kind: InitKind

@@ -1,6 +1,6 @@
 """The stage result: the worker's result.json as one typed record, and the exit code of each status.
 
-The worker writes the file (``mcx.train.result.make_result``; docs/stage-directory.md);
+The worker writes the file (``mcx.train.result_writer.make_result``; docs/stage-directory.md);
 ``StageResult.from_json`` reads it and ``to_json`` gives the same object back, keys mcx does not read
 (``versions``...) kept verbatim in ``extra``. ``control_checks`` is the control plane's own addition
 (the smoke stage's memory prediction): never in the worker's file.
@@ -18,7 +18,7 @@ from attrs import field, frozen
 from mcx.contract.files import RESULT_FILE
 from mcx.contract.status import Status, parse_status
 
-# Status -> exit code of ``python -m mcx.train`` (also recorded as ``exit_code``; mcx.train.result says why).
+# Status -> exit code of ``python -m mcx.train`` (also recorded as ``exit_code``; mcx.train.result_writer says why).
 EXIT_CODES = {Status.FINISHED: 0, Status.PREEMPTED: 0, Status.FAILED: 1, Status.DIVERGED: 1}
 
 # result.json's keys, in the order the worker writes them; the rest go to ``extra``.

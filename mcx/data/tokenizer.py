@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import DataError
+from mcx.spec.load import read_regular_bytes
 from mcx.spec.schema import TokenizerKind, TokenizerSpec
 
 EOD_TOKEN = "<|endoftext|>"
@@ -146,8 +147,6 @@ def _first_token(backend: Any, candidates: Iterable[str]) -> int | None:
 
 
 def _read(path: Path, key: str) -> bytes:
-    from mcx.spec.load import read_regular_bytes
-
     try:
         return read_regular_bytes(path, None)  # a FIFO or /dev/zero would never end
     except FileNotFoundError:

@@ -16,7 +16,7 @@ record and the run ID; ``explain`` diffs two records. Side effects: git, nvidia-
 the data files whose key changed (all with ``--verify-data``), writes ``.mcx/file-hashes.json``.
 """
 
-from mcx.fingerprint.explain import (
+from mcx.fingerprint.diff import (
     ComponentDiff,
     Explanation,
     KeyChange,

@@ -212,7 +212,7 @@ class HardwareComponent(Component):
 
 @frozen(kw_only=True)
 class InitComponent(Component):
-    """``id``: a run's ID, step and checkpoint hash, or a model directory's kind and content hash (mcx.fingerprint.init)."""
+    """``id``: a run's ID, step and checkpoint hash, or a model directory's kind and content hash (mcx.fingerprint.init_from)."""
 
     @property
     def kind(self) -> str:

@@ -30,10 +30,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mcx.data.dataset import token_dtype
 from mcx.errors import DataError
 from mcx.fingerprint.components import NOT_PULLED
-from mcx.fingerprint.dvcworkspace import check_output
 from mcx.fingerprint.dvcfiles import DvcOut, find_out, norm
+from mcx.fingerprint.dvcworkspace import check_output
 from mcx.fingerprint.filehashes import FileHashes
 from mcx.hashing import digest
 from mcx.spec import ExperimentSpec
@@ -170,8 +171,6 @@ def _cost(hashes: FileHashes, before: dict[str, int]) -> dict[str, Any]:
 def largest_token_id(data: DataSpec, project_root: Path, hashes: FileHashes) -> int | None:
     """The largest token id in the prepared dataset's ``<prefix>.bin`` (dtype from its ``.idx`` header), kept
     with the file's hash (read once per version); None where there is no readable dataset of integer tokens."""
-    from mcx.data.dataset import token_dtype
-
     directory = norm(Path(project_root) / data.path)
     bin_path = directory / f"{data.prefix}.bin"
     dtype = token_dtype(directory / f"{data.prefix}.idx")

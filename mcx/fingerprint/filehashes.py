@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.jsonfile import write_bytes_atomic
+from mcx.track.paths import state_dir
 
 FORMAT = "mcx file hashes"
 VERSION = 1
@@ -40,8 +41,6 @@ _HEX_LEN = {"md5": 32, "sha256": 64}
 
 
 def cache_path(project_root: Path) -> Path:
-    from mcx.track.paths import state_dir
-
     return state_dir(project_root) / CACHE_FILE
 
 

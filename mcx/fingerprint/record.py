@@ -1,7 +1,7 @@
 """The fingerprint record and the run ID it hashes to.
 
 A record holds five components, and a sixth, ``init``, when the run starts from another run's or a
-model's weights (mcx.fingerprint.init), each a typed ``Component`` (mcx.fingerprint.components) written as
+model's weights (mcx.fingerprint.init_from), each a typed ``Component`` (mcx.fingerprint.components) written as
 ``{"id": {...}, "info": {...}}``: ``id`` is exactly what is hashed, ``info`` is what was observed along the
 way (paths, probes, versions that cannot change a result). Warnings and side data (the code patch) are kept
 beside them and never hashed.
@@ -40,7 +40,7 @@ from mcx.fingerprint.config import collect_config
 from mcx.fingerprint.data import collect_data
 from mcx.fingerprint.environment import collect_environment
 from mcx.fingerprint.hardware import collect_hardware
-from mcx.fingerprint.init import collect_init
+from mcx.fingerprint.init_from import collect_init
 from mcx.hashing import digest, short_id
 from mcx.spec import ExperimentSpec
 

@@ -30,7 +30,7 @@ from mcx.spec.schema import ExperimentSpec
 ENTRY = "pretrain_gpt.py"
 _GROUPS = (("model", "MODEL_ARGS"), ("parallel", "MODEL_PARALLEL_ARGS"), ("train", "TRAINING_ARGS"),
            ("data", "DATA_ARGS"), ("checkpoint", "CHECKPOINT_ARGS"))
-# Planned layout (mcx.plan.layout.Layout, or the job contract's "layout" object) -> spec keys.
+# Planned layout (mcx.plan.layout_rules.Layout, or the job contract's "layout" object) -> spec keys.
 _LAYOUT = {"parallel.tensor": "tp", "parallel.pipeline": "pp", "parallel.virtual_pipeline": "vpp",
            "parallel.context": "cp", "parallel.expert": "ep", "parallel.sequence_parallel": "sequence_parallel",
            "parallel.distributed_optimizer": "distributed_optimizer"}

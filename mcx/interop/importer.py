@@ -23,17 +23,17 @@ from mcx.interop import carried
 from mcx.interop import flags as F
 from mcx.interop.corrections import apply_corrections
 from mcx.interop.expand import Unknown
-from mcx.spec.keys import nest, spec_keys
+from mcx.interop.flag_rules import RULES, plain
 from mcx.interop.launcher import launcher_values
 from mcx.interop.notes import family_notes
 from mcx.interop.options import check_options
 from mcx.interop.overrides import check_required, pin_overrides, plan_notes
 from mcx.interop.pretrain_args import Ctx, Mapped, split_args
-from mcx.interop.rules import RULES, plain
 from mcx.interop.script import Launch, read_script
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, allocator_items, other_allocator_items
 from mcx.spec import convert
-from mcx.spec.load import apply_preset
+from mcx.spec.keys import nest, spec_keys
+from mcx.spec.load import apply_preset, read_regular_text
 from mcx.spec.presets import PRESETS
 from mcx.spec.rules import check_spec
 from mcx.spec.schema import ExperimentSpec
@@ -199,8 +199,6 @@ def spec_name(path: Path) -> str:
 def import_file(path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None,
                 args: Sequence[str] = (), overrides: Sequence[str] = ()) -> tuple[str, ImportResult]:
     """Read and import a launch script: (TOML text to write, the result). InputError if unreadable."""
-    from mcx.spec.load import read_regular_text
-
     p = Path(path)
     try:
         text = read_regular_text(p)

@@ -2,7 +2,7 @@
 
 ``split_args`` sorts a launch's arguments into the flags the table knows (last occurrence wins, as
 argparse) and the others (reported with their reason). ``Ctx`` reads typed values from the known
-ones and collects the spec values, the mapping record and the problems; mcx/interop/rules.py holds
+ones and collects the spec values, the mapping record and the problems; mcx/interop/flag_rules.py holds
 what each row of the flag table does with them.
 """
 

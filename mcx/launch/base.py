@@ -18,7 +18,7 @@ from attrs import frozen
 
 from mcx.contract.checkpoints import latest_checkpoint
 from mcx.errors import InputError
-from mcx.plan.degrees import Layout
+from mcx.plan.layout import Layout
 from mcx.spec.schema import LaunchSpec
 
 State = Literal["pending", "running", "finished", "failed", "cancelled", "timeout", "node_fail", "preempted"]

@@ -8,6 +8,14 @@ from typing import Any
 import attrs
 
 from mcx.errors import InputError
+from mcx.ops.outputs import check_output_file, write_text
+from mcx.ops.records import run_dirs
+from mcx.ops.sweep import show
+from mcx.report.compare_view import compare as build
+from mcx.report.rundata import load_run_dir
+from mcx.report.seeds import seed_runs
+from mcx.report.sweep_report import SweepSection, SweepTrial
+from mcx.track.lineage import describe_source, lineage
 
 
 BEST_COMPARED = 5  # `--sweep`: the best complete trials whose runs are compared
@@ -18,12 +26,6 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
     """The report in ``fmt``; written to ``out`` (and None returned) when given. ``sweep``: that sweep's best
     trials are compared, and the report shows its objective against each parameter and every trial."""
     import json
-
-    from mcx.ops.records import run_dirs
-    from mcx.report.compare import compare as build
-    from mcx.report.rundata import load_run_dir
-
-    from mcx.ops.outputs import check_output_file, write_text
 
     if out:  # a bad -o is bad input, said before any run is read
         check_output_file(out, "-o")
@@ -76,8 +78,6 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
 def _seed_groups(project: Path, cmp: Any) -> dict[str, list[Any]]:
     """The summary's run-to-run noise: for each run of its headline, the recorded runs that differ from
     it only in train.seed (a scan of the project's fingerprints; only those runs' metrics are read)."""
-    from mcx.report.seeds import seed_runs
-
     groups = {}
     for run_id in cmp.summary.pair if cmp.summary is not None else ():
         try:
@@ -90,9 +90,6 @@ def _seed_groups(project: Path, cmp: Any) -> dict[str, list[Any]]:
 
 
 def _sweep_section(project: Path, name: str) -> Any:
-    from mcx.ops.sweep import show
-    from mcx.report.sweep_report import SweepSection, SweepTrial
-
     result = show(name, project)
     if result.best is None:
         raise InputError(f"sweep {name} has no complete trial to compare;", f"run it first (`mcx sweep SPEC`), or see "
@@ -105,8 +102,6 @@ def _sweep_section(project: Path, name: str) -> Any:
 
 def _chains(project: Path, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
     """Each run's sources, oldest first (mcx lineage), for runs that started from other weights."""
-    from mcx.track.lineage import describe_source, lineage
-
     out = {}
     for run_id in run_ids:
         try:

@@ -5,9 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mcx.data.corpus import jsonl_corpus, text_corpus
+from mcx.data.dataset import check_dataset, read_manifest
+from mcx.data.dvc_hash import verify_against_dvc
+from mcx.data.prepare import prepare as build, prepare_quickstart, quickstart_recipe
 from mcx.errors import DataError, SpecError
+from mcx.fingerprint.components import DataPath
+from mcx.fingerprint.data import content_identity, data_paths, largest_token_id, not_pulled_warning
+from mcx.fingerprint.dvcfiles import find_out, norm
+from mcx.fingerprint.dvcworkspace import cache_object, recorded_listing, shown_path, shown_paths
+from mcx.fingerprint.filehashes import FileHashes
+from mcx.ops.plan import token_id_problems
 from mcx.ops.progress import Note, Progress
 from mcx.spec.schema import DataSpec, TokenizerKind, TokenizerSpec
+from mcx.track.dvc_store import ensure_remote, keep_version, restore
 
 if TYPE_CHECKING:
     from mcx.fingerprint.dvcfiles import DvcOut
@@ -23,11 +34,6 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
 def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: str | None,
             tokenizer_kind: TokenizerKind | None, merges: str | None, vocab_size: int | None, json_key: str,
             force: bool, inside_tracked: bool = False) -> dict[str, Any]:
-    from mcx.data.corpus import jsonl_corpus, text_corpus
-    from mcx.data.dataset import read_manifest
-    from mcx.data.prepare import prepare as build
-    from mcx.data.prepare import prepare_quickstart, quickstart_recipe
-
     if source is None:
         if tokenizer or tokenizer_kind or merges or vocab_size or (out and Path(out).resolve() != (project / quickstart_recipe().path).resolve()):
             raise DataError("tokenizer and output options need a SOURCE;",
@@ -67,8 +73,6 @@ def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: st
 def _enclosing_output(project: Path, out_dir: Path) -> tuple[str, str] | None:
     """(output, its .dvc or dvc.lock file), project-relative, when ``out_dir`` lies inside another
     DVC-tracked output (``data/mine`` inside ``data``, which ``data.dvc`` tracks); else None."""
-    from mcx.fingerprint.dvcfiles import find_out, norm
-
     root, full = norm(project), norm(out_dir)
     found = find_out(full)
     if found is None or found.path == full or not found.path.is_relative_to(root):
@@ -78,8 +82,6 @@ def _enclosing_output(project: Path, out_dir: Path) -> tuple[str, str] | None:
 
 def _dvc_add_hint(project: Path, out_dir: Path, enclosing: tuple[str, str] | None) -> str | None:
     """The `dvc add` that records the prepared dataset (its enclosing output's new version, if any)."""
-    from mcx.fingerprint.dvcfiles import norm
-
     root, full = norm(project), norm(out_dir)
     if not full.is_relative_to(root) or not (root / ".dvc").is_dir():
         return None
@@ -107,8 +109,6 @@ def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None,
 
 
 def _dataset(project: Path, data: DataSpec, *, remote: str | None, progress: Progress | None) -> Path:
-    from mcx.data.dataset import check_dataset
-
     path = project / data.path
     if (path / "manifest.json").exists():
         check_dataset(path, data.prefix)
@@ -117,8 +117,6 @@ def _dataset(project: Path, data: DataSpec, *, remote: str | None, progress: Pro
     if (path / "manifest.json").exists():
         check_dataset(path, data.prefix)
         return path
-    from mcx.data.prepare import prepare_quickstart, quickstart_recipe
-
     if path.resolve() == (project / quickstart_recipe().path).resolve():
         prepare_quickstart(project)
         checked = _verify_quickstart(project)
@@ -135,10 +133,6 @@ def _pulled(project: Path, key: str, value: str, *, remote: str | None, progress
     """Pull the DVC output that holds ``value`` (the spec's ``key``; a .dvc file's by its record, a dvc.lock
     stage's by a pointer to its md5) and check it (DataError where damaged); why it is still not there, None where
     it is now."""
-    from mcx.fingerprint.dvcfiles import find_out, norm
-    from mcx.fingerprint.dvcworkspace import cache_object, shown_path
-    from mcx.track.dvc_store import ensure_remote, restore
-
     out = find_out(project / value)
     if out is None:
         return "no .dvc file or dvc.lock output tracks it"
@@ -167,10 +161,6 @@ def check_pulled(project: Path, out: DvcOut, *, remote: str, again: str) -> None
     removed from the workspace and the cache (their content is not their name's), and a DataError names them,
     ``remote`` (its name) and how to fetch again once it is mended (``again``). The hashes are kept (FileHashes),
     so the run's fingerprint reads again only the files written in the pull's last seconds (racy ones)."""
-    from mcx.fingerprint.dvcfiles import norm
-    from mcx.fingerprint.dvcworkspace import cache_object, recorded_listing, shown_path, shown_paths
-    from mcx.fingerprint.filehashes import FileHashes
-
     if out.hash_name != "md5":
         return
     is_dir = out.value.endswith(".dir")
@@ -206,11 +196,6 @@ def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
     vocabulary (``token_id_problems``, which planning could not check while the data was not here)."""
     from attrs import evolve
 
-    from mcx.fingerprint.components import DataPath
-    from mcx.fingerprint.data import content_identity, data_paths, largest_token_id, not_pulled_warning
-    from mcx.fingerprint.filehashes import FileHashes
-    from mcx.ops.plan import token_id_problems
-
     data = planned.record.data
     stale = [path for path in data.paths.values() if not path.pulled]
     if not stale:
@@ -244,8 +229,6 @@ def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
 
 def _verify_quickstart(project: Path) -> bool:
     """Whether the rebuilt quickstart was checked against data.dvc (DataError where it differs)."""
-    from mcx.data.dvc_hash import verify_against_dvc
-
     if not (project / "data.dvc").exists():
         return False
     others = {p.name for p in (project / "data").iterdir()} - {"quickstart"}
@@ -265,9 +248,6 @@ def tracked_outputs(project: Path, data: DataSpec, data_id: dict[str, Any]) -> d
     A data identity ``{"source": "dvc", "value": md5, "subpath": "quickstart"}`` for
     ``data.path = "data/quickstart"`` names version md5 of the output ``data``.
     """
-    from mcx.fingerprint.data import data_paths
-    from mcx.fingerprint.dvcfiles import norm
-
     root = norm(project)
     outs: dict[Path, tuple[str, str]] = {}
     for name, (key, value) in data_paths(data).items():
@@ -289,8 +269,6 @@ def data_versions(project: Path, data: DataSpec, data_id: dict[str, Any]) -> lis
     """The DVC-tracked data versions a run trains on, as its checkpoint pointers record them:
     ``[{"spec": "data.path", "path": "data/quickstart", "output": "data", "md5": "....dir"}]``
     (not "key": records are redacted by name, and "key" reads as a secret)."""
-    from mcx.fingerprint.data import data_paths
-
     values = dict(data_paths(data).values())
     return [{"spec": key, "path": values[key], "output": rel.as_posix(), "md5": md5}
             for rel, (md5, key) in tracked_outputs(project, data, data_id).items()]
@@ -304,8 +282,6 @@ def keep_dataset(project: Path, data: DataSpec, data_id: dict[str, Any], *, remo
     DataError when the workspace is not the version DVC records (a same-size edit the fingerprint's
     size check cannot see); any other failure (an unreachable remote) is a warning: the run goes on.
     """
-
-    from mcx.track.dvc_store import keep_version
 
     for rel, (md5, key) in tracked_outputs(project, data, data_id).items():
         try:

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import InputError
+from mcx.fingerprint.diff import explain as diff
+from mcx.fingerprint.record import collect, load_record
+from mcx.spec import load_spec
 
 _RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
@@ -20,9 +23,6 @@ def _exists(ref: str) -> bool:
 
 
 def _record(ref: str, project: Path, overrides: list[str]) -> Any:
-    from mcx.fingerprint.record import collect, load_record
-    from mcx.spec import load_spec
-
     if _RUN_ID.match(ref) and not _exists(ref):
         return load_record(project, ref)
     if not _exists(ref):
@@ -32,6 +32,4 @@ def _record(ref: str, project: Path, overrides: list[str]) -> Any:
 
 
 def explain(a: str, b: str, *, project: Path, overrides: Sequence[str] = ()) -> Any:
-    from mcx.fingerprint.explain import explain as diff
-
     return diff(_record(a, project, []), _record(b, project, list(overrides)))

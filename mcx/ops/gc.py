@@ -35,9 +35,16 @@ from mcx.contract.checkpoints import PARTIAL, RETIRED, checkpoint_path, checkpoi
 from mcx.contract.files import CACHE_DIR, CHECKPOINTS_DIR, JOB_FILE
 from mcx.contract.result import read_stage_result
 from mcx.fingerprint.filehashes import CACHE_FILE
+from mcx.ops.tune import TUNE_PREFIX
 from mcx.ops.usage import Inodes, freed_bytes, inodes, total
+from mcx.ops.worktrees import remove, reproduction_worktrees
 from mcx.track import paths
+from mcx.track.dvc_check import RemoteCheck
 from mcx.track.dvc_store import RESTORE_DIR
+from mcx.track.errors import RunLocked
+from mcx.track.journal import Journal
+from mcx.track.runcache import acquire, holder_of
+from mcx.track.sync import unsent
 
 if TYPE_CHECKING:
     from mcx.track.dvc_check import RemoteCheck
@@ -106,9 +113,6 @@ class _Tally:
 
 def gc(project: Path, *, dry_run: bool = False, keep_final: bool = False, progress: Progress | None = None) -> GcResult:
     """Remove (with ``dry_run``: list) what mcx no longer needs in ``project``; see the module docstring."""
-    from mcx.ops.tune import TUNE_PREFIX
-    from mcx.track.dvc_check import RemoteCheck
-
     say = progress or (lambda _msg: None)
     state = paths.state_dir(project)
     before = inodes(state)
@@ -154,8 +158,6 @@ def _runs(project: Path, runs: Path, tally: _Tally, remote: RemoteCheck, *, dry_
 
 def _run(project: Path, run_path: Path, tally: _Tally, remote: RemoteCheck, seen: set[Path], *, dry_run: bool,
          keep_final: bool, say: Progress) -> None:
-    from mcx.track.sync import unsent
-
     own = inodes(run_path, skip=run_path / REPRODUCTIONS)  # sized before gc's own lock record is written
     with _held(run_path, dry_run=dry_run) as holder:
         if holder is not None:
@@ -263,8 +265,6 @@ def _final_kept_why(project: Path, final: Path, recorded: dict[str, str], remote
 
 def _recorded_checkpoints(run_path: Path) -> dict[str, dict[str, str]]:
     """``{stage: {"md5", "path", "remote"}}`` as the run journaled them (tags ``mcx.checkpoint.<stage>.*``)."""
-    from mcx.track.journal import Journal
-
     out: dict[str, dict[str, str]] = {}
     for op in Journal(run_path / paths.TRACK_DIR).ops():
         if op.get("op") == "tags" and op.get("record") == "run":
@@ -278,8 +278,6 @@ def _recorded_checkpoints(run_path: Path) -> dict[str, dict[str, str]]:
 # -- archived attempts, worktrees, tune leftovers -------------------------------------------------
 
 def _archive(project: Path, archive: Path, tally: _Tally, *, dry_run: bool, say: Progress) -> None:
-    from mcx.track.sync import unsent
-
     entries = sorted(archive.iterdir())
     say(f"{len(entries)} archived attempt{'' if len(entries) == 1 else 's'} in {archive}")
     for entry in entries:
@@ -307,8 +305,6 @@ def _archive(project: Path, archive: Path, tally: _Tally, *, dry_run: bool, say:
 
 
 def _worktrees(project: Path, tally: _Tally, *, dry_run: bool, say: Progress) -> None:
-    from mcx.ops.worktrees import remove, reproduction_worktrees
-
     for wt in reproduction_worktrees(project):
         files = {**inodes(wt.home), **inodes(wt.admin)}  # sized before gc's own lock record is written
         with _held(wt.home, dry_run=dry_run, create=False) as holder:
@@ -345,9 +341,6 @@ def _held(directory: Path, *, dry_run: bool, create: bool = True) -> Iterator[An
     """Yields the holder of ``directory``'s run lock (None: free). Unless ``dry_run``, a free lock is
     taken for the block, so that nothing starts there while gc works (``create=False``: only when the
     directory exists, a lock is never made for a run that is not there)."""
-    from mcx.track.errors import RunLocked
-    from mcx.track.runcache import acquire, holder_of
-
     if dry_run or (not create and not directory.is_dir()):
         yield holder_of(directory)
         return

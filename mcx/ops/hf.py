@@ -12,8 +12,15 @@ from typing import Any
 
 from attrs import frozen
 
+from mcx.data.dataset import read_manifest
 from mcx.errors import InputError, RunIdError, SpecError
 from mcx.fingerprint.components import InitComponent
+from mcx.fingerprint.init_from import check_checkpoint, EXPORT_RECORD, run_source
+from mcx.spec import load_spec, loads_spec
+from mcx.spec.load import apply_overrides
+from mcx.weights.hfconfig import config_json, export_problems, model_table, read_config
+from mcx.weights.hftensors import check_tensors
+from mcx.weights.sources import open_weights
 
 SEQ_LENGTH_CAP = 4096  # import-hf's default sequence length: the model's context, at most this
 TABLES_NEEDED = ("train", "data")
@@ -36,11 +43,6 @@ def import_hf(directory: str, project: Path, *, out: str | None = None, extends:
     (``[init] from = "hf:..."``); [train] and [data] come from ``extends`` or ``overrides``. The spec is
     loaded and checked before it is written to ``out`` (which must not exist)."""
     import tomli_w
-
-    from mcx.spec import load_spec
-    from mcx.spec.load import apply_overrides
-    from mcx.weights.hfconfig import model_table, read_config
-    from mcx.weights.hftensors import check_tensors
 
     source = Path(directory).expanduser().resolve()
     if not source.is_dir():
@@ -138,11 +140,6 @@ def export_hf(run_id: str, project: Path, out: str, *, step: int | None = None, 
     """Write run ``run_id``'s final checkpoint (or ``step``'s) as a Hugging Face model directory ``out``:
     config.json, safetensors shards with their index, the dataset's tokenizer files, and ``mcx.json`` (the
     run ID and checkpoint content it came from). Any layout the run trained with (TP, PP, EP)."""
-    from mcx.data.dataset import read_manifest
-    from mcx.fingerprint.init import EXPORT_RECORD, check_checkpoint, run_source
-    from mcx.spec import loads_spec
-    from mcx.weights.hfconfig import export_problems
-
     root = Path(project).resolve()
     run_dir = root / ".mcx" / "runs" / run_id
     if not re.fullmatch(r"[0-9a-f]{12}", run_id) or not (run_dir / "spec.toml").is_file():
@@ -174,11 +171,7 @@ def export_hf(run_id: str, project: Path, out: str, *, step: int | None = None, 
 
 def _write(source: InitComponent, spec: Any, vocab: int, dest: Path, dtype_name: str, shard_bytes: int,
            files: dict[str, bytes], special: dict[str, int | None], progress: Callable[[str], None]) -> dict[str, Any]:
-    from mcx.fingerprint.init import EXPORT_RECORD
-    from mcx.weights.hf import DTYPES, HF_DTYPE_NAMES, Shapes, write_hf
-    from mcx.weights.hfconfig import config_json
-    from mcx.weights.sources import open_weights
-
+    from mcx.weights.hf_convert import DTYPES, HF_DTYPE_NAMES, Shapes, write_hf
     m = spec.model
     shapes = Shapes(m.num_layers, m.num_attention_heads, m.num_query_groups or m.num_attention_heads,
                     m.kv_channels or m.hidden_size // m.num_attention_heads, m.num_experts,

@@ -2,7 +2,7 @@
 
 A plan describes the job on the spec's hardware. What depends on the machine it is typed on
 (Transformer Engine importable, the dataset and tokenizer present, the checkpoint directory
-writable: mcx.launch.site) is a warning in the plan and a problem at launch (``at_launch``), where
+writable: mcx.launch.preflight) is a warning in the plan and a problem at launch (``at_launch``), where
 the job starts here. Every problem of a spec comes in one report (SpecError).
 """
 
@@ -15,11 +15,18 @@ from typing import Any
 
 from attrs import frozen
 
+from mcx.data.vocab import tokenizer_vocab_size
 from mcx.errors import DataError, SpecError
 from mcx.fingerprint.record import FingerprintRecord, collect, component_hashes, run_id
-from mcx.plan.degrees import Device
+from mcx.launch import preflight
+from mcx.metrics.summary import METRIC_KEYS
+from mcx.plan.layout import Device
+from mcx.plan.layout_rules import needs_transformer_engine
+from mcx.plan.memory import checkpoint_bytes
+from mcx.plan.params import count_params, effective_vocab_size
 from mcx.plan.planner import Plan, make_plan, plan_to_dict
 from mcx.spec import ExperimentSpec, load_spec
+from mcx.track.paths import STATE_DIR
 
 Problems = list[tuple[str, str]]
 
@@ -64,8 +71,6 @@ def runs_here(spec: ExperimentSpec) -> bool:
 def te_for_plan(spec: ExperimentSpec, at_launch: bool = False, warnings: list[str] | None = None) -> bool | None:
     """Transformer Engine as the plan assumes it: a spec that asks for it, planned where it is missing,
     is planned for a machine that has it (checked at launch), unless the job starts here now."""
-    from mcx.plan.layout import needs_transformer_engine
-
     te = te_available(spec)
     if te is False and spec.hardware.gpu != "cpu" and needs_transformer_engine(spec) \
             and not (at_launch and runs_here(spec)):
@@ -85,24 +90,20 @@ def local_device(record: FingerprintRecord) -> Device:
 def _site(spec: ExperimentSpec, root: Path, record: FingerprintRecord, params: int | None) -> Problems:
     """What this machine lacks for the job: data and tokenizer files, writable checkpoint and run
     directories with room for a checkpoint of ``params`` parameters (None: unknown)."""
-    from mcx.launch import site
-    from mcx.plan.memory import checkpoint_bytes
-    from mcx.track.paths import STATE_DIR
-
     paths = record.data.paths
     tracked = {key for name, key in (("dataset", "data.path"), ("tokenizer", "data.tokenizer.path"),
                                      ("merges", "data.tokenizer.merges"))
                if name in paths and paths[name].source == "dvc"}
     # A DVC-tracked path that is not pulled yet is fetched by `mcx run` (the fingerprint says so).
     pulled_later = frozenset(k for k in tracked if not (root / _data_value(spec, k)).exists())
-    problems = site.dataset(spec, root, skip=pulled_later)
+    problems = preflight.dataset(spec, root, skip=pulled_later)
     ckpt_key, ckpt_dir = (("checkpoint.dir", root / spec.checkpoint.dir) if spec.checkpoint.dir is not None
                           else ("checkpoint.dir (unset: the run directory, .mcx/ in the project)", root / STATE_DIR))
-    problems += site.writable(ckpt_dir, ckpt_key)
+    problems += preflight.writable(ckpt_dir, ckpt_key)
     if spec.checkpoint.dir is not None:
-        problems += site.writable(root / STATE_DIR, "run directory (.mcx/ in the project)")
+        problems += preflight.writable(root / STATE_DIR, "run directory (.mcx/ in the project)")
     if params is not None and not any(key == ckpt_key for key, _ in problems):
-        problems += site.free_space(ckpt_dir, checkpoint_bytes(spec, params), ckpt_key,
+        problems += preflight.free_space(ckpt_dir, checkpoint_bytes(spec, params), ckpt_key,
                                     "one checkpoint of this model (weights, fp32 main weights, Adam's moments)")
     return problems
 
@@ -110,9 +111,6 @@ def _site(spec: ExperimentSpec, root: Path, record: FingerprintRecord, params: i
 def token_id_problems(spec: ExperimentSpec, root: Path, record: FingerprintRecord) -> Problems:
     """A dataset holding token ids at or past the vocabulary (an embedding row the model does not have, or
     one no tokenizer token trains): refused, from the largest id the data fingerprint recorded."""
-    from mcx.data.vocab import tokenizer_vocab_size
-    from mcx.plan.params import effective_vocab_size
-
     top = record.data.max_token_id
     vocab, source = tokenizer_vocab_size(spec.data, root), "the tokenizer's vocabulary"
     if vocab is None:
@@ -128,8 +126,6 @@ def token_id_problems(spec: ExperimentSpec, root: Path, record: FingerprintRecor
 
 def _params(spec: ExperimentSpec, plan: Plan | None, vocab: int | None) -> int | None:
     """The model's parameters, also for a spec whose layout did not plan (counted at TP 1)."""
-    from mcx.plan.params import count_params, effective_vocab_size
-
     if plan is not None:
         return plan.params.total
     vocab = vocab or effective_vocab_size(spec)
@@ -150,10 +146,6 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
     ``verify_data``: read every data file instead of trusting the hashes kept for unchanged ones.
     ``state_root``: where the runs an ``[init]`` source names live, when ``project`` is a reproduction's worktree;
     ``code_path``: that worktree, whose own mcx (where it holds one) the worker imports."""
-    from mcx.data.vocab import tokenizer_vocab_size
-    from mcx.metrics.summary import METRIC_KEYS
-    from mcx.plan.params import effective_vocab_size
-
     notes: list[str] = []
     te = te_for_plan(spec, at_launch, notes)
     vocab = None if effective_vocab_size(spec) is not None else tokenizer_vocab_size(spec.data, project)

@@ -17,6 +17,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mcx.errors import DataError
+from mcx.fingerprint.dvcfiles import DvcOut
+from mcx.fingerprint.dvcworkspace import shown_path
+from mcx.fingerprint.init_from import check_checkpoint
+from mcx.ops.data import check_pulled
+from mcx.track.dvc_store import _inside, _pointer
+from mcx.track.paths import check_run_id
+from mcx.track.share import configured_remotes, fetch, is_local, read_pointers, unknown_run
+from mcx.weights.checksums import FILE, verify
 
 if TYPE_CHECKING:
     from mcx.track.share import Pointer
@@ -25,14 +33,6 @@ MEMORY_REMOTE = "mcx-pull"  # the name of a remote held in memory only
 
 
 def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, Any]:
-    from mcx.fingerprint.dvcfiles import DvcOut
-    from mcx.fingerprint.init import check_checkpoint
-    from mcx.ops.data import check_pulled
-    from mcx.track.dvc_store import _inside, _pointer
-    from mcx.track.paths import check_run_id
-    from mcx.track.share import configured_remotes, fetch, read_pointers, unknown_run
-    from mcx.weights.checksums import FILE
-
     root = Path(project).resolve()
     pointers = read_pointers(root, check_run_id(run_id))
     if not pointers:
@@ -76,9 +76,6 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
 def _check_sums(root: Path, run_id: str, pointer: Pointer) -> None:
     """A fetched checkpoint whose files match their DVC md5 but not its checksums.json was damaged before
     `dvc add` hashed it, so every copy is: its damaged files are removed here and named (DataError)."""
-    from mcx.fingerprint.dvcworkspace import shown_path
-    from mcx.weights.checksums import FILE, verify
-
     if not (pointer.target / FILE).is_file():  # its DVC record has none: written before checkpoints carried them
         return
     problems, _ = verify(pointer.target)
@@ -103,8 +100,6 @@ def _local(url: str, root: Path) -> str:
 
 def _choose(root: Path, run_id: str, pointers: list[Any], override: str | None, remotes: Any) -> tuple[str, str | None]:
     """(remote name, URL to hold in memory or None for a configured one); see the module docstring."""
-    from mcx.track.share import is_local
-
     recorded: dict[str, Any] = next((p.remote for p in pointers if p.remote), {})
     rname, rurl = recorded.get("name"), recorded.get("url")
     if override is not None:

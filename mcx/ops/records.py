@@ -7,7 +7,15 @@ from pathlib import Path
 from typing import Any
 
 from mcx.contract.status import Status
-from mcx.errors import InputError
+from mcx.errors import InputError, RunIdError
+from mcx.track import runrecord
+from mcx.track.baseline import list_baselines, set_baseline
+from mcx.track.errors import TrackingUnavailable
+from mcx.track.lineage import lineage as chain
+from mcx.track.paths import check_run_id, run_dir
+from mcx.track.query import list_runs as query
+from mcx.track.sync import sync as replay
+from mcx.track.target import check_uri, unreachable_hint
 
 
 def _uri(project: Path) -> str | None:
@@ -22,9 +30,6 @@ def _store_exists(project: Path) -> bool:
 
 
 def _require_known(project: Path, run_id: str) -> str:
-    from mcx.errors import RunIdError
-    from mcx.track.paths import check_run_id, run_dir
-
     check_run_id(run_id)
     if not run_dir(project, run_id).is_dir() and not _store_exists(project):
         raise RunIdError(f"unknown run ID {run_id}: no run directory and no tracking store in this project;",
@@ -34,9 +39,6 @@ def _require_known(project: Path, run_id: str) -> str:
 
 def list_runs(*, project: Path, experiment: str | None = None, all_runs: bool = False) -> list[dict[str, Any]]:
     """Runs of this project; ``all_runs`` adds runs only the tracking store knows (slower: imports mlflow)."""
-    from mcx.track.errors import TrackingUnavailable
-    from mcx.track.query import list_runs as query
-
     try:
         rows = query(project, _uri(project), include_tracking=all_runs and _store_exists(project))
     except TrackingUnavailable:
@@ -52,18 +54,12 @@ def show_run(run_id: str, *, project: Path) -> dict[str, Any]:
 
 def lineage(run_id: str, *, project: Path) -> dict[str, Any]:
     """`mcx lineage`: the runs ``run_id`` started from (up to its first source) and the runs started from it."""
-    from mcx.track.lineage import lineage as chain
-    from mcx.track.paths import check_run_id
-
     return chain(project, check_run_id(run_id))
 
 
 def sync(*, project: Path, to: str | None = None) -> dict[str, Any]:
     """`mcx sync`: send every spooled record to the store its run was recorded for (``to``: that store
     instead). ``ok`` once nothing is pending; ``error``: one paragraph on why some is, and the fix."""
-    from mcx.track.sync import sync as replay
-    from mcx.track.target import check_uri, unreachable_hint
-
     if to is not None and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", check_uri(to, "--to")):
         raise InputError(f"--to {to!r} is not a tracking URI (MLflow would take it for a directory to create)",
                          "give the server's URI, e.g. --to http://mlflow.example:5000 (or sqlite:///path/mlflow.db).")
@@ -93,8 +89,6 @@ def sync(*, project: Path, to: str | None = None) -> dict[str, Any]:
 
 def baseline_set(name: str, run_id: str, *, project: Path) -> dict[str, Any]:
     """``run_id``: a run ID, or ``sweep:NAME`` for that sweep's best complete trial."""
-    from mcx.track.baseline import set_baseline
-
     if run_id.startswith("sweep:"):
         from mcx.ops.sweep import best_run
 
@@ -104,8 +98,6 @@ def baseline_set(name: str, run_id: str, *, project: Path) -> dict[str, Any]:
 
 
 def baseline_list(*, project: Path) -> list[dict[str, Any]]:
-    from mcx.track.baseline import list_baselines
-
     if not _store_exists(project):
         return []
     return [{"name": b.name, "run_id": b.run_id, "set_at": b.set_at} for b in list_baselines(project, tracking_uri=_uri(project))]
@@ -113,11 +105,6 @@ def baseline_list(*, project: Path) -> list[dict[str, Any]]:
 
 def run_dirs(project: Path, run_ids: list[str], experiment: str | None) -> list[Path]:
     """Run directories for explicit IDs, or every finished run of an experiment."""
-    from mcx.errors import RunIdError
-    from mcx.track import runrecord
-    from mcx.track.paths import check_run_id, run_dir
-    from mcx.track.query import list_runs as query
-
     if experiment:
         rows = [r for r in query(project, None) if r.get("name") == experiment and r.get("status") == Status.FINISHED]
         if not rows:

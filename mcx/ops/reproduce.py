@@ -33,15 +33,25 @@ from mcx.errors import DataError, InputError, RunIdError
 from mcx.fingerprint.code import module_changes, module_hashes, worker_package
 from mcx.fingerprint.components import Component, InitComponent
 from mcx.fingerprint.data import collect_data, content_identity, data_paths
+from mcx.fingerprint.diff import flatten
 from mcx.fingerprint.environment import collect_environment
-from mcx.fingerprint.explain import flatten
 from mcx.fingerprint.filehashes import FileHashes
 from mcx.fingerprint.hardware import collect_hardware
-from mcx.fingerprint.init import collect_init
+from mcx.fingerprint.init_from import collect_init
 from mcx.fingerprint.record import FingerprintRecord, load_record, patch_bytes
+from mcx.ops.data import tracked_outputs
 from mcx.ops.progress import Note, Progress
+from mcx.ops.run import run_spec, RunOptions
+from mcx.ops.worktrees import CODE, PREFIX
+from mcx.report.rundata import load_run_dir
+from mcx.report.seeds import seed_runs
+from mcx.report.verdict import seed_spread_band, verdict, verdict_to_dict
+from mcx.spec import ExperimentSpec, loads_spec
+from mcx.spec.load import with_debug
+from mcx.track.dvc_store import restore_into
+from mcx.track.paths import check_run_id, run_dir
 from mcx.track.run_summary import RunSummary
-from mcx.spec import ExperimentSpec
+from mcx.track.runcache import acquire
 
 if TYPE_CHECKING:
     from mcx.report.seeds import SeedRun
@@ -49,8 +59,6 @@ if TYPE_CHECKING:
 
 
 def _record_dir(project: Path, run_id: str) -> Path:
-    from mcx.track.paths import check_run_id, run_dir
-
     run_path = run_dir(project, check_run_id(run_id))
     if not (run_path / "spec.toml").is_file() or not (run_path / "fingerprint.json").is_file():
         raise RunIdError(f"unknown run ID {run_id}: no recorded run in {run_path};",
@@ -142,9 +150,6 @@ def restore_data(project: Path, worktree: Path, spec: ExperimentSpec, record: Fi
     The user's workspace is left as it is (see docs/decisions.md); the rerun reads the worktree's
     copy. DataError when a version cannot be brought back or does not match the record after.
     """
-    from mcx.ops.data import tracked_outputs
-    from mcx.track.dvc_store import restore_into
-
     recorded = record.data.id
     paths = record.data.paths
     why = "; ".join(c["reason"] for c in changes)
@@ -204,15 +209,6 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
               debug: tuple[str, ...] = ()) -> dict[str, Any]:
     """Rerun ``run_id`` and judge it. ``debug``: ``debug.KEY=VALUE`` items, a fault injected into the rerun
     (docs/spec.md, [debug]): the verdict must then find the departure it causes."""
-
-    from mcx.ops.run import RunOptions, run_spec
-    from mcx.ops.worktrees import CODE, PREFIX
-    from mcx.report.rundata import load_run_dir
-    from mcx.report.seeds import seed_runs
-    from mcx.report.verdict import seed_spread_band, verdict, verdict_to_dict
-    from mcx.spec import loads_spec
-    from mcx.spec.load import with_debug
-    from mcx.track.runcache import acquire
 
     run_path = _record_dir(project, run_id)
     record = load_record(project, run_id)

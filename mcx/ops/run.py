@@ -16,14 +16,30 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import evolve, frozen
 
+from mcx.contract.files import METRICS_FILE
 from mcx.contract.job import Output
 from mcx.contract.status import RUN_ENDINGS, Status
-from mcx.errors import InputError, McxError, SpecError, TrainingFailed
+from mcx.errors import BudgetError, InputError, McxError, SpecError, TrainingFailed
+from mcx.fingerprint.record import record_to_dict
+from mcx.jsonfile import write_json_atomic
+from mcx.launch import placement, render_sbatch, worker_env
+from mcx.metrics.curves import read_metrics
+from mcx.metrics.summary import steady
+from mcx.ops.data import ensure_dataset, keep_dataset, with_fetched_data
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, PlanShown, Progress
 from mcx.ops.stage import Watch, explain_failure, run_stage, smoke_limit
-from mcx.track.run_summary import DryRun, RunSummary, StageSummary, Tracking
+from mcx.plan.cost import check_budget
+from mcx.plan.gpus import gpu_from_name
+from mcx.plan.steptime import check_prediction
 from mcx.spec import ExperimentSpec, dump_spec, load_spec
+from mcx.track import paths
+from mcx.track.baseline import baseline_metrics, compare_to_baseline, resolve
+from mcx.track.errors import RunLocked
+from mcx.track.recorder import RunRecorder
+from mcx.track.run_summary import DryRun, RunSummary, StageSummary, Tracking
+from mcx.track.runcache import acquire, lookup
+from mcx.track.target import resolve_target
 
 if TYPE_CHECKING:
     from mcx.contract.result import StageResult
@@ -90,8 +106,6 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
     worker runs from there; ``data_root`` (the worktree, where the recorded data was restored) is
     where ``data.path`` is read, instead of the project.
     """
-    from mcx.track import paths
-
     try:
         planned = plan_loaded(spec, code_path or project, require_data=False, at_launch=not options.dry_run,
                          verify_data=options.verify_data, state_root=project, code_path=code_path)
@@ -117,9 +131,6 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
         if not (prior and prior.passed):  # refused before anything is written
             raise TrainingFailed("the smoke stage of this run has not passed;",
                                  "run `mcx run SPEC` (smoke then full), or pass --skip-smoke to go without it.")
-    from mcx.ops.data import ensure_dataset, keep_dataset, with_fetched_data
-    from mcx.track.runcache import acquire
-
     data_dir = ensure_dataset(data_root or project, spec.data, remote=spec.tracking.dvc_remote, progress=progress)
     planned = with_fetched_data(planned, data_root or project)
     if "smoke" in stages:
@@ -141,9 +152,6 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
 def _budget_gate(planned: PlanResult, options: RunOptions, progress: Progress, *, smoke_first: bool) -> None:
     """Over budget.max_gpu_hours: show the plan (layout, GPU-hours, cost), then go on only with --yes
     or the user's confirmation; else BudgetError (exit 2), before anything is written or submitted."""
-    from mcx.errors import BudgetError
-    from mcx.plan.cost import check_budget
-
     if not planned.plan.cost.over_budget:
         return
     progress(PlanShown(plan=planned.plan_json(), run_id=planned.run_id))
@@ -162,13 +170,10 @@ def _preflight(planned: PlanResult, project: Path, stages: list[str]) -> None:
     """Reject bad input before anything is written: the tracking URI, a parent run's checkpoint
     (``init.from = "run:..."``), each stage's spec and layout, and whether its launcher can place that layout
     (exit 2, no run directory, no MLflow run)."""
-    from mcx.launch import placement
-    from mcx.track.target import resolve_target
-
     resolve_target(project, planned.spec.tracking.uri)
     source = planned.record.init
     if "full" in stages and source is not None and source.kind == "run":
-        from mcx.fingerprint.init import check_checkpoint
+        from mcx.fingerprint.init_from import check_checkpoint
 
         # the plan checked the parent's files by size; its weights are about to be read: every file's CRC-32
         check_checkpoint(project, str(source.run_id), Path(source.path))
@@ -199,9 +204,6 @@ def _launcher_problems(spec: ExperimentSpec) -> list[tuple[str, str]]:
 
 def _cached(project: Path, planned: PlanResult, options: RunOptions, progress: Progress, *, locked: bool = False
             ) -> RunResult | None:
-    from mcx.track.errors import RunLocked
-    from mcx.track.runcache import lookup
-
     run_id = planned.run_id
     assert run_id is not None, "run_spec asks only at launch, where the data (part of the ID) is here"
     state = lookup(project, run_id, tracking_uri=planned.spec.tracking.uri)
@@ -235,8 +237,6 @@ def _archive(project: Path, run_path: Path) -> None:
     The next attempt's number stays in the run directory: counted from the archive, it would start
     over once `mcx gc` empties it, and the new attempt would reuse an old attempt's MLflow run.
     """
-    from mcx.jsonfile import write_json_atomic
-
     if not run_path.exists():
         return
     attempt = (_read_json(run_path / "run.json") or {}).get("attempt")
@@ -251,8 +251,6 @@ def _archive(project: Path, run_path: Path) -> None:
 
 def _dry_run(planned: PlanResult, run_path: Path, stages: list[str], progress: Progress) -> RunResult:
     """The plan and what each stage would launch (its sbatch script on Slurm); the CLI prints them."""
-    from mcx.launch import placement, render_sbatch, worker_env
-
     scripts: dict[str, str] = {}
     launch: dict[str, dict[str, Any]] = {}
     for stage in stages:
@@ -266,9 +264,6 @@ def _dry_run(planned: PlanResult, run_path: Path, stages: list[str], progress: P
 
 
 def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], options: RunOptions) -> None:
-    from mcx.fingerprint.record import record_to_dict
-    from mcx.jsonfile import write_json_atomic
-
     run_path.mkdir(parents=True, exist_ok=True)
     (run_path / "spec.toml").write_text(dump_spec(planned.spec), encoding="utf-8")
     write_json_atomic(run_path / "fingerprint.json", record_to_dict(planned.record))
@@ -286,9 +281,6 @@ def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], opt
 def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, stages: list[str], options: RunOptions,
            progress: Progress, reproduces: str | None, reproduction: str | None, code_path: Path | None = None
            ) -> RunResult:
-    from mcx.jsonfile import write_json_atomic
-    from mcx.track.recorder import RunRecorder
-
     _write_run_files(planned, run_path, stages, options)
     recorder = RunRecorder.for_run(project, run_path, reproduces=reproduces, reproduction=reproduction)
     tags = {"mcx.skip_smoke": "true"} if "smoke" not in stages else {}
@@ -352,12 +344,6 @@ def _prediction(planned: PlanResult, run_path: Path, full: StageResult) -> Any:
     """The step-time model beside the full stage's median step, where it trained on a GPU (a PredictionCheck)."""
     import statistics
 
-    from mcx.metrics.curves import read_metrics
-    from mcx.metrics.summary import steady
-    from mcx.plan.hardware import gpu_from_name
-    from mcx.plan.steptime import check_prediction
-    from mcx.contract.files import METRICS_FILE
-
     if full.details.get("device") != "cuda":
         return None
     curve = read_metrics(run_path / "full" / METRICS_FILE)[0].get("train/step_time_s")
@@ -374,8 +360,6 @@ def _baseline(project: Path, planned: PlanResult, full: StageResult) -> dict[str
     ref = planned.spec.baseline.run
     if not ref:
         return None
-    from mcx.track.baseline import baseline_metrics, compare_to_baseline, resolve
-
     try:
         base_id = resolve(project, ref, tracking_uri=planned.spec.tracking.uri)
         base = baseline_metrics(project, base_id, tracking_uri=planned.spec.tracking.uri)

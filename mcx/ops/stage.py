@@ -15,12 +15,19 @@ from mcx.contract.files import CHECKPOINTS_DIR, JOB_FILE, RESULT_FILE
 from mcx.contract.job import INIT_KINDS, Checks, InitFrom, Job, Output, job_to_dict
 from mcx.contract.result import StageResult, clear_result, read_result, read_stage_result
 from mcx.contract.status import Status
+from mcx.data.dataset import smoke_samples_limit
 from mcx.errors import InputError, McxError
-from mcx.jsonfile import read_json
+from mcx.jsonfile import read_json, write_json_atomic
+from mcx.launch import launcher_for, placement, worker_env
+from mcx.ops.data import data_versions
 from mcx.ops.plan import PlanResult
 from mcx.ops.progress import Note, Progress
+from mcx.plan.memory import memory_fixes, oom_advice
 from mcx.plan.planner import Plan, StagePlan
 from mcx.spec import ExperimentSpec
+from mcx.track import paths
+from mcx.track.dvc_store import track_checkpoint
+from mcx.track.share import configured_remotes, share_hint
 
 if TYPE_CHECKING:
     from mcx.launch.base import Handle, LaunchOutcome
@@ -75,8 +82,6 @@ def _init(stage: str, planned: PlanResult) -> InitFrom | None:
 
 def smoke_limit(planned: PlanResult, data_dir: Path) -> int:
     """The smoke stage's ``train_samples_limit``; DataError when the train split holds no sample."""
-    from mcx.data.dataset import smoke_samples_limit
-
     job_spec = planned.plan.stage("smoke").spec
     return smoke_samples_limit(data_dir, job_spec.data.split, job_spec.model.seq_length, planned.spec.smoke.data_fraction,
                                job_spec.data.prefix)
@@ -85,9 +90,6 @@ def smoke_limit(planned: PlanResult, data_dir: Path) -> int:
 def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: Any,
                output: Output, progress: Progress, code_path: Path | None = None, watch: Watch | None = None,
                devices: tuple[str, ...] | None = None, reproduction: bool = False) -> StageResult:
-    from mcx.launch import launcher_for, placement, worker_env
-    from mcx.jsonfile import write_json_atomic
-
     stage_path = run_path / stage
     prior = read_stage_result(stage_path)
     if prior and prior.ok:
@@ -153,8 +155,6 @@ def _mark_interrupted(stage_path: Path, error: str | None) -> None:
     """result.json says "interrupted" where the worker wrote "preempted" on the SIGTERM mcx forwarded for the user,
     so the stage's record (`mcx ls`, `mcx show`, MLflow) tells it from a scheduler's preemption; the worker's own
     view stays in ``details.stop_signal``."""
-    from mcx.jsonfile import write_json_atomic
-
     written = read_result(stage_path)
     if written is not None:
         write_json_atomic(stage_path / RESULT_FILE, {**written, "status": Status.INTERRUPTED, "error": error}, allow_nan=True)
@@ -190,11 +190,6 @@ def _wait(handle: Handle, watch: Watch | None, stage: str, stage_path: Path) -> 
 
 
 def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, progress: Progress) -> dict[str, Any] | None:
-    from mcx.ops.data import data_versions
-    from mcx.track import paths
-    from mcx.track.dvc_store import track_checkpoint
-    from mcx.track.share import configured_remotes, share_hint
-
     latest = latest_checkpoint(stage_path)
     if latest is None:
         return None
@@ -256,8 +251,6 @@ def explain_failure(stage: str, result: StageResult, planned: PlanResult) -> str
 
 def _oom_advice(stage: str, facts: dict[str, Any], planned: PlanResult) -> list[str]:
     """The planner's view of the stage that ran out of memory, and its fixes."""
-    from mcx.plan.memory import memory_fixes, oom_advice
-
     plan = planned.plan
     spec, layout, est = ((plan.smoke.spec, plan.smoke.layout, plan.smoke.memory) if stage == "smoke" and plan.smoke
                          else (plan.spec, plan.layout, plan.memory))

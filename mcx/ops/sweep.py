@@ -32,10 +32,19 @@ from mcx.track.run_summary import RunSummary
 from mcx.ops.sweep_plan import (PlannedTrial, SweepOptions, budget_gate, definition_identity, distributions,
                                 estimate_gpu_hours, gpu_slots, load_sweep, params_key, plan_trials, sampler_for,
                                 total_trials)
+from mcx.fingerprint.hardware import probe
+from mcx.ops.run import run_spec, RunOptions
 from mcx.ops.sweep_watch import PrunerWatch, StopWatch
-from mcx.spec import ExperimentSpec, dump_spec
+from mcx.plan.planner import make_plan
+from mcx.plan.sweep_trials import direction, trial_spec
+from mcx.spec import dump_spec, ExperimentSpec, loads_spec
+from mcx.spec.convert import unstructure
 from mcx.spec.schema import SweepSpec
-from mcx.track.records import scalar_text
+from mcx.track import paths
+from mcx.track.errors import RunLocked
+from mcx.track.mlflow_records import scalar_text
+from mcx.track.runcache import acquire
+from mcx.track.sweep_record import SweepRecorder
 
 if TYPE_CHECKING:
     import optuna
@@ -87,8 +96,6 @@ class SweepResult:
 
 
 def sweep_dir(project: Path, name: str) -> Path:
-    from mcx.track import paths
-
     return paths.sweeps_dir(project) / name
 
 
@@ -96,8 +103,6 @@ def sweep_dir(project: Path, name: str) -> Path:
 
 def sweep(spec_path: str, overrides: list[str], *, project: Path, options: SweepOptions,
           progress: Progress) -> SweepResult:
-    from mcx.plan.sweep import direction
-
     spec = load_sweep(spec_path, overrides)
     sw = spec.sweep
     assert sw is not None
@@ -114,9 +119,6 @@ def sweep(spec_path: str, overrides: list[str], *, project: Path, options: Sweep
                            direction=direction(sw), parameters=tuple(sw.parameters), trials=trials,
                            max_trials=total_trials(spec), gpu_hours=gpu_hours)
     directory = sweep_dir(project, name)
-    from mcx.track.errors import RunLocked
-    from mcx.track.runcache import acquire
-
     try:
         lock = acquire(directory)
     except RunLocked as exc:
@@ -143,8 +145,6 @@ def sweep(spec_path: str, overrides: list[str], *, project: Path, options: Sweep
 
 def _recorder(spec: ExperimentSpec, name: str, directory: Path, project: Path) -> SweepRecorder:
     """The sweep's MLflow parent run (mcx.track.sweep_record), its definition as params."""
-    from mcx.track.sweep_record import SweepRecorder
-
     sw = spec.sweep
     assert sw is not None
     recorder = SweepRecorder.for_sweep(project, directory, name, spec.tracking.experiment or spec.name,
@@ -160,8 +160,6 @@ def _recorder(spec: ExperimentSpec, name: str, directory: Path, project: Path) -
 def _visible_gpus() -> list[str]:
     """This machine's GPUs as CUDA_VISIBLE_DEVICES names them (nvidia-smi's indices, the environment's
     selection kept)."""
-    from mcx.fingerprint.hardware import probe
-
     return [str(i) for i in probe()["visible"]]
 
 
@@ -181,8 +179,6 @@ def _record_definition(directory: Path, spec: ExperimentSpec, name: str) -> None
 
 def open_study(directory: Path, name: str, spec: ExperimentSpec, *, create: bool) -> optuna.Study:
     import optuna
-
-    from mcx.plan.sweep import direction
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = f"sqlite:///{directory / STUDY}"
@@ -280,9 +276,6 @@ class _Runner:
                     self.slots.append(devices)
 
     def _trial(self, trial: optuna.trial.Trial, devices: tuple[str, ...] | None) -> None:
-        from mcx.ops.run import RunOptions, run_spec
-        from mcx.plan.sweep import trial_spec
-
         number, params = trial.number, dict(trial.params)
         label = f"trial {number}"
         smoke = self._smoke_key(params)
@@ -358,10 +351,6 @@ class _Runner:
 
     def _smoke_key(self, params: dict[str, Any]) -> str | None:
         """What the trial's smoke stage trains (its job spec and layout): trials that share it run it once."""
-        from mcx.plan.planner import make_plan
-        from mcx.plan.sweep import trial_spec
-        from mcx.spec.convert import unstructure
-
         tspec = trial_spec(self.spec, params)
         if not tspec.smoke.enabled:
             return None
@@ -386,9 +375,6 @@ def show(name: str, project: Path) -> SweepResult:
     if not isinstance(definition, dict) or not (directory / STUDY).is_file():
         known = sorted(p.name for p in directory.parent.iterdir()) if directory.parent.is_dir() else []
         raise InputError(f"no sweep {name} in this project;", "sweeps here: " + (", ".join(known) or "none") + ".")
-    from mcx.plan.sweep import direction
-    from mcx.spec import loads_spec
-
     spec = loads_spec(definition["spec"], str(directory / DEFINITION))
     sw = spec.sweep
     assert sw is not None

@@ -11,9 +11,15 @@ from typing import TYPE_CHECKING, Any
 from attrs import evolve, frozen
 
 from mcx.contract.job import Output
-from mcx.errors import InputError, SpecError
+from mcx.errors import BudgetError, InputError, SpecError
+from mcx.fingerprint.config import canonical_config
 from mcx.hashing import digest
+from mcx.ops.plan import plan_loaded
+from mcx.plan.sweep_trials import check_sweep, grid_points, integer_key, trial_spec
 from mcx.spec import ExperimentSpec, load_spec
+from mcx.spec.convert import unstructure
+from mcx.spec.keys import spec_keys
+from mcx.track.runcache import lookup
 
 if TYPE_CHECKING:
     import optuna
@@ -32,8 +38,6 @@ class SweepOptions:
 
 def load_sweep(spec_path: str, overrides: list[str]) -> ExperimentSpec:
     """The spec, its [sweep] checked against it (SpecError naming every problem)."""
-    from mcx.plan.sweep import check_sweep
-
     spec = load_spec(spec_path, overrides)
     if spec.sweep is None:
         raise InputError(f"{spec_path} has no [sweep] table;", "add one (docs/sweeps.md), or train the spec with "
@@ -45,8 +49,6 @@ def load_sweep(spec_path: str, overrides: list[str]) -> ExperimentSpec:
 
 
 def total_trials(spec: ExperimentSpec) -> int:
-    from mcx.plan.sweep import grid_points
-
     sw = spec.sweep
     assert sw is not None
     if sw.method == "grid":
@@ -59,8 +61,6 @@ def total_trials(spec: ExperimentSpec) -> int:
 def proposals(spec: ExperimentSpec) -> list[dict[str, Any]]:
     """The trials known before any result: a grid's points, a random search's every trial, a Bayesian
     search's random start-up; drawn exactly as the sweep itself draws them."""
-    from mcx.plan.sweep import grid_points
-
     sw = spec.sweep
     assert sw is not None
     n = total_trials(spec)
@@ -94,9 +94,6 @@ def distributions(spec: ExperimentSpec) -> dict[str, Any]:
     for a key that takes integers, else a float one."""
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-    from mcx.plan.sweep import integer_key
-    from mcx.spec.keys import spec_keys
-
     sw = spec.sweep
     assert sw is not None
     keys = spec_keys()
@@ -123,10 +120,6 @@ class PlannedTrial:
 
 def plan_trials(spec: ExperimentSpec, project: Path, options: SweepOptions) -> list[PlannedTrial]:
     """Each known trial's spec, run ID (None where its data is not here) and GPU-hours."""
-    from mcx.ops.plan import plan_loaded
-    from mcx.plan.sweep import trial_spec
-    from mcx.track.runcache import lookup
-
     out = []
     for params in proposals(spec):
         tspec = trial_spec(spec, params)
@@ -172,8 +165,6 @@ def estimate_gpu_hours(spec: ExperimentSpec, planned: list[PlannedTrial]) -> flo
 def budget_gate(spec: ExperimentSpec, gpu_hours: float | None, options: SweepOptions) -> None:
     """Over budget.max_gpu_hours: go on only with --yes or the user's confirmation; else BudgetError (exit 2),
     before anything is written."""
-    from mcx.errors import BudgetError
-
     limit = spec.budget.max_gpu_hours
     if limit is None or gpu_hours is None or gpu_hours <= limit or options.yes:
         return
@@ -188,9 +179,6 @@ def budget_gate(spec: ExperimentSpec, gpu_hours: float | None, options: SweepOpt
 
 def definition_identity(spec: ExperimentSpec) -> str:
     """What makes two sweeps the same: the trials' config (as a run ID hashes it) and how trials are chosen."""
-    from mcx.fingerprint.config import canonical_config
-    from mcx.spec.convert import unstructure
-
     sw = spec.sweep
     assert sw is not None
     chosen = {k: v for k, v in unstructure(sw).items() if k not in ("max_trials", "parallel", "name")}

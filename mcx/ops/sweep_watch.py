@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from mcx.contract.status import Status
 from mcx.errors import InputError
+from mcx.metrics.curves import parse_records
+from mcx.ops.stage import Stop
+from mcx.plan.sweep_trials import INTERMEDIATE
 
 if TYPE_CHECKING:
     import optuna
@@ -27,8 +30,6 @@ class StopWatch:
         self.stop = stop
 
     def __call__(self, stage: str, stage_path: Path) -> Stop | None:
-        from mcx.ops.stage import Stop
-
         if self.stop.is_set():
             return Stop(Status.INTERRUPTED, "the sweep was interrupted; `mcx sweep` again trains this trial on")
         return None
@@ -41,15 +42,11 @@ class PrunerWatch(StopWatch):
     trials)."""
 
     def __init__(self, trial: optuna.trial.Trial, sweep: SweepSpec, stop: threading.Event) -> None:
-        from mcx.plan.sweep import INTERMEDIATE
-
         super().__init__(stop)
         self.trial, self.kind, self.field = trial, *INTERMEDIATE[sweep.objective]
         self.offset, self.evals = 0, 0
 
     def __call__(self, stage: str, stage_path: Path) -> Stop | None:
-        from mcx.ops.stage import Stop
-
         stopped = super().__call__(stage, stage_path)
         if stopped is not None or stage != "full":
             return stopped
@@ -65,8 +62,6 @@ class PrunerWatch(StopWatch):
         return None
 
     def _new_records(self, path: Path) -> list[dict[str, Any]]:
-        from mcx.metrics.curves import parse_records
-
         try:
             with open(path, "rb") as f:
                 f.seek(self.offset)

@@ -24,11 +24,18 @@ from attrs import evolve
 from mcx.contract.files import JOB_FILE, METRICS_FILE
 from mcx.contract.job import job_to_dict
 from mcx.contract.result import read_stage_result
-from mcx.errors import BudgetError, InputError, TrainingFailed
+from mcx.errors import BudgetError, InputError, SpecError, TrainingFailed
+from mcx.launch import launcher_for, placement, preflight, worker_env
+from mcx.metrics.summary import BY_KEY, reduce_values
+from mcx.ops.data import ensure_dataset
+from mcx.ops.outputs import check_output_file, write_text
+from mcx.ops.plan import plan_loaded
 from mcx.ops.progress import Note, Progress
+from mcx.ops.stage import stage_job
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
 from mcx.plan.smoketime import STARTUP_S as SLURM_STARTUP_S
 from mcx.spec import load_spec
+from mcx.track.runcache import acquire
 
 TUNE_PREFIX = "mcx-tune-"  # <project>/.mcx/mcx-tune-XXXX/: the trials' work directory (mcx gc knows it)
 # A trial's start before its first step: a Slurm job's as the smoke stage's limit allows it (mcx.plan.smoketime);
@@ -102,11 +109,6 @@ def _measure(spec: Any, steps: int, project: Path, stage_path: Path, label: str)
     """A few real optimizer steps of ``spec`` through its own launcher: its figures, or that it ran out of memory."""
     from attrs import evolve
 
-    from mcx.launch import launcher_for, placement, worker_env
-    from mcx.ops.data import ensure_dataset
-    from mcx.ops.plan import plan_loaded
-    from mcx.ops.stage import stage_job
-
     tspec = evolve(spec, train=evolve(spec.train, train_iters=steps + 1, eval_interval=10**9,
                                       lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
                    checkpoint=evolve(spec.checkpoint, interval=0, async_save=False))
@@ -137,8 +139,6 @@ def _measure(spec: Any, steps: int, project: Path, stage_path: Path, label: str)
                              f"({outcome.state}: {outcome.detail}); the last lines of its worker.log:\n"
                              + _log_tail(stage_path), "fix what it names and run mcx tune again.")
     # The trial's figures as docs/metrics.md defines them (the first of its few steps is the warm-up left out).
-    from mcx.metrics.summary import BY_KEY, reduce_values
-
     def summary(key: str) -> float | None:
         return reduce_values(BY_KEY[key].reduce, [r[key] for r in recs if r.get(key) is not None])
 
@@ -157,9 +157,6 @@ def check_trials_can_run(spec: Any, planned: Any) -> None:
     """Refuse at once what no trial can do on this machine (a trial builds the model for half a minute
     before it would find out): the spec's precision, layout and Transformer Engine against the device
     the trials get here. On Slurm the trials run on the cluster's nodes, which are not probed here."""
-    from mcx.errors import SpecError
-    from mcx.launch import site
-
     if spec.launch.kind == "slurm":
         return
     lay, t = planned.plan.layout, spec.train
@@ -184,7 +181,7 @@ def check_trials_can_run(spec: Any, planned: Any) -> None:
             problems.append(("hardware.gpus_per_node", f"the layout needs {lay.world_size} GPUs on this node, but {seen} are "
                              "visible here (CUDA_VISIBLE_DEVICES, nvidia-smi); run mcx tune where they are, or plan "
                              "a smaller layout with --set"))
-        problems += site.transformer_engine(spec, cp=lay.cp, sequence_parallel=lay.sequence_parallel,
+        problems += preflight.transformer_engine(spec, cp=lay.cp, sequence_parallel=lay.sequence_parallel,
                                             where="on this machine")
     if problems:
         raise SpecError(problems, "mcx tune: its trials cannot run here")
@@ -204,10 +201,6 @@ def _log_says_out_of_memory(stage_dir: Path) -> bool:
 
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
          progress: Progress, yes: bool = False, confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
-    from mcx.ops.outputs import check_output_file, write_text
-    from mcx.ops.plan import plan_loaded
-    from mcx.track.runcache import acquire
-
     if steps < 2 or max_mbs < 1:
         raise InputError("--steps must be at least 2 and --max-micro-batch at least 1;", "e.g. --steps 6.")
     spec = original = load_spec(spec_path, overrides)

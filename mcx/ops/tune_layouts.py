@@ -17,12 +17,16 @@ from typing import Any
 from attrs import evolve
 
 from mcx.errors import InputError, SpecError, TrainingFailed
+from mcx.ops.outputs import check_output_file, write_text
+from mcx.ops.plan import plan_loaded
 from mcx.ops.progress import Note, Progress
-from mcx.plan.hardware import gpu_info
+from mcx.ops.tune import _measure, extends_lines, trials_dir, trials_gate
+from mcx.plan.gpus import gpu_from_name, gpu_info
 from mcx.plan.memory import ALLOCATOR_SETTING, fragments
 from mcx.plan.tuning import Candidate, apply, rank_layouts
 from mcx.spec import load_spec
 from mcx.spec.convert import toml_value
+from mcx.track.runcache import acquire
 
 SETTING_ORDER = ("parallel.tensor", "parallel.pipeline", "parallel.virtual_pipeline", "parallel.context",
                  "parallel.expert", "parallel.sequence_parallel", "parallel.distributed_optimizer",
@@ -40,8 +44,6 @@ def candidate_dict(c: Candidate) -> dict[str, Any]:
 
 def _where_trials_run(spec: Any, planned: Any) -> str | None:
     """None where the trials can run (the spec's GPUs are here, or Slurm's nodes have them); else why not."""
-    from mcx.plan.hardware import gpu_from_name
-
     if spec.launch.kind == "slurm":
         return None
     if planned.plan.full.device == "cpu":
@@ -57,8 +59,6 @@ def _where_trials_run(spec: Any, planned: Any) -> str | None:
 
 def _measure_candidate(spec: Any, cand: Candidate, rank: int, steps: int, project: Path, work: Path,
                        progress: Progress) -> dict[str, Any]:
-    from mcx.ops.tune import _measure
-
     tspec = apply(spec, cand.settings)
     trial = _measure(tspec, steps, project, work / f"rank{rank}", f"layout {rank}")
     unused = None if trial["fits"] else fragments(trial.get("out_of_memory") or {})
@@ -96,11 +96,6 @@ def _spec_text(original: Any, best: dict[str, Any], extends: str) -> str:
 def tune_layouts(spec_path: str, overrides: list[str], *, project: Path, out: str | None, top: int, show: int,
                  steps: int, measure: bool, progress: Progress, yes: bool = False,
                  confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
-    from mcx.ops.outputs import check_output_file, write_text
-    from mcx.ops.plan import plan_loaded
-    from mcx.ops.tune import extends_lines, trials_dir, trials_gate
-    from mcx.track.runcache import acquire
-
     if steps < 2 or top < 1 or show < 1:
         raise InputError("--steps must be at least 2, --top and --show at least 1;", "e.g. --top 3 --steps 6.")
     spec = load_spec(spec_path, overrides)

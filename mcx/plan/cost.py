@@ -15,7 +15,7 @@ from typing import Protocol
 from attrs import frozen
 
 from mcx.errors import BudgetError
-from mcx.plan.hardware import mfu_peak_flops
+from mcx.plan.gpus import mfu_peak_flops
 from mcx.plan.steptime import StepTime
 from mcx.spec.schema import ExperimentSpec
 

@@ -41,11 +41,11 @@ import attrs
 from attrs import frozen
 
 from mcx.plan.fusions import cross_entropy_fusion
-from mcx.plan.hardware import GiB, gpu_info
+from mcx.plan.gpus import GiB, gpu_info
 from mcx.plan.params import Shapes, count_params, stage_params
 
 if TYPE_CHECKING:
-    from mcx.plan.degrees import Layout
+    from mcx.plan.layout import Layout
     from mcx.spec.schema import ExperimentSpec
 
 # Local spec vs the structural (TE) count, fitted to mcx's own H200 peaks, not the bare loop's of
@@ -239,7 +239,7 @@ def with_expandable_segments(conf: str | None) -> str:
 
 def fragments(facts: dict[str, Any]) -> float | None:
     """Bytes the CUDA allocator held reserved but unallocated when a worker ran out of memory (``facts``:
-    ``mcx.train.stage.out_of_memory``), when they are what ``train.expandable_segments`` is for: at
+    ``mcx.train.worker.out_of_memory``), when they are what ``train.expandable_segments`` is for: at
     least 1 GiB and 5% of the GPU, with the setting off. None otherwise."""
     allocated, reserved = facts.get("allocated_bytes"), facts.get("reserved_bytes")
     if allocated is None or reserved is None or facts.get("expandable_segments"):
@@ -249,7 +249,7 @@ def fragments(facts: dict[str, Any]) -> float | None:
 
 
 def oom_advice(est: MemoryEstimate, facts: dict[str, Any], fixes: list[str]) -> list[str]:
-    """What to try after a stage ran out of memory: the worker's ``facts`` (``mcx.train.stage.
+    """What to try after a stage ran out of memory: the worker's ``facts`` (``mcx.train.worker.
     out_of_memory``) beside the planner's estimate ``est`` for that stage, then ``fixes``."""
     tips = []
     allocated, reserved = facts.get("allocated_bytes"), facts.get("reserved_bytes")

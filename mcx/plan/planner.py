@@ -14,9 +14,9 @@ from attrs import frozen
 from mcx.errors import SpecError
 from mcx.plan.cost import CostEstimate, estimate_cost
 from mcx.plan.flops import flops_per_iteration, flops_per_token
-from mcx.plan.hardware import GiB, gpu_info
-from mcx.plan.degrees import Device
-from mcx.plan.layout import Layout, resolve_layout, transformer_impl
+from mcx.plan.gpus import GiB, gpu_info
+from mcx.plan.layout import Device
+from mcx.plan.layout_rules import Layout, resolve_layout, transformer_impl
 from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTION, MemoryEstimate, estimate_memory
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
 from mcx.plan.smoketime import SmokeTime, smoke_time_limit
@@ -39,7 +39,7 @@ class StagePlan:
       or not). The worker builds on exactly this device.
     * Transformer Engine: the layer implementation is planned from ``te_available`` as the caller found it
       (mcx.ops.plan.te_for_plan); where it is None (a Slurm job, a spec planned away from its GPUs) it is
-      assumed present, and the launch checks it (mcx.launch.site here; on Slurm the worker's first seconds).
+      assumed present, and the launch checks it (mcx.launch.preflight here; on Slurm the worker's first seconds).
     """
 
     stage: Stage

@@ -30,7 +30,7 @@ from attrs import frozen
 
 from mcx.errors import InputError, SpecError
 from mcx.plan.cost import SOURCES, estimate_cost
-from mcx.plan.degrees import Layout
+from mcx.plan.layout import Layout
 from mcx.plan.flops import flops_per_iteration
 from mcx.plan.params import padded_vocab_size
 from mcx.plan.steptime import predict_worker

@@ -36,7 +36,7 @@ from typing import Literal
 from attrs import evolve
 
 from mcx.errors import SpecError
-from mcx.plan.layout import Layout, resolve_layout, transformer_impl
+from mcx.plan.layout_rules import Layout, resolve_layout, transformer_impl
 from mcx.plan.params import require_vocab_size
 from mcx.plan.smoketime import smoke_time_limit, time_limit_problems
 from mcx.spec.rules import check_spec, divisors
@@ -73,7 +73,7 @@ def smoke_spec(spec: ExperimentSpec, layout: Layout, *, te_available: bool | Non
     """The spec and layout the smoke stage trains, from the full spec and its ``layout``. Only
     :func:`mcx.plan.planner.make_plan` calls this: its StagePlan is where every other reader finds them.
 
-    ``te_available`` and ``vocab_size`` as for :func:`mcx.plan.layout.resolve_layout`.
+    ``te_available`` and ``vocab_size`` as for :func:`mcx.plan.layout_rules.resolve_layout`.
     """
     return _smoke(spec, layout, te_available, vocab_size)
 

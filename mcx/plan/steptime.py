@@ -1,7 +1,7 @@
 """Step time before the job: a model of one optimizer step on the spec's GPUs and layout, calibrated on
 measured steps (docs/decisions.md D44, docs/benchmarks.md "The step-time model").
 
-Pure arithmetic over the spec, the layout and the GPU table (mcx.plan.hardware). One pipeline stage's
+Pure arithmetic over the spec, the layout and the GPU table (mcx.plan.gpus). One pipeline stage's
 micro-batch is priced layer by layer, then the schedule and the data-parallel step around it:
 
 * **GEMMs** (QKV, output projection, the MLP or the experts, the logits): each at ``2 m n k`` FLOPs,
@@ -31,9 +31,9 @@ from __future__ import annotations
 import attrs
 from attrs import field, frozen
 
-from mcx.plan.degrees import Layout
+from mcx.plan.layout import Layout
 from mcx.plan.flops import flops_per_iteration
-from mcx.plan.hardware import Gpu, gpu_info
+from mcx.plan.gpus import Gpu, gpu_info
 from mcx.plan.params import Shapes, count_params, stage_params
 from mcx.spec.schema import ExperimentSpec, GpuModel
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from attrs import evolve, frozen
 
-from mcx.plan.hardware import gpu_info
-from mcx.plan.degrees import Layout
-from mcx.plan.layout import layout_problems, transformer_impl
+from mcx.plan.gpus import gpu_info
+from mcx.plan.layout import Layout
+from mcx.plan.layout_rules import layout_problems, transformer_impl
 from mcx.plan.memory import estimate_memory, verdict
 from mcx.plan.params import padded_vocab_size, require_vocab_size
 from mcx.plan.steptime import StepTime, predict_worker

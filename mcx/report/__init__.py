@@ -1,6 +1,6 @@
 """Reports: run data, comparisons (terminal, Markdown, JSON, HTML with SVG plots), reproduction verdicts.
 
-Import the submodules you need (``mcx.report.compare``, ``mcx.report.verdict``, ...); nothing here
+Import the submodules you need (``mcx.report.compare_view``, ``mcx.report.verdict``, ...); nothing here
 imports torch, megatron or mlflow, so ``mcx compare`` starts quickly.
 
 Modules: ``notes.py`` (the notes ``mcx run`` returns beside its summary: cached, its error, records left to

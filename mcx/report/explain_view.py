@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mcx.fingerprint.explain import Explanation
+from mcx.fingerprint.diff import Explanation
 from mcx.report.titled import titled_table
 
 

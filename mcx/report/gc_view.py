@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from mcx.report.titled import titled_table
 
 
 def size_text(n: int) -> str:
@@ -26,8 +27,6 @@ def _where(path: Path, project: Path) -> str:
 def render_gc(result: Any, project: Path) -> Any:
     """``result`` is mcx.ops.gc.GcResult: one row per removal, the kept items grouped by kind and reason."""
     from rich.console import Group
-
-    from mcx.report.titled import titled_table
 
     verb = "would remove" if result.dry_run else "removed"
     gone = titled_table(f"mcx gc: {verb} {len(result.removed)} item{'s' * (len(result.removed) != 1)}"

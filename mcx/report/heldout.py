@@ -1,5 +1,5 @@
 """The facts of a comparison's summary: which run is better on the held-out metric, by how much, and
-the run-to-run noise (seed spread) to hold that against. ``mcx.report.compare`` puts them in its
+the run-to-run noise (seed spread) to hold that against. ``mcx.report.compare_view`` puts them in its
 ``Comparison``; ``mcx.report.outcome`` words them.
 """
 

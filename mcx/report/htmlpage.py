@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from html import escape
 
 from mcx.report import fmt
-from mcx.report.compare import ABSENT, Comparison, DiffRow, MetricRow, Plot, same_key
+from mcx.report.compare_view import ABSENT, Comparison, DiffRow, MetricRow, Plot, same_key
 from mcx.report.outcome import MEASURE, definitions, lines
 from mcx.report.rolling import spread_band, trailing_mean
 from mcx.report.svg import ENVELOPE_MAX, Line, colors, line_chart

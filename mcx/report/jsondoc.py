@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from mcx.report.compare import ABSENT, Comparison, DiffRow
+from mcx.report.compare_view import ABSENT, Comparison, DiffRow
 from mcx.report.outcome import MEASURE, SEED_SPREAD, definitions, lines
 from mcx.report.sweep_report import to_json as sweep_json
 

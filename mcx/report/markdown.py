@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mcx.report import fmt
-from mcx.report.compare import ABSENT, Comparison, DiffRow
+from mcx.report.compare_view import ABSENT, Comparison, DiffRow
 from mcx.report.outcome import MEASURE, definitions, lines
 
 _MD_SPECIAL = str.maketrans({**{c: f"\\{c}" for c in "\\`*_{}[]()#+!|~"}, "&": "&amp;", "<": "&lt;", ">": "&gt;"})

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from mcx.report.compare import STEP_NOISE, Comparison
+from mcx.report.compare_view import STEP_NOISE, Comparison
 from mcx.report.fmt import config_value, shorten, value
 from mcx.report.heldout import (
     DERIVED,

@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from mcx.metrics.summary import BY_KEY
 from mcx.plan.steptime import short_step_note
 from mcx.report.fmt import metric
+from mcx.report.titled import titled_table
 
 RUN_COLUMNS = ("run_id", "name", "status", "created", "stages", "train_loss", "valid_loss", "tokens_per_s_per_gpu",
                "tracking")
@@ -26,8 +28,6 @@ def render_runs(rows: list[dict[str, Any]], plain: bool = False) -> Any:
                       metric("tokens_per_s_per_gpu", final.get("tokens_per_s_per_gpu")), str(tracking.get("state", tracking.get("target", "")))])
     if plain:
         return "".join("\t".join(" ".join(c.split()) or "-" for c in line) + "\n" for line in [list(RUN_COLUMNS), *cells])
-    from mcx.report.titled import titled_table
-
     t = titled_table(f"{len(rows)} runs")
     for col in ("run ID", "name", "status", "created", "stages", "train loss", "valid loss", "tokens/s/GPU", "tracking"):
         # Words are never split ("finish/ed"): the name and the stages wrap at spaces, the rest stays whole.
@@ -43,9 +43,6 @@ SHOW_METRICS = ("train_loss", "valid_loss", "test_ppl", "tokens_per_s_per_gpu", 
 def render_run(record: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
-
-    from mcx.metrics.summary import BY_KEY
-    from mcx.report.titled import titled_table
 
     head = Table.grid(padding=(0, 2))
     head.add_column(no_wrap=True)
@@ -112,8 +109,6 @@ def code_line(code: dict[str, Any]) -> str:
 
 def render_lineage(chain: dict[str, Any]) -> Any:
     """`mcx lineage`: the first source at the top, then each ancestor, the run, and its descendants indented."""
-    from mcx.report.titled import titled_table
-
     t = titled_table(f"lineage of {chain['run']['run_id']}")
     for col in ("", "run ID / source", "name", "status", "started from"):
         t.add_column(col, no_wrap=col != "name")

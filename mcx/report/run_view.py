@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from mcx.report.fmt import metric
+from mcx.report.plan_view import render_plan
 from mcx.report.titled import titled_table
 
 if TYPE_CHECKING:
@@ -57,8 +58,6 @@ def render_run_result(summary: RunSummary) -> RenderableType:
 
 def render_dry_run(result: DryRun) -> RenderableType:
     """`mcx run --dry-run`: the plan, then each stage's launcher and layout, or its sbatch script."""
-    from mcx.report.plan_view import render_plan
-
     parts: list[RenderableType] = [render_plan(result.plan, result.run_id)]
     for stage, launch in result.launch.items():
         script = result.scripts.get(stage)

@@ -18,7 +18,10 @@ from attrs import frozen
 
 from mcx.contract.status import Status
 from mcx.errors import InputError
+from mcx.fingerprint.record import load_record, record_from_dict
+from mcx.jsonfile import read_json
 from mcx.report.rundata import RunData, load_run_dir
+from mcx.track.paths import run_dir, runs_dir
 
 SAME = ("code", "environment", "data", "hardware")  # components that must be equal
 
@@ -33,10 +36,6 @@ class SeedRun:
 def seed_runs(project: Path, run_id: str) -> list[SeedRun]:
     """``run_id`` itself, then (by run ID) every finished run of the project that differs from it only
     in ``train.seed``, one per seed; each with its main stage's curves."""
-    from mcx.fingerprint.record import load_record, record_from_dict
-    from mcx.jsonfile import read_json
-    from mcx.track.paths import run_dir, runs_dir
-
     base = load_record(project, run_id)
     want = {name: base.component(name).id for name in SAME}
     want_config = base.config.without_seed()

@@ -10,8 +10,9 @@ from rich.text import Text
 
 from mcx.contract.status import Status
 from mcx.report import fmt
-from mcx.report.compare import ABSENT, Comparison, DiffRow, MetricRow, same_key
+from mcx.report.compare_view import ABSENT, Comparison, DiffRow, MetricRow, same_key
 from mcx.report.outcome import lines
+from mcx.report.plain import plain_text
 from mcx.report.titled import titled_table
 
 WIDE_MAX = 6  # runs shown as columns; more runs become rows
@@ -97,8 +98,6 @@ def to_table(cmp: Comparison) -> RenderableType:
 
 def to_table_text(cmp: Comparison) -> str:
     """The table as a pipe receives it: plain, whole lines, values uncut (``--format table -o FILE``)."""
-    from mcx.report.plain import plain_text
-
     return plain_text(to_table(cmp))
 
 

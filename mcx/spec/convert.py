@@ -21,7 +21,7 @@ from cattrs.errors import (ClassValidationError, ForbiddenExtraKeysError, Iterab
                            IterableValidationNote)
 
 from mcx.errors import SpecError
-from mcx.spec.schema import SweepValue
+from mcx.spec.schema import SweepRange, SweepValue
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a table",
                tuple: "an array"}
@@ -154,15 +154,11 @@ def _literal_hook(t: Any):
 
 
 def _is_sweep_values(t: Any) -> bool:
-    from mcx.spec.schema import SweepRange
-
     return t == (tuple[SweepValue, ...] | SweepRange)
 
 
 def _sweep_values_hook(c: cattrs.Converter):
     """A sweep parameter: an array of values (a grid's axis, choices) or a table (a range)."""
-    from mcx.spec.schema import SweepRange
-
     def scalar(x: Any) -> Any:
         if isinstance(x, (bool, int, str)) or (isinstance(x, float) and math.isfinite(x)):
             return x

@@ -1,4 +1,4 @@
-"""Cross-field rules that need only the spec itself (layout rules live in mcx.plan.layout).
+"""Cross-field rules that need only the spec itself (layout rules live in mcx.plan.layout_rules).
 
 Each rule returns (toml.path, message with the fix); ``check_spec`` collects them all.
 """
@@ -211,7 +211,7 @@ def _init_rules(spec: ExperimentSpec) -> Problems:
 
 
 def _sweep_rules(spec: ExperimentSpec) -> Problems:
-    """The [sweep] table's own shape (mcx.plan.sweep checks its keys and values against the spec)."""
+    """The [sweep] table's own shape (mcx.plan.sweep_trials checks its keys and values against the spec)."""
     sw, out = spec.sweep, []
     if sw is None:
         return out

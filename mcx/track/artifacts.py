@@ -27,7 +27,7 @@ from typing import Any
 
 from mcx.jsonfile import write_bytes_atomic
 from mcx.track import paths
-from mcx.track.records import environment_report
+from mcx.track.mlflow_records import environment_report
 from mcx.track.redact import redact, redact_text
 
 ARTIFACTS = "artifacts"

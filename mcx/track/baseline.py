@@ -26,8 +26,10 @@ from typing import Any, Literal
 from attrs import frozen
 
 from mcx.errors import InputError, RunIdError
+from mcx.metrics.summary import BY_KEY
 from mcx.track import paths
 from mcx.track.errors import TrackingUnavailable
+from mcx.track.mlflow_store import MlflowStore
 from mcx.track.target import describe_error, is_transient, resolve_target
 
 BASELINE_EXPERIMENT = "mcx-baselines"
@@ -52,8 +54,6 @@ class Baseline:
 def direction(metric: str) -> Literal["lower", "higher"] | None:
     """Which way ``metric`` improves: its definition's (mcx.metrics.summary), else guessed from its name
     (None: mcx cannot tell)."""
-    from mcx.metrics.summary import BY_KEY
-
     last = metric.rsplit("/", 1)[-1].lower()
     if last in BY_KEY:
         return BY_KEY[last].better
@@ -72,8 +72,6 @@ def _check_name(name: str) -> str:
 
 
 def _store(project_root: Path, tracking_uri: str | None):
-    from mcx.track.mlflow_store import MlflowStore
-
     target = resolve_target(project_root, tracking_uri)
     try:
         store = MlflowStore(target)

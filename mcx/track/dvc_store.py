@@ -41,6 +41,7 @@ from attrs import asdict, frozen
 from mcx.errors import DataError, EnvironmentProblem, InputError
 from mcx.jsonfile import write_bytes_atomic
 from mcx.track import paths
+from mcx.track.redact import redact_text
 
 if TYPE_CHECKING:
     from dvc.repo import Repo
@@ -238,8 +239,6 @@ def _write_pointer(pointer: Path, target: Path, meta: dict[str, Any]) -> None:
 
 def _shareable(url: str | None) -> str | None:
     """``url`` if it may go into a committed file (no credentials in it), else None."""
-    from mcx.track.redact import redact_text
-
     return str(url) if url is not None and redact_text(str(url)) == str(url) else None
 
 

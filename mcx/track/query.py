@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from mcx.contract.status import Status
-from mcx.errors import RunIdError
+from mcx.errors import McxError, RunIdError, SpecError
+from mcx.spec.load import loads_spec, spec_to_dict
 from mcx.track import paths, runrecord
 from mcx.track.errors import TrackingUnavailable
 from mcx.track.journal import Journal
-from mcx.track.mlflow_store import RECORD_TAG, STAGE_TAG
-from mcx.track.records import fingerprint_tags, spec_params
+from mcx.track.mlflow_records import fingerprint_tags, spec_params
+from mcx.track.mlflow_store import MlflowStore, RECORD_TAG, STAGE_TAG
+from mcx.track.recorder import PREDICTION_METRICS
 from mcx.track.runcache import lookup
+from mcx.track.share import read_pointers
 from mcx.track.target import Target, describe_error, is_transient, resolve_target
 
 if TYPE_CHECKING:
@@ -42,8 +45,6 @@ _stores_lock = threading.Lock()
 
 
 def _store(project_root: Path, tracking_uri: str | None) -> MlflowStore:
-    from mcx.track.mlflow_store import MlflowStore
-
     target = resolve_target(project_root, tracking_uri)
     with _stores_lock:
         if target not in _stores:
@@ -110,9 +111,6 @@ def _created(run_path: Path, run_json: dict[str, Any]) -> float:
 
 def _checkpoints(project_root: Path, run_path: Path) -> dict[str, dict[str, Any]]:
     """Each stage's final checkpoint: where it is, whether it is here, and its DVC hash when recorded."""
-    from mcx.errors import McxError
-    from mcx.track.share import read_pointers
-
     out: dict[str, dict[str, Any]] = {}
     try:
         pointers = read_pointers(project_root, run_path.name)
@@ -161,8 +159,6 @@ def _local_summary(project_root: Path, run_path: Path) -> dict[str, Any]:
 
 def _step_time(run: Run) -> dict[str, Any] | None:
     """The step-time model's check as the recorder logged it (mcx.track.recorder.record_prediction)."""
-    from mcx.track.recorder import PREDICTION_METRICS
-
     values = {k: run.data.metrics.get(name) for k, name in PREDICTION_METRICS.items()}
     if any(v is None for v in values.values()):
         return None
@@ -279,9 +275,6 @@ def code_provenance(fp: Any) -> dict[str, Any] | None:
 
 
 def _spec_tree(run_path: Path) -> dict[str, Any] | None:
-    from mcx.errors import SpecError
-    from mcx.spec.load import loads_spec, spec_to_dict
-
     path = run_path / "spec.toml"
     try:
         return spec_to_dict(loads_spec(path.read_text(encoding="utf-8"), str(path)))

@@ -32,15 +32,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from mcx.contract.status import Status
-from mcx.errors import InputError
+from mcx.errors import InputError, SpecError
+from mcx.spec.load import loads_spec, spec_to_dict
 from mcx.track import paths
 from mcx.track.artifacts import Stager, end_artifacts, run_artifacts
 from mcx.track.forward import POLL_S, MetricsForwarder
 from mcx.track.journal import FlushResult, Journal
-from mcx.track.records import TAG_VALUE_LIMIT, clip, fingerprint_tags, scalar_text, spec_params
+from mcx.track.mlflow_records import TAG_VALUE_LIMIT, clip, fingerprint_tags, scalar_text, spec_params
+from mcx.track.outage import Outage, Outages
 from mcx.track.redact import redact_text
 from mcx.track.send import SyncEntry, sync_recorder
-from mcx.track.outage import Outage, Outages
 from mcx.track.target import Target, describe_error, is_transient, outage_reason, resolve_target, target_from_name
 
 if TYPE_CHECKING:
@@ -402,9 +403,6 @@ def _read_spec_table(run_dir: Path) -> dict[str, Any]:
 
 def _resolved_spec(run_dir: Path) -> dict[str, Any]:
     """The run's spec with every default filled in (as the run ID hashed it), else the raw table."""
-    from mcx.errors import SpecError
-    from mcx.spec.load import loads_spec, spec_to_dict
-
     path = Path(run_dir) / "spec.toml"
     try:
         return spec_to_dict(loads_spec(path.read_text(encoding="utf-8"), str(path)))

@@ -29,8 +29,10 @@ from attrs import frozen
 from mcx.contract.status import Status
 from mcx.errors import EnvironmentProblem
 from mcx.track import paths
-from mcx.track.errors import RunLocked
+from mcx.track.errors import RunLocked, TrackingUnavailable
 from mcx.track.holder import LockHolder
+from mcx.track.mlflow_store import MlflowStore
+from mcx.track.target import describe_error, is_transient, resolve_target
 
 LOCK_FILE = "lock"
 RUN_FILE = "run.json"
@@ -197,10 +199,6 @@ def lookup(project_root: Path, run_id: str, *, tracking_uri: str | None = None, 
 
 
 def _lookup_tracking(project_root: Path, run_id: str, tracking_uri: str | None) -> tuple[str, str | None] | None:
-    from mcx.track.errors import TrackingUnavailable
-    from mcx.track.mlflow_store import MlflowStore
-    from mcx.track.target import describe_error, is_transient, resolve_target
-
     target = resolve_target(project_root, tracking_uri)
     try:
         run = MlflowStore(target).find_parent_run(run_id)

@@ -16,7 +16,7 @@ from typing import Any
 from mcx.errors import InputError
 from mcx.track import paths
 from mcx.track.outage import Outages
-from mcx.track.records import TAG_VALUE_LIMIT, clip, scalar_text
+from mcx.track.mlflow_records import TAG_VALUE_LIMIT, clip, scalar_text
 from mcx.track.recorder import MLFLOW_STATUS, RUN, TARGET_FILE, RunRecorder, now_ms
 from mcx.track.target import resolve_target, target_from_name
 

@@ -26,6 +26,6 @@ megatron, NVML / nvidia-smi, files in the stage directory.
 
 from __future__ import annotations
 
-from mcx.train.stage import train_stage
+from mcx.train.worker import train_stage
 
 __all__ = ["train_stage"]

@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1 or args[0].startswith("-"):
         sys.stderr.write("usage: python -m mcx.train STAGE_DIR  (a stage directory holding job.json)\n")
         return 2
-    from mcx.train.stage import train_stage
+    from mcx.train.worker import train_stage
 
     result = train_stage(args[0])
     if result.get("error"):

@@ -39,7 +39,7 @@ from mcx.errors import InputError
 from mcx.jsonfile import write_json_atomic
 from mcx.weights import checksums
 from mcx.contract.checkpoints import DAMAGED, ITER, META, RETIRED, checkpoint_path, checkpoint_steps
-from mcx.weights.paths import LATEST, iter_name
+from mcx.weights.checkpoint_files import LATEST, iter_name
 
 log = logging.getLogger("mcx.train")
 

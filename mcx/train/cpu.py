@@ -45,7 +45,7 @@ from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, mas
 from mcx.contract.job import InitFrom, Job
 from mcx.train.runtime import World, seed_everything
 from mcx.weights.canonical import check_fits, is_extra_state
-from mcx.weights.paths import STATE_FILE
+from mcx.weights.checkpoint_files import STATE_FILE
 
 
 def check_cpu_job(job: Job) -> None:

@@ -390,7 +390,7 @@ class GpuBackend:
 
         loaded = None
         if init.format == "dist":
-            from mcx.weights.paths import checkpoint_dir
+            from mcx.weights.checkpoint_files import checkpoint_dir
 
             try:  # a Megatron-LM save directory names its iteration
                 loaded = self._load_dist_source(checkpoint_dir(Path(init.path)), init.load_optimizer)

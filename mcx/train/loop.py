@@ -41,15 +41,15 @@ from typing import Any
 
 from mcx.contract.job import Job, num_microbatches
 from mcx.contract.status import Status
-from mcx.errors import DataError, InputError
+from mcx.errors import DataError, InputError, TrainingFailed
 from mcx.plan.flops import flops_per_iteration
 from mcx.train import checkpoint as ckpt
+from mcx.train import warmstart
 from mcx.train.backend import Backend, Batch
-from mcx.train.data import Datasets, iterate_batches
+from mcx.train.console import Progress
+from mcx.train.datasets import Datasets, iterate_batches
 from mcx.train.guard import DivergenceGuard, advice
 from mcx.train.metrics import MetricsFile
-from mcx.train.progress import Progress
-from mcx.train import warmstart
 from mcx.train.runtime import World
 
 log = logging.getLogger("mcx.train")
@@ -64,8 +64,6 @@ def save_error(exc: BaseException, root: Path, tmp: Path) -> BaseException:
     """
     import errno
     import shutil
-
-    from mcx.errors import TrainingFailed
 
     shutil.rmtree(tmp, ignore_errors=True)
     try:

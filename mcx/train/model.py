@@ -34,7 +34,7 @@ from mcx.plan.params import padded_vocab_size
 from mcx.spec.schema import ExperimentSpec
 from mcx.train import wgrad
 from mcx.train.attention import SDPAttention
-from mcx.plan.degrees import Layout
+from mcx.plan.layout import Layout
 
 LayerSpecName = Literal["local", "transformer_engine"]
 

@@ -1,5 +1,5 @@
 """The worker's log, ``worker.log`` in the stage directory: its format and levels (rank 0 at INFO,
-the other ranks at WARNING), for the worker (mcx.train.stage) and the checkpoint writer process
+the other ranks at WARNING), for the worker (mcx.train.worker) and the checkpoint writer process
 (mcx.train.writer) alike."""
 
 from __future__ import annotations

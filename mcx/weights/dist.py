@@ -45,7 +45,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 from mcx.errors import InputError
 from mcx.weights.canonical import SHOWN, Shape, Weights, is_extra_state
 from mcx.weights.names import expert_key, layer_key
-from mcx.weights.paths import checkpoint_dir, dist_directory_problem
+from mcx.weights.checkpoint_files import checkpoint_dir, dist_directory_problem
 
 MODEL_KEYS = ("embedding.", "decoder.", "output_layer.", "mtp.")  # GPTModel's modules; the rest is not weights
 LAYERS = "decoder.layers."

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from mcx.weights.paths import STATE_FILE
+from mcx.weights.checkpoint_files import STATE_FILE
 
 if TYPE_CHECKING:
     from mcx.weights.canonical import Weights
@@ -25,7 +25,7 @@ def open_weights(path: Path, format: Format) -> Weights:
         state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True, mmap=True)
         return Weights.of(state["model"], str(path))
     if format == "hf":
-        from mcx.weights.hf import hf_weights
+        from mcx.weights.hf_convert import hf_weights
 
         return hf_weights(path)
     from mcx.weights.dist import read_full

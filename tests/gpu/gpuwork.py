@@ -36,7 +36,7 @@ def present_gpu() -> str:
     """mcx's name of the GPU here ("H200", "H100"), asked in a child process so that the test process never
     initialises CUDA; the tests set ``hardware.gpu`` to it, so the plan, the memory check and the step-time
     model speak of the card that runs them (the device tool lends H100s as well as H200s)."""
-    from mcx.plan.hardware import gpu_from_name
+    from mcx.plan.gpus import gpu_from_name
 
     name = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
                           capture_output=True, text=True, timeout=120, check=True).stdout.strip().splitlines()[-1]

@@ -27,7 +27,7 @@ from mcx.ops.plan import plan_loaded
 from mcx.spec import loads_spec
 
 ROOT = Path(__file__).resolve().parents[1]
-TE_HERE = importlib.util.find_spec("transformer_engine") is not None  # as mcx.launch.site decides it
+TE_HERE = importlib.util.find_spec("transformer_engine") is not None  # as mcx.launch.preflight decides it
 
 # A LLaMA-style 70B as imported from a Megatron-LM script: TP 4 x PP 4 with sequence parallel on
 # Transformer Engine, 2 nodes x 8 GPUs, its data and tokenizer on the cluster's file system.
@@ -212,7 +212,7 @@ def test_the_worker_refuses_a_node_that_lacks_what_the_job_needs(tmp_path: Path)
     (stage / "job.json").write_text(json.dumps(job))
     probe = textwrap.dedent(f"""
         import sys
-        from mcx.train.stage import train_stage
+        from mcx.train.worker import train_stage
         result = train_stage({str(stage)!r})
         print(result["exit_code"], "torch" in sys.modules)
     """)

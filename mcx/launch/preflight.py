@@ -3,7 +3,7 @@
 ``mcx plan`` describes the job on the spec's hardware, so these facts about the machine it is typed
 on are warnings there. ``mcx run`` checks them before anything starts where the job runs here
 (local, torchrun); on Slurm the worker checks them in its first seconds on the compute node
-(mcx.train.stage), so the smoke stage fails fast. Each problem is (key, what is wrong and the fix).
+(mcx.train.worker), so the smoke stage fails fast. Each problem is (key, what is wrong and the fix).
 Standard library only: the worker runs this before it imports torch.
 """
 
@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mcx.plan.layout import te_features
+from mcx.plan.layout_rules import te_features
 from mcx.spec.schema import ExperimentSpec
 
 Problems = list[tuple[str, str]]

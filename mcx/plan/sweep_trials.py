@@ -15,7 +15,7 @@ from typing import Any, Literal
 from mcx.errors import SpecError
 from mcx.fingerprint.config import NOT_HASHED
 from mcx.metrics.summary import BY_KEY, Metric
-from mcx.plan.hardware import peak_flops
+from mcx.plan.gpus import peak_flops
 from mcx.spec import ExperimentSpec
 from mcx.spec.convert import structure, unstructure
 from mcx.spec.keys import Key, spec_keys

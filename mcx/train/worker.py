@@ -22,8 +22,13 @@ from mcx.contract.files import CACHE_DIR, METRICS_FILE
 from mcx.contract.job import Job, read_job
 from mcx.contract.status import Status
 from mcx.errors import DataError, McxError, SpecError
+from mcx.launch import preflight
+from mcx.metrics.summary import summarize_file
+from mcx.plan.gpus import gpu_from_name, mfu_peak_flops
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
-from mcx.train.result import make_result, write_result
+from mcx.train.console import make_progress
+from mcx.train.metrics import MetricsFile
+from mcx.train.result_writer import make_result, write_result
 from mcx.train.worklog import start_logging, stop_logging
 
 log = logging.getLogger("mcx.train")
@@ -40,7 +45,7 @@ def _import_worker(device: str) -> None:
     """Import torch and Megatron-Core without their import-time chatter (warnings about optional
     packages the worker does not use: apex, absl, TE on CPU; torch's CUDA_HOME notice)."""
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    modules = ["mcx.train.runtime", "mcx.train.loop", "mcx.train.smoke", "mcx.train.data",
+    modules = ["mcx.train.runtime", "mcx.train.loop", "mcx.train.smoke", "mcx.train.datasets",
                "mcx.train.cpu", "megatron.core.models.mimo.model.base"]  # mimo: imported by get_megatron_optimizer
     if device == "cuda":
         modules.append("mcx.train.gpu")
@@ -53,13 +58,11 @@ def _import_worker(device: str) -> None:
 def check_node(job: Job) -> None:
     """What this node lacks for the job (Transformer Engine, the dataset, a writable checkpoint directory),
     before the slow imports: a job on a cluster fails in its first seconds, naming the key and the fix."""
-    from mcx.launch import site
-
     where = f"on {socket.gethostname()}"
-    problems = site.prepared_dataset(Path(job.data_dir), job.spec.data.prefix, job.spec.data.path)
-    problems += site.writable(Path(job.checkpoint_dir), "checkpoint.dir")
+    problems = preflight.prepared_dataset(Path(job.data_dir), job.spec.data.prefix, job.spec.data.path)
+    problems += preflight.writable(Path(job.checkpoint_dir), "checkpoint.dir")
     if job.device == "cuda":
-        problems += site.transformer_engine(job.spec, cp=job.layout.cp, sequence_parallel=job.layout.sequence_parallel,
+        problems += preflight.transformer_engine(job.spec, cp=job.layout.cp, sequence_parallel=job.layout.sequence_parallel,
                                             where=where)
     if problems:
         raise SpecError(problems, f"the {job.stage} stage's job {where}")
@@ -90,21 +93,15 @@ def _peak_flops(job: Job) -> tuple[float | None, str | None]:
         return None, None
     import torch
 
-    from mcx.plan.hardware import gpu_from_name, mfu_peak_flops
-
     name = torch.cuda.get_device_name()
     gpu = gpu_from_name(name)
     return (mfu_peak_flops(gpu) if gpu else None), name
 
 
 def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, Any]:
-    from mcx.metrics.summary import summarize_file
     from mcx.train import smoke
-    from mcx.train.data import datasets_from_spec
+    from mcx.train.datasets import datasets_from_spec
     from mcx.train.loop import Trainer
-    from mcx.train.metrics import MetricsFile
-    from mcx.train.progress import make_progress
-
     data = datasets_from_spec(job.spec, Path(job.data_dir), stage_dir / CACHE_DIR,
                               train_samples_limit=job.train_samples_limit)
     vocab = _vocab_size(job, data.tokenizer.vocab_size)

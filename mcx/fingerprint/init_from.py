@@ -21,15 +21,19 @@ from typing import Any
 import attrs
 
 from mcx.contract.status import Status
+from mcx.data.vocab import tokenizer_vocab_size
 from mcx.errors import InputError, RunIdError, SpecError
 from mcx.fingerprint.data import tree_sha256
 from mcx.fingerprint.filehashes import FileHashes
 from mcx.hashing import digest
 from mcx.jsonfile import read_json
 from mcx.spec import ExperimentSpec, loads_spec
-from mcx.spec.schema import ModelSpec
 from mcx.spec.rules import init_source
-from mcx.weights.paths import LATEST, STATE_FILE, checkpoint_dir, dist_directory_problem, iter_name
+from mcx.spec.schema import ModelSpec
+from mcx.weights.checkpoint_files import LATEST, STATE_FILE, checkpoint_dir, dist_directory_problem, iter_name
+from mcx.weights.checksums import verify
+from mcx.weights.hfconfig import as_model_spec, read_config
+from mcx.weights.hftensors import check_tensors
 
 RUNS_DIR = Path(".mcx") / "runs"
 POINTERS = Path(".mcx") / "checkpoints"  # <id>/<stage>.dvc: the committed pointers of a run's final checkpoints
@@ -87,10 +91,6 @@ def _hf_source(spec: ExperimentSpec, root: Path, path: Path) -> dict[str, Any]:
     """Check a Hugging Face source: its safetensors headers against its config.json (InputError naming each
     file or tensor), then its config.json against the spec's model (SpecError naming every differing key);
     what an export by mcx recorded of its origin (``mcx.json``), for the lineage."""
-    from mcx.data.vocab import tokenizer_vocab_size
-    from mcx.weights.hfconfig import as_model_spec, read_config
-    from mcx.weights.hftensors import check_tensors
-
     hf = read_config(path)
     check_tensors(path, hf)
     model = spec.model
@@ -197,8 +197,6 @@ def check_checkpoint(root: Path, run_id: str, path: Path, key: str = "init.from"
     ``checksums.json`` (``read=False``: missing or of another size; else also by CRC-32, reading every
     file; ``missing=False``: files not there are not damage), with the fix that exists for it: a final
     checkpoint in DVC comes back by ``mcx pull``."""
-    from mcx.weights.checksums import verify
-
     problems, _ = verify(path, read=read, missing=missing)
     if not problems:
         return
