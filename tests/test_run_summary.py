@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from mcx.launch.result import StageResult
+from mcx.contract.result import StageResult
 from mcx.ops.run import _stage_summary
 from mcx.track.run_summary import DryRun, RunSummary, Tracking
 
