@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from mcx.errors import InputError
+from mcx.fingerprint.diff import Explanation
 from mcx.fingerprint.diff import explain as diff
-from mcx.fingerprint.record import collect, load_record
+from mcx.fingerprint.record import FingerprintRecord, collect, load_record
 from mcx.spec import load_spec
 
 _RUN_ID = re.compile(r"^[0-9a-f]{12}$")
@@ -22,7 +22,7 @@ def _exists(ref: str) -> bool:
         raise InputError(f"{ref[:40]!r}...: {exc.strerror};", "give a path to a TOML spec or a 12-character run ID.") from None
 
 
-def _record(ref: str, project: Path, overrides: list[str]) -> Any:
+def _record(ref: str, project: Path, overrides: list[str]) -> FingerprintRecord:
     if _RUN_ID.match(ref) and not _exists(ref):
         return load_record(project, ref)
     if not _exists(ref):
@@ -31,5 +31,5 @@ def _record(ref: str, project: Path, overrides: list[str]) -> Any:
     return collect(load_spec(ref, overrides), project, require_data=False)
 
 
-def explain(a: str, b: str, *, project: Path, overrides: Sequence[str] = ()) -> Any:
+def explain(a: str, b: str, *, project: Path, overrides: Sequence[str] = ()) -> Explanation:
     return diff(_record(a, project, []), _record(b, project, list(overrides)))

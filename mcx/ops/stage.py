@@ -31,6 +31,7 @@ from mcx.track.share import configured_remotes, share_hint
 
 if TYPE_CHECKING:
     from mcx.launch.base import Handle, LaunchOutcome
+    from mcx.track.recorder import RunRecorder
 
 WATCH_S = 2.0  # how often a watched stage is asked about
 
@@ -87,7 +88,7 @@ def smoke_limit(planned: PlanResult, data_dir: Path) -> int:
                                job_spec.data.prefix)
 
 
-def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: Any,
+def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: RunRecorder,
                output: Output, progress: Progress, code_path: Path | None = None, watch: Watch | None = None,
                devices: tuple[str, ...] | None = None, reproduction: bool = False) -> StageResult:
     stage_path = run_path / stage

@@ -29,12 +29,12 @@ from mcx.launch import launcher_for, placement, preflight, worker_env
 from mcx.metrics.summary import BY_KEY, reduce_values
 from mcx.ops.data import ensure_dataset
 from mcx.ops.outputs import check_output_file, write_text
-from mcx.ops.plan import plan_loaded
+from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, Progress
 from mcx.ops.stage import stage_job
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
 from mcx.plan.smoketime import STARTUP_S as SLURM_STARTUP_S
-from mcx.spec import load_spec
+from mcx.spec import ExperimentSpec, load_spec
 from mcx.track.runcache import acquire
 
 TUNE_PREFIX = "mcx-tune-"  # <project>/.mcx/mcx-tune-XXXX/: the trials' work directory (mcx gc knows it)
@@ -58,7 +58,7 @@ def extends_lines(spec_path: str, dest: Path, overrides: list[str]) -> str:
     return "".join(f"# --set {o}\n" for o in overrides) + f'extends = "{rel}"\n\n'
 
 
-def trials_gate(spec: Any, step_times: Sequence[float | None], steps: int, *, yes: bool,
+def trials_gate(spec: ExperimentSpec, step_times: Sequence[float | None], steps: int, *, yes: bool,
                 confirm: Callable[[str], bool] | None, progress: Progress) -> float | None:
     """The trials' GPU-hours (their start-ups and steps on the spec's GPUs; None where a step's time is unknown),
     said before any trial starts and held to budget.max_gpu_hours as `mcx run` holds a job: above it, go on only
@@ -153,7 +153,7 @@ def _log_tail(stage_dir: Path, lines: int = 15) -> str:
     return "\n".join(f"    {line}" for line in tail) + "\n" if tail else "    (the trial wrote no log)\n"
 
 
-def check_trials_can_run(spec: Any, planned: Any) -> None:
+def check_trials_can_run(spec: ExperimentSpec, planned: PlanResult) -> None:
     """Refuse at once what no trial can do on this machine (a trial builds the model for half a minute
     before it would find out): the spec's precision, layout and Transformer Engine against the device
     the trials get here. On Slurm the trials run on the cluster's nodes, which are not probed here."""
