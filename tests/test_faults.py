@@ -932,10 +932,13 @@ def test_tracking_server_stopped_mid_run_then_sync_records_every_metric_once(
     if mlflow_server.proc is None:
         mlflow_server.start()
     client = server_client(mlflow_server.uri)
-    # The worker runs at the lowest priority so that this process, polling its steps, is scheduled
-    # first; should it still finish before it is held (a loaded machine), its records are deleted from
-    # the server and a fresh project tries again.
+    # The module's earlier tests recorded this run ID on the same server, and mcx records into the run
+    # that carries its ID: each trial starts from a server without them. The worker runs at the lowest
+    # priority so that this process, polling its steps, is scheduled first; should it still finish
+    # before it is held (a loaded machine), a fresh project tries again.
     for _ in range(3):
+        for run in client.search_runs([e.experiment_id for e in client.search_experiments()]):
+            client.delete_run(run.info.run_id)
         project = new_project()
         since = time.time()
         proc = mcx_popen(project, *RUN, env=fault_env(MLFLOW_TRACKING_URI=mlflow_server.uri))
@@ -950,9 +953,6 @@ def test_tracking_server_stopped_mid_run_then_sync_records_every_metric_once(
             break
         os.kill(worker, signal.SIGCONT)
         finish(proc)
-        for run in client.search_runs([e.experiment_id for e in client.search_experiments()],
-                                      f"tags.`mcx.run_id` = '{run_id}'"):
-            client.delete_run(run.info.run_id)
     else:
         raise AssertionError(f"the worker finished all {STEPS} steps before it could be held, three times")
     deadline = time.monotonic() + 120
