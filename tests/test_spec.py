@@ -456,6 +456,14 @@ def test_every_rule_problem_is_reported_at_once(tmp_path):
     assert "raise max_position_embeddings or shorten the sequence" in msgs["model.seq_length"]
 
 
+def test_a_head_count_past_int64s_half_is_named_without_listing_its_divisors(tmp_path):
+    """The fuzz found `mcx plan` searching 3e9 candidates for the divisors of 2**63 - 1 heads: above the
+    range rule's count the fix names no list."""
+    found = dict(problems(write(tmp_path / "t.toml", tiny(model={"num_attention_heads": 2**63 - 1, "num_query_groups": 8}))))
+    assert "is above 1048576" in found["model.num_attention_heads"]
+    assert found["model.num_query_groups"].endswith("use a divisor of it")
+
+
 def test_fp8_attention_needs_an_fp8_precision(tmp_path):
     found = dict(problems(write(tmp_path / "t.toml", tiny(train={"fp8_attention": True, "precision": "bf16"}))))
     assert list(found) == ["train.fp8_attention"]
