@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from attrs import evolve
 from conftest import make_git_dvc_project, quickstart_dataset
 
 from mcx.errors import DataError, InputError, RunIdError
@@ -39,6 +40,7 @@ from mcx.track import (
 )
 from mcx.track.dvc_store import ensure_remote
 from mcx.track.forward import line_metrics
+from mcx.track.run_entry import ShownRun, StepTimeCheck
 from mcx.track.redact import REDACTED, is_secret_name, redact, redact_text
 from mcx.track.target import embedded_uri, resolve_target
 
@@ -418,7 +420,7 @@ def test_server_down_for_the_whole_run_then_sync(tmp_path: Path, mlflow_server) 
     assert again.ok and again.ops_sent == 0 and again.metrics_sent == 0
     # `mcx show` links the run's page on the server (the MLflow UI's route for a run).
     info = runs["run"].info
-    assert show_run(project, rid)["tracking"]["mlflow_url"] == \
+    assert show_run(project, rid).entry.tracking.mlflow_url == \
         f"{mlflow_server.uri}/#/experiments/{info.experiment_id}/runs/{info.run_id}"
 
 
@@ -961,18 +963,22 @@ def test_list_show_and_metric_history(tmp_path: Path, mlflow_project: Path) -> N
     other = make_run_dir(project, "0123456789ab", stages=("smoke",))
     append_lines(other / "smoke", stage_lines(1, 5))
 
-    runs = {r["run_id"]: r for r in list_runs(project)}
-    assert runs[RID]["state"] == "finished" and runs[RID]["name"] == "tiny"
-    assert runs[RID]["final"]["test/ppl"] == pytest.approx(2.0 + 1.0 / 60)
-    assert runs[RID]["stages"]["smoke"]["status"] == "finished" and runs[RID]["tracking"]["pending_ops"] == 0
+    runs = {r.run_id: r for r in list_runs(project)}
+    assert runs[RID].state == "finished" and runs[RID].name == "tiny"
+    assert runs[RID].final["test/ppl"] == pytest.approx(2.0 + 1.0 / 60)
+    assert runs[RID].stages["smoke"].status == "finished" and runs[RID].tracking.pending_ops == 0
     unfinished = runs["0123456789ab"]
-    assert unfinished["state"] == "interrupted" and unfinished["stages"]["smoke"]["status"] == "incomplete"
+    assert unfinished.state == "interrupted" and unfinished.stages["smoke"].status == "incomplete"
+    assert unfinished.stages["smoke"].to_dict() == {"status": "incomplete"}  # no result.json: its status alone
 
     shown = show_run(project, RID)
-    assert shown["params"]["train.lr"] == "0.003" and shown["tags"]["mcx.fp.code.dirty"] == "true"
+    assert shown.params["train.lr"] == "0.003" and shown.tags["mcx.fp.code.dirty"] == "true"
+    assert shown.entry.tracking.mlflow_status is None and "mlflow_status" not in shown.to_dict()["tracking"]
     with_store = show_run(project, RID, include_tracking=True)
-    assert with_store["tracking"]["mlflow_status"] == "FINISHED"
-    assert with_store["tracking"]["mlflow_run"] == with_store["tracking"]["mlflow_run"]
+    assert with_store.entry.tracking.mlflow_status == "FINISHED"
+    assert with_store.entry.tracking.pending_ops == 0 and with_store.entry.tracking.mlflow_run
+    everything_here = {r.run_id: r for r in list_runs(project, include_tracking=True)}
+    assert everything_here[RID].tracking == with_store.entry.tracking  # the store's IDs merged into the local entry
 
     local_curve = metric_history(project, RID, "full", "train/loss")
     assert local_curve == [(s, 10.0 / s) for s in range(1, 61)]
@@ -985,10 +991,12 @@ def test_list_show_and_metric_history(tmp_path: Path, mlflow_project: Path) -> N
     assert [s for s, _ in from_store] == list(range(1, 61))
     assert [v for _, v in from_store] == pytest.approx([v for _, v in local_curve])
     remote = show_run(project, RID)
-    assert remote["source"] == "tracking" and remote["params"]["train.lr"] == "0.003"
-    assert set(remote["stages"]) == {"smoke", "full"} and remote["stages"]["full"]["status"] == "finished"
-    everything = {r["run_id"]: r for r in list_runs(project, include_tracking=True)}
-    assert everything[RID]["source"] == "tracking" and RID not in {r["run_id"] for r in list_runs(project)}
+    assert remote.entry.source == "tracking" and remote.params["train.lr"] == "0.003"
+    assert set(remote.entry.stages) == {"smoke", "full"} and remote.entry.stages["full"].status == "finished"
+    assert set(remote.to_dict()) == {"run_id", "name", "status", "state", "holder", "created", "stages", "final",
+                                     "step_time", "source", "tracking", "params", "tags"}  # nothing local to show
+    everything = {r.run_id: r for r in list_runs(project, include_tracking=True)}
+    assert everything[RID].source == "tracking" and RID not in {r.run_id for r in list_runs(project)}
     with pytest.raises(RunIdError, match="unknown run ID"):
         show_run(project, "fedcba987654")
 
@@ -1013,24 +1021,25 @@ def test_the_step_time_check_reaches_mlflow_and_mcx_show(mlflow_project: Path) -
     assert rec.close().state == "synced"
     (rdir / "run.json").write_text(json.dumps({"status": "finished", "summary": {"step_time": check}}))
 
-    def shown_text(record: dict) -> str:
+    def shown_text(record: ShownRun) -> str:
         console = Console(width=120, record=True, force_terminal=False)
         console.print(render_run(record))
         return " ".join(console.export_text().split())
 
     local = show_run(project, RID)
-    assert local["step_time"] == check
+    assert local.entry.step_time is not None and local.entry.step_time.to_dict() == check
     assert "1.7 s measured (median step), 1.6 s predicted on H200: the model is -5.9% off" in shown_text(local)
     shutil.rmtree(rdir)
     remote = show_run(project, RID)
-    assert remote["source"] == "tracking" and remote["step_time"]["gpu"] == "H200"
-    assert remote["step_time"]["predicted_s"] == pytest.approx(1.6) and remote["final"]["step_time_model_error"] == \
-        pytest.approx(1.6 / 1.7 - 1)
+    assert remote.entry.source == "tracking" and remote.entry.step_time is not None
+    assert remote.entry.step_time.gpu == "H200"
+    assert remote.entry.step_time.predicted_s == pytest.approx(1.6) and \
+        remote.entry.final["step_time_model_error"] == pytest.approx(1.6 / 1.7 - 1)
     assert "the model is -5.9% off" in shown_text(remote) and "does not price" not in shown_text(remote)
     # A step too short for the model (the quickstart on one H100, docs/benchmarks.md) says why it is off.
-    short = {**check, "predicted_s": 0.0123, "measured_s": 0.063, "error": 0.0123 / 0.063 - 1}
+    short = StepTimeCheck(gpu="H200", predicted_s=0.0123, measured_s=0.063, error=0.0123 / 0.063 - 1)
     assert ("0.063 s measured (median step), 0.0123 s predicted on H200: the model is -80.5% off; a step this short "
-            "is set by the host and kernel launches, which the model does not price") in shown_text({**remote, "step_time": short})
+            "is set by the host and kernel launches, which the model does not price") in shown_text(evolve(remote, entry=evolve(remote.entry, step_time=short)))
 
 
 # --- redaction ------------------------------------------------------------------------------------------

@@ -11,9 +11,12 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcx.report.plain import plain_console
+
+if TYPE_CHECKING:
+    from mcx.ops.progress import Event
 
 
 def is_terminal(stream: Any) -> bool:
@@ -53,7 +56,7 @@ def children_to_stderr() -> Iterator[None]:
         os.close(saved)
 
 
-def show_progress(event: Any) -> None:
+def show_progress(event: Event) -> None:
     """Render an op's progress event (mcx.ops.progress) on the stderr console, as it happens."""
     from mcx.ops.progress import PlanShown
 

@@ -7,10 +7,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcx.cli.output import children_to_stderr, show_progress
 from mcx.contract.status import Status
+
+if TYPE_CHECKING:
+    from mcx.track.baseline import Baseline
 
 
 def _console(stderr: bool = False):
@@ -23,6 +26,10 @@ def _console(stderr: bool = False):
 def _emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, sort_keys=True, default=str) + "\n")
     sys.stdout.flush()
+
+
+def _baseline_json(b: Baseline) -> dict[str, Any]:
+    return {"name": b.name, "run_id": b.run_id, "set_at": b.set_at}
 
 
 def project_root(args: argparse.Namespace) -> Path:
@@ -152,20 +159,20 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
     rows = list_runs(project=project_root(args), experiment=args.experiment, all_runs=args.all)
     for row in rows:  # listed as "damaged"; each named on stderr, so the rest of the list stays usable
-        if row.get("damaged"):
-            show_progress(Note(level="warning", lead=f"run {row['run_id']}",
-                               text=f": its record is damaged ({'; '.join(row['damaged'])}); `mcx show "
-                                    f"{row['run_id']}` says how to mend it"))
+        if row.damaged:
+            show_progress(Note(level="warning", lead=f"run {row.run_id}",
+                               text=f": its record is damaged ({'; '.join(row.damaged)}); `mcx show "
+                                    f"{row.run_id}` says how to mend it"))
     if args.json:
-        _emit_json(rows)
+        _emit_json([row.to_dict() for row in rows])
         return 0
     from mcx.cli.output import is_terminal
-    from mcx.report.records_view import render_runs
+    from mcx.report.records_view import render_runs, runs_text
 
     if is_terminal(sys.stdout):
         _console().print(render_runs(rows))
     else:  # a pipe or a file: a header line, then one run a line, tab-separated (mcx ls | cut -f1)
-        sys.stdout.write(render_runs(rows, plain=True))
+        sys.stdout.write(runs_text(rows))
     return 0
 
 
@@ -174,7 +181,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     shown = show_run(args.run_id, project=project_root(args))
     if args.json:
-        _emit_json(shown)
+        _emit_json(shown.to_dict())
     else:
         from mcx.report.records_view import render_run
 
@@ -187,7 +194,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
     chain = lineage(args.run_id, project=project_root(args))
     if args.json:
-        _emit_json(chain)
+        _emit_json(chain.to_dict())
     else:
         from mcx.report.records_view import render_lineage
 
@@ -202,12 +209,12 @@ def cmd_sync(args: argparse.Namespace) -> int:
     with children_to_stderr():
         report = sync(project=project, to=args.to)
     if args.json:
-        _emit_json(report)
+        _emit_json(report.to_dict())
     else:
-        _console().print(report["summary"], markup=False)
-    if report["error"]:
-        sys.stderr.write(f"mcx: error: {report['error']}\n")
-    return 0 if report["ok"] else 1  # records still pending: not done, run it again later
+        _console().print(report.summary, markup=False)
+    if report.error:
+        sys.stderr.write(f"mcx: error: {report.error}\n")
+    return 0 if report.ok else 1  # records still pending: not done, run it again later
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -247,14 +254,14 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     if args.baseline_cmd == "set":
         res = baseline_set(args.name, args.run_id, project=project_root(args))
-        _emit_json(res) if args.json else _console().print(f"baseline {args.name} -> {res['run_id']}")
+        _emit_json(_baseline_json(res)) if args.json else _console().print(f"baseline {args.name} -> {res.run_id}")
     else:
         rows = baseline_list(project=project_root(args))
         if args.json:
-            _emit_json(rows)
+            _emit_json([_baseline_json(r) for r in rows])
         else:
             for r in rows:
-                _console().print(f"{r['name']}\t{r['run_id']}")
+                _console().print(f"{r.name}\t{r.run_id}")
     return 0
 
 

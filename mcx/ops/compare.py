@@ -15,7 +15,7 @@ from mcx.report.compare_view import compare as build
 from mcx.report.rundata import load_run_dir
 from mcx.report.seeds import seed_runs
 from mcx.report.sweep_report import SweepSection, SweepTrial
-from mcx.track.lineage import describe_source, lineage
+from mcx.track.lineage import RunAncestor, describe_source, lineage
 
 
 BEST_COMPARED = 5  # `--sweep`: the best complete trials whose runs are compared
@@ -105,11 +105,12 @@ def _chains(project: Path, run_ids: list[str]) -> dict[str, tuple[str, ...]]:
     out = {}
     for run_id in run_ids:
         try:
-            ancestors = lineage(project, run_id)["ancestors"]
+            ancestors = lineage(project, run_id).ancestors
         except InputError:  # a run known only to the tracking store
             continue
         if ancestors:
-            first = [] if ancestors[-1]["kind"] != "run" or not ancestors[-1].get("here") else ["random weights"]
+            last = ancestors[-1]
+            first = ["random weights"] if isinstance(last, RunAncestor) and last.here else []
             out[run_id] = tuple(first + [describe_source(a) for a in reversed(ancestors)])
     return out
 

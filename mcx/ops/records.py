@@ -6,15 +6,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+from attrs import frozen
+
 from mcx.contract.status import Status
 from mcx.errors import InputError, RunIdError
 from mcx.track import runrecord
-from mcx.track.baseline import list_baselines, set_baseline
+from mcx.track.baseline import Baseline, list_baselines, set_baseline
 from mcx.track.errors import TrackingUnavailable
-from mcx.track.lineage import lineage as chain
+from mcx.track.lineage import Lineage, lineage as chain
 from mcx.track.paths import check_run_id, run_dir
 from mcx.track.query import list_runs as query
-from mcx.track.sync import sync as replay
+from mcx.track.run_entry import RunEntry, ShownRun
+from mcx.track.sync import SyncReport, sync as replay
 from mcx.track.target import check_uri, unreachable_hint
 
 
@@ -37,27 +40,50 @@ def _require_known(project: Path, run_id: str) -> str:
     return run_id
 
 
-def list_runs(*, project: Path, experiment: str | None = None, all_runs: bool = False) -> list[dict[str, Any]]:
+def list_runs(*, project: Path, experiment: str | None = None, all_runs: bool = False) -> list[RunEntry]:
     """Runs of this project; ``all_runs`` adds runs only the tracking store knows (slower: imports mlflow)."""
     try:
         rows = query(project, _uri(project), include_tracking=all_runs and _store_exists(project))
     except TrackingUnavailable:
         rows = query(project, _uri(project), include_tracking=False)
-    return [r for r in rows if experiment is None or r.get("name") == experiment]
+    return [r for r in rows if experiment is None or r.name == experiment]
 
 
-def show_run(run_id: str, *, project: Path) -> dict[str, Any]:
+def show_run(run_id: str, *, project: Path) -> ShownRun:
     from mcx.track.query import show_run as query
 
     return query(project, _require_known(project, run_id), _uri(project), include_tracking=False)
 
 
-def lineage(run_id: str, *, project: Path) -> dict[str, Any]:
+def lineage(run_id: str, *, project: Path) -> Lineage:
     """`mcx lineage`: the runs ``run_id`` started from (up to its first source) and the runs started from it."""
     return chain(project, check_run_id(run_id))
 
 
-def sync(*, project: Path, to: str | None = None) -> dict[str, Any]:
+@frozen(kw_only=True)
+class Synced:
+    """What `mcx sync` did: the replay's report, its summary in a few lines, and why records stay pending
+    (None: none do, or only runs busy with their own process)."""
+
+    report: SyncReport
+    summary: str
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+    def to_dict(self) -> dict[str, Any]:
+        """The object `mcx sync --json` prints."""
+        report = self.report
+        return {"ok": report.ok, "ops_sent": report.ops_sent, "metrics_sent": report.metrics_sent,
+                "runs": [{"run_id": e.run_id, "state": e.state, "target": e.target, "pending": list(e.pending_records),
+                          "error": e.error} for e in report.runs],
+                "unreachable": [{"target": o.target, "reason": o.reason, "waited_s": o.waited_s} for o in report.outages],
+                "summary": self.summary, "error": self.error, "seconds": report.seconds}
+
+
+def sync(*, project: Path, to: str | None = None) -> Synced:
     """`mcx sync`: send every spooled record to the store its run was recorded for (``to``: that store
     instead). ``ok`` once nothing is pending; ``error``: one paragraph on why some is, and the fix."""
     if to is not None and not re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", check_uri(to, "--to")):
@@ -80,36 +106,32 @@ def sync(*, project: Path, to: str | None = None) -> dict[str, Any]:
             fix = unreachable_hint(e.target) if e.target == "embedded" else \
                 "fix what the store refused, then run `mcx sync` again."
             errors.append(f"run {e.run_id} was not sent to {e.target} ({e.error}); its records stay spooled: {fix}")
-    return {"ok": report.ok, "ops_sent": report.ops_sent, "metrics_sent": report.metrics_sent,
-            "runs": [{"run_id": e.run_id, "state": e.state, "target": e.target, "pending": list(e.pending_records),
-                      "error": e.error} for e in report.runs],
-            "unreachable": [{"target": o.target, "reason": o.reason, "waited_s": o.waited_s} for o in report.outages],
-            "summary": "\n".join(lines), "error": " ".join(errors) or None, "seconds": report.seconds}
+    return Synced(report=report, summary="\n".join(lines), error=" ".join(errors) or None)
 
 
-def baseline_set(name: str, run_id: str, *, project: Path) -> dict[str, Any]:
+def baseline_set(name: str, run_id: str, *, project: Path) -> Baseline:
     """``run_id``: a run ID, or ``sweep:NAME`` for that sweep's best complete trial."""
     if run_id.startswith("sweep:"):
         from mcx.ops.sweep import best_run
 
         run_id = best_run(run_id[len("sweep:"):], project)
-    b = set_baseline(project, name, _require_known(project, run_id), tracking_uri=_uri(project))
-    return {"name": b.name, "run_id": b.run_id, "set_at": b.set_at}
+    return set_baseline(project, name, _require_known(project, run_id), tracking_uri=_uri(project))
 
 
-def baseline_list(*, project: Path) -> list[dict[str, Any]]:
+def baseline_list(*, project: Path) -> list[Baseline]:
     if not _store_exists(project):
         return []
-    return [{"name": b.name, "run_id": b.run_id, "set_at": b.set_at} for b in list_baselines(project, tracking_uri=_uri(project))]
+    return list_baselines(project, tracking_uri=_uri(project))
 
 
 def run_dirs(project: Path, run_ids: list[str], experiment: str | None) -> list[Path]:
     """Run directories for explicit IDs, or every finished run of an experiment."""
     if experiment:
-        rows = [r for r in query(project, None) if r.get("name") == experiment and r.get("status") == Status.FINISHED]
-        if not rows:
+        found = [r.run_id for r in query(project, None)
+                 if r.name == experiment and r.status == Status.FINISHED and r.run_id is not None]
+        if not found:
             raise InputError(f"no finished run of experiment {experiment!r} in this project;", "list runs with `mcx ls`.")
-        run_ids = [*run_ids, *[r["run_id"] for r in reversed(rows)]]
+        run_ids = [*run_ids, *reversed(found)]
     if not run_ids:
         raise InputError("no runs to compare;", "give run IDs (see `mcx ls`) or --experiment NAME.")
     out = []

@@ -15,7 +15,10 @@ import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from attrs import evolve
 
 from mcx.contract.status import Status
 from mcx.errors import McxError, RunIdError, SpecError
@@ -26,6 +29,9 @@ from mcx.track.journal import Journal
 from mcx.track.mlflow_records import fingerprint_tags, spec_params
 from mcx.track.mlflow_store import MlflowStore, RECORD_TAG, STAGE_TAG
 from mcx.track.recorder import PREDICTION_METRICS
+from mcx.track.run_entry import (
+    CheckpointEntry, CodeProvenance, Metrics, RunEntry, ShownRun, StageEntry, StepTimeCheck, TrackingState,
+)
 from mcx.track.runcache import lookup
 from mcx.track.share import read_pointers
 from mcx.track.target import Target, describe_error, is_transient, resolve_target
@@ -36,7 +42,9 @@ if TYPE_CHECKING:
     from mcx.track.mlflow_store import MlflowStore
 
 try:  # same results, about twice as fast on large files
-    from orjson import loads as _fast_loads
+    import orjson
+
+    _fast_loads: Callable[[bytes], Any] = orjson.loads
 except ImportError:  # pragma: no cover - depends on the environment
     _fast_loads = json.loads
 
@@ -69,30 +77,32 @@ def _asking(target_name: str) -> Iterator[None]:
 
 
 # local run directories ----------------------------------------------------------------------------
-def _stage_summary(stage_dir: Path) -> dict[str, Any]:
+def _stage_summary(stage_dir: Path) -> StageEntry:
     result = paths.read_json(stage_dir / paths.RESULT_FILE)
     if not isinstance(result, dict):
-        return {"status": Status.INCOMPLETE if (stage_dir / paths.METRICS_FILE).exists() else Status.PENDING}
-    return {k: result.get(k) for k in ("status", "passed", "steps", "final", "checks", "error", "layer_spec")}
+        return StageEntry(origin="no-result", status=Status.INCOMPLETE if (stage_dir / paths.METRICS_FILE).exists()
+                          else Status.PENDING)
+    return StageEntry.from_result(result)
 
 
-def _final(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _final(stages: dict[str, StageEntry]) -> Metrics:
     for stage in ("full", "smoke"):
-        final = (stages.get(stage) or {}).get("final")
+        entry = stages.get(stage)
+        final = entry.final if entry is not None else None
         if isinstance(final, dict) and final:
             return final
     return {}
 
 
-def _tracking_state(run_path: Path) -> dict[str, Any]:
+def _tracking_state(run_path: Path) -> TrackingState:
     journal = Journal(run_path / paths.TRACK_DIR)
     target = paths.read_json(run_path / paths.TRACK_DIR / "target.json", {}) or {}
     ids = paths.read_json(run_path / paths.TRACK_DIR / "ids.json", {}) or {}
     mlflow_run = (ids.get("records") or {}).get("run")
-    return {"target": target.get("target"), "experiment": target.get("experiment"),
-            "experiment_id": ids.get("experiment_id"), "mlflow_run": mlflow_run,
-            "mlflow_url": mlflow_url(target.get("target"), ids.get("experiment_id"), mlflow_run),
-            "pending_ops": len(journal.pending())}
+    return TrackingState(target=target.get("target"), experiment=target.get("experiment"),
+                         experiment_id=ids.get("experiment_id"), mlflow_run=mlflow_run,
+                         mlflow_url=mlflow_url(target.get("target"), ids.get("experiment_id"), mlflow_run),
+                         pending_ops=len(journal.pending()))
 
 
 def _created(run_path: Path, run_json: dict[str, Any]) -> float:
@@ -109,23 +119,25 @@ def _created(run_path: Path, run_json: dict[str, Any]) -> float:
     return os.stat(run_path).st_mtime
 
 
-def _checkpoints(project_root: Path, run_path: Path) -> dict[str, dict[str, Any]]:
-    """Each stage's final checkpoint: where it is, whether it is here, and its DVC hash when recorded."""
-    out: dict[str, dict[str, Any]] = {}
+def _checkpoints(project_root: Path, run_path: Path) -> tuple[dict[str, CheckpointEntry], str | None]:
+    """Each stage's final checkpoint (where it is, whether it is here, its DVC hash when recorded), and why
+    the DVC pointers could not be read (None: they could)."""
+    out: dict[str, CheckpointEntry] = {}
+    error = None
     try:
         pointers = read_pointers(project_root, run_path.name)
     except McxError as exc:
         pointers = []
-        out["error"] = {"detail": str(exc)}
+        error = str(exc)
     for p in pointers:
-        out[p.stage] = {"path": str(p.target), "present": p.target.is_dir(), "md5": p.md5,
-                        "pointer": str(p.dvc_file), "remote": p.remote.get("name"), "remote_url": p.remote.get("url")}
+        out[p.stage] = CheckpointEntry(path=str(p.target), present=p.target.is_dir(), md5=p.md5,
+                                       pointer=str(p.dvc_file), remote=p.remote.get("name"),
+                                       remote_url=p.remote.get("url"))
     for stage in paths.STAGES:
         ckpts = sorted((run_path / stage / "checkpoints").glob("iter_*[0-9]")) if stage not in out else []
         if ckpts:
-            out[stage] = {"path": str(ckpts[-1]), "present": True, "md5": None, "pointer": None, "remote": None,
-                          "remote_url": None}
-    return out
+            out[stage] = CheckpointEntry(path=str(ckpts[-1]), present=True)
+    return out, error
 
 
 def mlflow_url(target: str | None, experiment_id: str | None, mlflow_run: str | None) -> str | None:
@@ -135,7 +147,7 @@ def mlflow_url(target: str | None, experiment_id: str | None, mlflow_run: str | 
     return f"{target.rstrip('/')}/#/experiments/{experiment_id}/runs/{mlflow_run}"
 
 
-def _local_summary(project_root: Path, run_path: Path) -> dict[str, Any]:
+def _local_summary(project_root: Path, run_path: Path) -> RunEntry:
     damaged = runrecord.damaged(run_path)
     run_json = paths.read_json(run_path / "run.json", {}) if not damaged else {}
     stages = {s: _stage_summary(run_path / s) for s in paths.STAGES if (run_path / s).is_dir()}
@@ -147,72 +159,68 @@ def _local_summary(project_root: Path, run_path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         pass
     state = lookup(project_root, run_path.name)
-    return {
-        "run_id": run_path.name, "name": spec_name, "status": Status.DAMAGED if damaged else run_json.get("status"),
-        "state": "damaged" if damaged else state.state, "damaged": damaged,
-        "holder": state.holder.describe() if state.holder else None,
-        "created": _created(run_path, run_json), "stages": stages, "final": _final(stages),
-        "step_time": (run_json.get("summary") or {}).get("step_time"),
-        "source": "local", "tracking": _tracking_state(run_path),
-    }
+    return RunEntry(
+        run_id=run_path.name, name=spec_name, status=Status.DAMAGED if damaged else run_json.get("status"),
+        state="damaged" if damaged else state.state, damaged=tuple(damaged),
+        holder=state.holder.describe() if state.holder else None,
+        created=_created(run_path, run_json), stages=stages, final=_final(stages),
+        step_time=StepTimeCheck.from_dict((run_json.get("summary") or {}).get("step_time")),
+        source="local", tracking=_tracking_state(run_path),
+    )
 
 
-def _step_time(run: Run) -> dict[str, Any] | None:
+def _step_time(run: Run) -> StepTimeCheck | None:
     """The step-time model's check as the recorder logged it (mcx.track.recorder.record_prediction)."""
     values = {k: run.data.metrics.get(name) for k, name in PREDICTION_METRICS.items()}
-    if any(v is None for v in values.values()):
-        return None
-    return {"gpu": run.data.tags.get("mcx.step_time.gpu"), **values}
+    return StepTimeCheck.from_dict({"gpu": run.data.tags.get("mcx.step_time.gpu"), **values})
 
 
-def _tracking_summary(run: Run) -> dict[str, Any]:
+def _tracking_summary(run: Run, stages: dict[str, StageEntry] | None = None) -> RunEntry:
     tags = run.data.tags
-    return {
-        "run_id": tags.get("mcx.run_id"), "name": tags.get("mcx.spec_name"), "status": tags.get("mcx.status"),
-        "state": "finished" if tags.get("mcx.status") == Status.FINISHED else "recorded",
-        "holder": None, "created": (run.info.start_time or 0) / 1000.0, "stages": {},
-        "final": {k: v for k, v in run.data.metrics.items() if not k.startswith("smoke/")},
-        "step_time": _step_time(run),
-        "source": "tracking",
-        "tracking": {"experiment_id": run.info.experiment_id, "mlflow_run": run.info.run_id,
-                     "mlflow_status": run.info.status},
-    }
+    return RunEntry(
+        run_id=tags.get("mcx.run_id"), name=tags.get("mcx.spec_name"), status=tags.get("mcx.status"),
+        state="finished" if tags.get("mcx.status") == Status.FINISHED else "recorded",
+        created=(run.info.start_time or 0) / 1000.0, stages=stages or {},
+        final={k: v for k, v in run.data.metrics.items() if not k.startswith("smoke/")},
+        step_time=_step_time(run), source="tracking",
+        tracking=TrackingState(experiment_id=run.info.experiment_id, mlflow_run=run.info.run_id,
+                               mlflow_status=run.info.status),
+    )
 
 
 def list_runs(
     project_root: Path, tracking_uri: str | None = None, *, include_tracking: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[RunEntry]:
     """Every run of the project (newest first); with ``include_tracking`` also those only in the store.
 
-    Each entry: run_id, name, status (run.json's, or the record's mcx.status), state ("finished",
-    "running", "interrupted", or "recorded" for store-only runs; status and state "damaged" for a run
-    whose records are, each named in ``damaged``: mcx.track.runrecord), holder, created (unix time),
-    stages {stage: status, passed, steps, final, ...}, final (main stage's final metrics),
-    source ("local" | "tracking"), tracking (where it is recorded and what is still unsent).
+    status is run.json's, or the record's mcx.status; status and state are "damaged" for a run whose records
+    are, each named in ``damaged`` (mcx.track.runrecord).
     """
     root = Path(project_root).resolve()
     runs_root = paths.runs_dir(root)
-    local = {}
+    local: dict[str, RunEntry] = {}
     if runs_root.is_dir():
         for run_path in runs_root.iterdir():
             if run_path.is_dir() and paths.RUN_ID_PATTERN.fullmatch(run_path.name):
                 local[run_path.name] = _local_summary(root, run_path)
-    out = list(local.values())
+    elsewhere: list[RunEntry] = []  # runs only the store knows
     if include_tracking:
         store = _store(root, tracking_uri)
         with _asking(store.target.name):
             for run in store.find_runs(store.all_experiment_ids(), {RECORD_TAG: "run"}):
                 entry = _tracking_summary(run)
-                if entry["run_id"] in local:
-                    local[entry["run_id"]]["tracking"].update(entry["tracking"])
-                elif entry["run_id"]:
-                    out.append(entry)
-    return sorted(out, key=lambda e: e["created"] or 0, reverse=True)
+                if entry.run_id in local:
+                    here = local[entry.run_id]
+                    local[entry.run_id] = evolve(here, tracking=here.tracking.merged(entry.tracking))
+                elif entry.run_id:
+                    elsewhere.append(entry)
+    out = [*local.values(), *elsewhere]
+    return sorted(out, key=lambda e: e.created or 0, reverse=True)
 
 
 def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *,
-             include_tracking: bool = False) -> dict[str, Any]:
-    """One run in full: the summary of ``list_runs`` plus params, tags and run.json.
+             include_tracking: bool = False) -> ShownRun:
+    """One run in full: the entry ``list_runs`` lists plus params, tags and run.json.
 
     Read from the run directory; from the store when the directory is gone (or also, with
     ``include_tracking``, to add the MLflow record's IDs and status). RunIdError if neither has it.
@@ -220,17 +228,16 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
     root = Path(project_root).resolve()
     run_path = paths.run_dir(root, run_id)
     if run_path.is_dir():
-        out = _local_summary(root, run_path)
-        if out["damaged"]:
-            raise runrecord.damaged_error(root, run_path, out["damaged"])
+        entry = _local_summary(root, run_path)
+        if entry.damaged:
+            raise runrecord.damaged_error(root, run_path, list(entry.damaged))
         spec = _spec_tree(run_path)
         fp = paths.read_json(run_path / "fingerprint.json")
-        out["params"] = spec_params(spec) if spec else {}
-        out["tags"] = fingerprint_tags(fp) if isinstance(fp, dict) else {}
-        out["code"] = code_provenance(fp)
-        out["run"] = paths.read_json(run_path / "run.json", {})
-        out["spec_path"] = str(run_path / "spec.toml")
-        out["checkpoints"] = _checkpoints(root, run_path)
+        checkpoints, checkpoints_error = _checkpoints(root, run_path)
+        out = ShownRun(entry=entry, params=spec_params(spec) if spec else {},
+                       tags=fingerprint_tags(fp) if isinstance(fp, dict) else {}, code=code_provenance(fp),
+                       run=paths.read_json(run_path / "run.json", {}), spec_path=str(run_path / "spec.toml"),
+                       checkpoints=checkpoints, checkpoints_error=checkpoints_error)
         if not include_tracking:
             return out
     else:
@@ -243,35 +250,22 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
                 return out
             raise RunIdError(f"unknown run ID {run_id}: no {run_path} and no record in {store.target.name}",
                              "list runs with `mcx ls` (add --all for the tracking store's).")
-        remote = _tracking_summary(parent)
-        remote["params"] = dict(parent.data.params)
-        remote["tags"] = dict(parent.data.tags)
+        stages = {}
         for child in store.children(parent):
             stage = child.data.tags.get(STAGE_TAG)
             if stage:
-                remote["stages"][stage] = {"status": child.data.tags.get("mcx.status"),
-                                           "passed": child.data.tags.get("mcx.passed"),
-                                           "steps": child.data.tags.get("mcx.steps"),
-                                           "mlflow_run": child.info.run_id}
+                stages[stage] = StageEntry(origin="tracking", status=child.data.tags.get("mcx.status"),
+                                           passed=child.data.tags.get("mcx.passed"),
+                                           steps=child.data.tags.get("mcx.steps"), mlflow_run=child.info.run_id)
+        remote = _tracking_summary(parent, stages)
     if out is None:
-        return remote
-    out["tracking"].update(remote["tracking"])
-    return out
+        return ShownRun(entry=remote, params=dict(parent.data.params), tags=dict(parent.data.tags))
+    return evolve(out, entry=evolve(out.entry, tracking=out.entry.tracking.merged(remote.tracking)))
 
 
-def code_provenance(fp: Any) -> dict[str, Any] | None:
-    """Where a run's code came from (not part of its ID, D52): commit, branch, the paths that differed from the
-    commit, mcx's version, and how many modules the ID hashed; None for a record without a code component."""
-    code = fp.get("code") if isinstance(fp, dict) else None
-    if not isinstance(code, dict) or not isinstance(code.get("info"), dict) or not isinstance(code.get("id"), dict):
-        return None
-    info, ident = code["info"], code["id"]
-    changes = info.get("changes")
-    return {"commit": info.get("commit") or ident.get("commit"), "branch": info.get("branch"),
-            "dirty": info.get("dirty", ident.get("dirty")),
-            "changes": sorted(changes) if isinstance(changes, dict) else [],
-            "mcx_version": info.get("mcx_version", ident.get("mcx_version")),
-            "modules": len(ident["modules"]) if isinstance(ident.get("modules"), dict) else None}
+def code_provenance(fp: object) -> CodeProvenance | None:
+    """Where a run's code came from, from a fingerprint.json record; None for one without a code component."""
+    return CodeProvenance.of(fp.get("code") if isinstance(fp, dict) else None)
 
 
 def _spec_tree(run_path: Path) -> dict[str, Any] | None:
