@@ -21,6 +21,7 @@ Modules, by what they hold:
 - ``share``: a run's committed checkpoint pointers (``.mcx/checkpoints/<id>/``), fetching them in any clone
 - ``baseline``: named baselines in the store, ``compare_to_baseline`` verdicts
 - ``query``: ``list_runs``, ``show_run``, ``metric_history``
+- ``run_entry``: a recorded run as ``query`` returns it, typed (``RunEntry``, ``ShownRun``)
 
 Decisions (the reasons are in each module's docstring):
 
@@ -41,7 +42,7 @@ Decisions (the reasons are in each module's docstring):
 
 Also: ``dvc_check.py`` (whether a remote holds a version); ``runrecord.py`` (a run directory's JSON records
 read strictly: one that is there but not a JSON object is named as damaged, D48); ``lineage.py`` (which run
-started from which, ``mcx lineage``); ``sweep_record.py`` (a sweep's MLflow parent run adopting its trials'
+started from which, ``mcx lineage``, as a typed ``Lineage``); ``sweep_record.py`` (a sweep's MLflow parent run adopting its trials'
 runs); ``outage.py`` (the stores a command found unreachable, waited on once, D50).
 """
 
