@@ -1,5 +1,6 @@
 """The type checker passes: mypy, configured in pyproject.toml ([tool.mypy]), strict on mcx/plan, mcx/fingerprint
-and mcx/ops (docs/decisions.md D54). Run here so that `./dev test` and CI fail on a type error as on a test."""
+and mcx/ops (docs/decisions.md D54), checked on mcx/report, mcx/track and mcx/cli (D58). Run here so that
+`./dev test` and CI fail on a type error as on a test."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Checked, not strict (D58): the run records' packages and their views, the metrics, the CLI, the root modules.
+CHECKED = ("mcx/report", "mcx/track", "mcx/metrics", "mcx/cli")
+CHECKED_FILES = ("mcx/errors.py", "mcx/hashing.py", "mcx/jsonfile.py")
 
 
 @pytest.mark.slow
@@ -24,7 +28,7 @@ def test_the_strict_packages_are_checked_strictly():
     import tomllib
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
-    assert set(config["files"]) == {"mcx/plan", "mcx/fingerprint", "mcx/ops"}
+    assert set(config["files"]) == {"mcx/plan", "mcx/fingerprint", "mcx/ops", *CHECKED, *CHECKED_FILES}
     strict = [o for o in config["overrides"] if o.get("disallow_untyped_defs")]
     assert len(strict) == 1 and set(strict[0]["module"]) == {"mcx.plan.*", "mcx.fingerprint.*", "mcx.ops.*"}
     flags = ("disallow_any_generics", "disallow_subclassing_any", "disallow_untyped_calls", "disallow_incomplete_defs",
@@ -32,3 +36,16 @@ def test_the_strict_packages_are_checked_strictly():
              "strict_equality", "extra_checks")
     assert all(strict[0].get(flag) is True for flag in flags), [f for f in flags if strict[0].get(f) is not True]
     assert config["warn_unused_ignores"] and config["warn_redundant_casts"]
+
+
+def test_the_checked_packages_are_read_whole_and_none_is_ignored():
+    """The run records' packages, their views, the metrics, the CLI and the root modules: every function body
+    checked, and none of them in ``ignore_errors``."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    modules = {p.replace("/", ".") + ".*" for p in CHECKED} | {p.removesuffix(".py").replace("/", ".") for p in CHECKED_FILES}
+    body = [o for o in config["overrides"] if o.get("check_untyped_defs") and not o.get("disallow_untyped_defs")]
+    assert len(body) == 1 and set(body[0]["module"]) == modules
+    ignored = {m for o in config["overrides"] if o.get("ignore_errors") for m in o["module"]}
+    assert not ignored & modules, ignored & modules

@@ -331,9 +331,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             raise InputError("mcx sweep show needs the sweep's name;", "`mcx sweep ls` lists them.")
         result = sweeps.show(args.name, project)
     else:
+        from mcx.ops.sweep_plan import SweepOptions
+
         interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
-        options = sweeps.SweepOptions(yes=args.yes, dry_run=args.dry_run, verify_data=args.verify_data,
-                                      output="json" if args.json else "bar", confirm=_ask if interactive else None)
+        options = SweepOptions(yes=args.yes, dry_run=args.dry_run, verify_data=args.verify_data,
+                               output="json" if args.json else "bar", confirm=_ask if interactive else None)
         with children_to_stderr():
             result = sweeps.sweep(args.spec, args.overrides, project=project, options=options, progress=show_progress)
         _print_notes(result.notes)

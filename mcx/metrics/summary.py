@@ -181,7 +181,7 @@ def summarize(curves: Mapping[str, Curve], run: Mapping[str, float | None] | Non
     for m in METRICS:
         if m.reduce == "run":
             out[m.key] = _number(run.get(m.key))
-        elif m.curve in curves and curves[m.curve].values:
+        elif m.curve is not None and m.curve in curves and curves[m.curve].values:
             out[m.key] = reduce_values(m.reduce, curves[m.curve].values)
         else:
             out[m.key] = _number(given.get(m.key))
@@ -192,7 +192,7 @@ def spreads(curves: Mapping[str, Curve]) -> dict[str, float]:
     """The step-to-step spread of each steady metric the curves hold."""
     out = {}
     for m in METRICS:
-        if m.reduce in STEADY and m.curve in curves:
+        if m.reduce in STEADY and m.curve is not None and m.curve in curves:
             s = spread(m, curves[m.curve].values)
             if s is not None:
                 out[m.key] = s

@@ -180,7 +180,7 @@ def judge(metric: Metric, base: float | None, value: float | None, tolerance: fl
     if math.isinf(worse):
         return MetricCell(value, delta, delta_rel, regressed=worse > 0, improved=worse < 0, spread=spread)
     noise = max((s for s in spreads if s is not None), default=None)
-    if finite and noise is not None and abs(delta_rel) <= noise:
+    if delta_rel is not None and noise is not None and abs(delta_rel) <= noise:  # delta_rel: None unless finite
         return MetricCell(value, delta, delta_rel, spread=spread, within_noise=True, noise=noise)
     if finite:
         rel_worse = worse / abs(base)
@@ -243,7 +243,7 @@ def compare(runs: Sequence[RunData], baseline: RunData | None = None, *,
             cell = (MetricCell(v, spread=spreads[1]) if base_id is None or h.is_baseline
                     else judge(m, base, v, tol, spreads))
             cells.append(cell)
-            if cell.regressed:
+            if cell.regressed and base is not None and v is not None:  # judged: both known
                 regressions.append(Regression(h.run_id, m.key, base, v, cell.delta_rel, tol))
         rows.append(MetricRow(m, tol, tuple(cells)))
 

@@ -108,14 +108,14 @@ def _relative(delta: float, ref: float) -> float | None:
 
 def _margin(ranking: Sequence[Standing], values: Mapping[str, float | None], reference: str) -> Margin | None:
     """The best run against the reference, or against the runner-up when the best is the reference."""
-    ranked = [s for s in ranking if s.value is not None and math.isfinite(s.value)]
+    ranked = [(s.run_id, s.value) for s in ranking if s.value is not None and math.isfinite(s.value)]
     if len(ranked) < 2:
         return None
-    best = ranked[0]
-    other = ranked[1] if best.run_id == reference or values.get(reference) is None \
-        or not math.isfinite(values[reference]) else next(s for s in ranked if s.run_id == reference)
-    delta = best.value - other.value
-    return Margin(best.run_id, other.run_id, delta, _relative(delta, other.value))
+    (best, best_value), ref = ranked[0], values.get(reference)
+    other, other_value = ranked[1] if best == reference or ref is None or not math.isfinite(ref) \
+        else next(r for r in ranked if r[0] == reference)
+    delta = best_value - other_value
+    return Margin(best, other, delta, _relative(delta, other_value))
 
 
 def _noise(metric: Metric, pair: Sequence[str], seeds: Mapping[str, Sequence[RunData]],
@@ -150,7 +150,7 @@ def summarize_comparison(run_ids: Sequence[str], summaries: Sequence[Mapping[str
     for rid in run_ids:
         v = values[rid]
         delta = v - ref if v is not None and ref is not None and rid != reference else None
-        standings.append(Standing(rid, v, delta, _relative(delta, ref) if delta is not None else None))
+        standings.append(Standing(rid, v, delta, _relative(delta, ref) if delta is not None and ref is not None else None))
     ranking = tuple(sorted(standings, key=lambda s: _rank_key(metric.better, s.value)))  # stable: ties keep order
     margin = _margin(ranking, values, reference)
     seed_only = config_keys == ("train.seed",) and not components

@@ -93,9 +93,9 @@ def to_markdown(cmp: Comparison) -> str:
     out.append("")
     if cmp.fingerprint_diff or cmp.fingerprint_same:
         out += ["### Fingerprint differences", ""]
-        for component, rows in cmp.fingerprint_diff.items():
+        for component, diff_rows in cmp.fingerprint_diff.items():
             out += [f"**{md_escape(component)}**", ""]
-            out += _diff(cmp, rows)
+            out += _diff(cmp, diff_rows)
             out.append("")
         if cmp.fingerprint_same:
             out += [f"Identical in every run: {md_escape(', '.join(cmp.fingerprint_same))}.", ""]

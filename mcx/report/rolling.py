@@ -50,7 +50,7 @@ def band_window(n_steady: int) -> int:
 def spread_band(steps: Sequence[int], values: Sequence[float]) -> tuple[list[float], list[float], list[float]]:
     """(steps, p10, p90) of the steady points in a centred window of ``band_window`` points, at up
     to ``BAND_SAMPLES`` places; empty when the curve has too few steady points for a window."""
-    kept = steady(range(len(values)))  # the steady points' indices, by the rule ``spread`` uses
+    kept = [int(i) for i in steady(range(len(values)))]  # the steady points' indices, by the rule ``spread`` uses
     idx = [i for i in kept if math.isfinite(values[i])]
     w = band_window(len(idx))
     if len(idx) < w:

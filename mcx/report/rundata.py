@@ -116,17 +116,20 @@ def load_stage(stage_dir: Path, spec_world_size: int | None) -> StageData:
     curves, notes = read_metrics(stage_dir / "metrics.jsonl")
     result = _read_json(stage_dir / "result.json", "result record") or {}
     job = _read_json(stage_dir / "job.json", "job file") or {}
-    layout = job.get("layout") if isinstance(job.get("layout"), dict) else {}
-    world = layout.get("world_size") if isinstance(layout.get("world_size"), int) else spec_world_size
+    layout = job.get("layout")
+    world = layout.get("world_size") if isinstance(layout, dict) and isinstance(layout.get("world_size"), int) \
+        else spec_world_size
     train_loss = curves.get("train/loss")
-    steps = result.get("steps") if isinstance(result.get("steps"), int) else (
-        train_loss.steps[-1] if train_loss is not None and train_loss.steps else 0)
+    steps = result.get("steps")
+    if not isinstance(steps, int):
+        steps = train_loss.steps[-1] if train_loss is not None and train_loss.steps else 0
+    checks, final = result.get("checks"), result.get("final")
     return StageData(
         name=stage_dir.name,
         status=str(result.get("status") or Status.INCOMPLETE),
         passed=result.get("passed") if isinstance(result.get("passed"), bool) else None,
-        checks=result.get("checks") if isinstance(result.get("checks"), dict) else {},
-        final=result.get("final") if isinstance(result.get("final"), dict) else {},
+        checks=checks if isinstance(checks, dict) else {},
+        final=final if isinstance(final, dict) else {},
         error=result.get("error") if isinstance(result.get("error"), str) else None,
         steps=steps,
         world_size=world,
@@ -160,8 +163,9 @@ def load_run_dir(path: str | Path) -> RunData:
     stages = {name: load_stage(root / name, spec_world) for name in STAGES if (root / name).is_dir()}
     main = stages.get("full") or stages.get("smoke")
     run_json = _read_json(root / "run.json", "run record") or {}
-    status = run_json.get("status") if isinstance(run_json.get("status"), str) else (
-        main.status if main is not None else "planned")
+    status = run_json.get("status")
+    if not isinstance(status, str):
+        status = main.status if main is not None else "planned"
     walls = [s.wall_time_s for s in stages.values() if s.wall_time_s is not None]
     gpu_h = [s.wall_time_s * s.world_size / 3600.0 for s in stages.values()
              if s.wall_time_s is not None and s.world_size is not None]

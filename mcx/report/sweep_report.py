@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Any
+from typing import Any, cast
 
 from attrs import frozen
 
@@ -61,10 +61,10 @@ def charts(section: SweepSection, color_of: Mapping[str, str]) -> list[str]:
     best = done[0].number if done else None
     out = []
     for i, key in enumerate(section.parameters):
-        values = [t.params.get(key) for t in done]
+        values: list[Any] = [t.params.get(key) for t in done]  # config values: numbers, or categories
         log_x, categories = axis(values)
         points = [Point(x=float(categories.index(fmt.config_value(v))) if categories is not None else float(v),
-                        y=float(t.value), color=color_of.get(t.run_id or "", OTHER), ring=t.number == best,
+                        y=float(cast(float, t.value)), color=color_of.get(t.run_id or "", OTHER), ring=t.number == best,
                         label=f"trial {t.number}: {key} = {fmt.config_value(v)}, {section.objective} "
                               f"{fmt.metric(section.objective, t.value)} (run {t.run_id})")
                   for t, v in zip(done, values)]
@@ -82,7 +82,7 @@ def to_html(section: SweepSection, color_of: Mapping[str, str]) -> str:
         cells = [str(t.number), *(fmt.config_value(t.params.get(k)) for k in section.parameters), t.state,
                  fmt.metric(section.objective, t.value), t.run_id or "-"]
         swatch = (f'<span class="sw" style="background:{color_of[t.run_id]}"></span>'
-                  if t.run_id in color_of else "")
+                  if t.run_id is not None and t.run_id in color_of else "")
         rows.append("<tr>" + "".join(f"<td>{swatch if j == 0 else ''}{escape(c)}</td>" for j, c in enumerate(cells))
                     + "</tr>")
     figs = "".join(f'<figure style="max-width:{FIGURE_MAX_PX}px">{c}</figure>' for c in charts(section, color_of))

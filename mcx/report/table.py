@@ -18,7 +18,7 @@ from mcx.report.titled import titled_table
 WIDE_MAX = 6  # runs shown as columns; more runs become rows
 VALUE_WIDTH = 48  # long values (hashes, paths, package lists) are cut on a terminal; a pipe, JSON and HTML keep them
 
-_STATUS_STYLE = {Status.FINISHED: "green", Status.FAILED: "red", Status.DIVERGED: "red", Status.PREEMPTED: "yellow",
+_STATUS_STYLE: dict[str, str] = {Status.FINISHED: "green", Status.FAILED: "red", Status.DIVERGED: "red", Status.PREEMPTED: "yellow",
                  Status.INTERRUPTED: "yellow", Status.INCOMPLETE: "yellow"}
 
 

@@ -167,9 +167,9 @@ def compare_to_baseline(final: dict[str, float], baseline: dict[str, float],
     "missing" (gated but absent from the run: a regression) or "info" (not gated or no baseline).
     """
     tolerances = dict(tolerances or {})
-    for name, tol in tolerances.items():
-        if not isinstance(tol, (int, float)) or isinstance(tol, bool) or tol < 0 or not math.isfinite(tol):
-            raise InputError(f"baseline.tolerances.{name} = {tol!r} is not a relative tolerance",
+    for name, given in tolerances.items():
+        if not isinstance(given, (int, float)) or isinstance(given, bool) or given < 0 or not math.isfinite(given):
+            raise InputError(f"baseline.tolerances.{name} = {given!r} is not a relative tolerance",
                              "give a number >= 0, e.g. 0.02 for 2 %.")
         if direction(name) is None:
             raise InputError(f"baseline.tolerances.{name}: mcx cannot tell whether {name} should go up or down",

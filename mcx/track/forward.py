@@ -223,8 +223,8 @@ class MetricsForwarder:
             else:
                 delay = self.poll_s
 
-    def _files_stat(self) -> tuple:
-        out = []
+    def _files_stat(self) -> tuple[tuple[str, int, int] | None, ...]:
+        out: list[tuple[str, int, int] | None] = []
         for path in [*(s.file for s in self.streams()), self.recorder.journal.path]:
             try:
                 st = path.stat()
@@ -385,7 +385,7 @@ def _batches(data: bytes, cursor: Cursor, rule: LineRule) -> Iterator[_Batch]:
             ident = None
         last = batch.sent_through.get(ident[0]) if ident else None
         fresh = ident is not None and (last is None or ident[1] > last)
-        values = rule.metrics(record) if fresh else []  # stale: this identity was already sent
+        values = rule.metrics(record) if fresh and record is not None else []  # stale: this identity was already sent
         if len(batch.metrics) + len(values) > METRICS_PER_BATCH and batch.lines:
             yield batch
             batch = _Batch(batch.sent_through, batch.last_time_ms, batch.last_step)
@@ -394,7 +394,7 @@ def _batches(data: bytes, cursor: Cursor, rule: LineRule) -> Iterator[_Batch]:
         batch.tail = raw
         if record is not None:
             batch.last_time_ms, batch.last_step = batch_time, batch_step
-        if fresh:
+        if fresh and ident is not None:
             batch.sent_through[ident[0]] = ident[1]
             batch.metrics.extend((key, value, batch.last_time_ms, batch_step) for key, value in values)
     if batch.lines:

@@ -148,7 +148,7 @@ class RunRecorder:
                    attempt=state.get("attempt", 1), outages=outages)
 
     def _bind_target(self) -> None:
-        state = {"target": self.target.name, "experiment": self.experiment, "run_id": self.run_id,
+        state: dict[str, object] = {"target": self.target.name, "experiment": self.experiment, "run_id": self.run_id,
                  "reproduces": self.reproduces, "reproduction": self.reproduction}
         if self.attempt > 1:
             state["attempt"] = self.attempt
@@ -164,10 +164,11 @@ class RunRecorder:
 
     # identities --------------------------------------------------------------------------------
     def _anchor_identity(self) -> dict[str, str]:
-        if self.reproduces is None:
+        reproduces, reproduction = self.reproduces, self.reproduction
+        if reproduces is None or reproduction is None:  # set together (__init__)
             ident = {"mcx.run_id": self.run_id, "mcx.record": RUN}
             return ident if self.attempt == 1 else {**ident, "mcx.attempt": str(self.attempt)}
-        return {"mcx.record": "reproduction", "mcx.reproduces": self.reproduces, "mcx.reproduction": self.reproduction}
+        return {"mcx.record": "reproduction", "mcx.reproduces": reproduces, "mcx.reproduction": reproduction}
 
     def record_uuid(self, record: str) -> str | None:
         """The MLflow run ID of ``record`` ("run" or "stage:<name>") once it exists there."""
