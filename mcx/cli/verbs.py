@@ -242,10 +242,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     text = compare(args.run_ids, project=project_root(args), experiment=args.experiment, baseline=args.baseline,
                    fmt=args.format, out=args.output, sweep=args.sweep)
     if text is not None:
-        if args.format == "table":
-            _console().print(text)
-        else:
+        if args.format != "table" and isinstance(text, str):  # Markdown, JSON, HTML: the text as it is
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        else:
+            _console().print(text)
     return 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -11,19 +11,23 @@ from mcx.errors import InputError
 from mcx.ops.outputs import check_output_file, write_text
 from mcx.ops.records import run_dirs
 from mcx.ops.sweep import show
-from mcx.report.compare_view import compare as build
-from mcx.report.rundata import load_run_dir
+from mcx.report.compare_view import Comparison, compare as build
+from mcx.report.rundata import RunData, load_run_dir
 from mcx.report.seeds import seed_runs
 from mcx.report.sweep_report import SweepSection, SweepTrial
 from mcx.track.lineage import RunAncestor, describe_source, lineage
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 
 BEST_COMPARED = 5  # `--sweep`: the best complete trials whose runs are compared
 
 
 def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseline: str | None, fmt: str,
-            out: str | None, sweep: str | None = None) -> Any:
-    """The report in ``fmt``; written to ``out`` (and None returned) when given. ``sweep``: that sweep's best
+            out: str | None, sweep: str | None = None) -> RenderableType | None:
+    """The report in ``fmt`` (text; a rich table for ``table`` on the terminal); written to ``out`` (and None
+    returned) when given. ``sweep``: that sweep's best
     trials are compared, and the report shows its objective against each parameter and every trial."""
     import json
 
@@ -56,7 +60,7 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
     if fmt == "table":
         from mcx.report.table import to_table, to_table_text
 
-        rendered: Any = to_table_text(cmp) if out else to_table(cmp)
+        rendered: RenderableType = to_table_text(cmp) if out else to_table(cmp)
     elif fmt == "md":
         from mcx.report.markdown import to_markdown
 
@@ -70,12 +74,13 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
 
         rendered = to_html(cmp)
     if out:
+        assert isinstance(rendered, str)  # every format is text when written (the table: to_table_text)
         write_text(Path(out), rendered, "-o")
         return None
     return rendered
 
 
-def _seed_groups(project: Path, cmp: Any) -> dict[str, list[Any]]:
+def _seed_groups(project: Path, cmp: Comparison) -> dict[str, list[RunData]]:
     """The summary's run-to-run noise: for each run of its headline, the recorded runs that differ from
     it only in train.seed (a scan of the project's fingerprints; only those runs' metrics are read)."""
     groups = {}
@@ -89,7 +94,7 @@ def _seed_groups(project: Path, cmp: Any) -> dict[str, list[Any]]:
     return groups
 
 
-def _sweep_section(project: Path, name: str) -> Any:
+def _sweep_section(project: Path, name: str) -> SweepSection:
     result = show(name, project)
     if result.best is None:
         raise InputError(f"sweep {name} has no complete trial to compare;", f"run it first (`mcx sweep SPEC`), or see "
