@@ -11,22 +11,24 @@ import contextlib
 import os
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 from mcx.report.plain import plain_console
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from mcx.ops.progress import Event
 
 
-def is_terminal(stream: Any) -> bool:
+def is_terminal(stream: IO[str]) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
 
 
-def console(stderr: bool = False) -> Any:
+def console(stderr: bool = False) -> Console:
     """A rich console on stdout (results) or stderr (progress); plain and unwrapped off a terminal."""
     from rich.console import Console
 

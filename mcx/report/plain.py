@@ -7,12 +7,15 @@ no wrapping, no cutting (a table row is one line however long; COLUMNS does not 
 from __future__ import annotations
 
 import io
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
 
 UNWRAPPED = 1 << 16  # columns of a console that is not a terminal: wide enough never to wrap a line
 
 
-def plain_console(stream: IO[str]) -> Any:
+def plain_console(stream: IO[str]) -> Console:
     """A rich console writing plain, unwrapped text to ``stream``."""
     from rich.console import Console
 
@@ -20,7 +23,7 @@ def plain_console(stream: IO[str]) -> Any:
                    emoji=False, force_terminal=False)
 
 
-def plain_text(renderable: Any) -> str:
+def plain_text(renderable: RenderableType) -> str:
     """``renderable`` as a plain console prints it to a pipe (trailing spaces of padded cells removed)."""
     buffer = io.StringIO()
     plain_console(buffer).print(renderable)
