@@ -782,13 +782,13 @@ def test_checkpoint_pointers_are_committed_and_a_second_clone_pulls_them(tmp_pat
     assert not (b / recs["smoke"].path).exists() and not (b / "data").exists()
 
     got = pull(RID, project=b)  # the rest: the smoke stage's checkpoint and the dataset, missing here
-    assert got["remote"] == {"name": "team", "url": str(shared)}
-    assert [(c["stage"], c["fetched"]) for c in got["checkpoints"]] == [("smoke", True), ("full", False)]
-    assert [(d["path"], d["fetched"]) for d in got["data"]] == [("data/quickstart", True)]
+    assert got.to_dict()["remote"] == {"name": "team", "url": str(shared)}
+    assert [(c.stage, c.fetched) for c in got.checkpoints] == [("smoke", True), ("full", False)]
+    assert [(d.path, d.fetched) for d in got.data] == [("data/quickstart", True)]
     assert _hashes(b / recs["smoke"].path) == _hashes(cks["smoke"])
     assert _hashes(b / "data") == _hashes(a / "data")
     again = pull(RID, project=b)
-    assert not any(c["fetched"] for c in again["checkpoints"]) and not again["data"][0]["fetched"]
+    assert not any(c.fetched for c in again.checkpoints) and not again.data[0].fetched
     assert _git_status(b) == ""
 
     c = _clone(a, tmp_path / "c")  # a bare `dvc pull` fetches the data, not every run's checkpoints
@@ -830,7 +830,7 @@ def test_mcx_pull_refuses_unknown_runs_and_unreachable_remotes_and_writes_nothin
         pull(RID, project=c)
     nothing_written()
     got = pull(RID, project=c, remote=str(tmp_path / "moved"))  # named by path: held in memory only
-    assert got["checkpoints"][0]["fetched"] and got["data"][0]["fetched"]
+    assert got.checkpoints[0].fetched and got.data[0].fetched
     assert not (c / ".dvc" / "config.local").exists()
 
 
@@ -859,7 +859,7 @@ def test_a_remote_given_as_a_path_is_made_absolute_and_reaches_a_clone(tmp_path:
     b = _clone(a, tmp_path / "b")
     assert _dvc(b, "pull", f".mcx/checkpoints/{RID}/full.dvc").returncode != 0  # no remote configured there yet
     got = pull(RID, project=b)  # the URL the pointer records, held in memory
-    assert got["remote"] == {"name": "mcx", "url": str(shared)} and got["checkpoints"][0]["fetched"]
+    assert got.to_dict()["remote"] == {"name": "mcx", "url": str(shared)} and got.checkpoints[0].fetched
     assert _hashes(b / rec.path) == _hashes(ck) and not (b / ".dvc" / "config.local").exists()
     c = _clone(a, tmp_path / "c")  # what the hint says to do once, committed: then plain DVC works too
     assert _dvc(c, "remote", "add", "-d", "team", str(shared)).returncode == 0

@@ -137,18 +137,17 @@ def cmd_pull(args: argparse.Namespace) -> int:
     with children_to_stderr():  # DVC's own output is progress
         result = pull(args.run_id, project=project, remote=args.remote)
     if args.json:
-        _emit_json(result)
+        _emit_json(result.to_dict())
         return 0
-    remote = result["remote"]
-    source = f"remote {remote['name']!r} ({remote['url']})"
+    source = f"remote {result.remote_name!r} ({result.remote_url})"
     out = _console()
-    for ck in result["checkpoints"]:
-        what = f"{ck['path']} ({ck['stage']} stage checkpoint, {ck['nfiles']} files, {_size(ck['size'])})"
-        out.print(f"fetched {what} from {source}" if ck["fetched"] else f"already here: {what}", markup=False,
+    for ck in result.checkpoints:
+        what = f"{ck.path} ({ck.stage} stage checkpoint, {ck.nfiles} files, {_size(ck.size)})"
+        out.print(f"fetched {what} from {source}" if ck.fetched else f"already here: {what}", markup=False,
                   soft_wrap=True)
-    for d in result["data"]:
-        what = f"{d['spec']} = {d['path']}: version {d['md5']} of {d['output']}"
-        out.print(f"fetched {what} from {source}" if d["fetched"] else f"already here: {d['path']} ({d['spec']}), "
+    for d in result.data:
+        what = f"{d.spec} = {d.path}: version {d.md5} of {d.output}"
+        out.print(f"fetched {what} from {source}" if d.fetched else f"already here: {d.path} ({d.spec}), "
                   "not fetched", markup=False, soft_wrap=True)
     return 0
 

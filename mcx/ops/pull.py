@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attrs import frozen
+
 from mcx.errors import DataError
 from mcx.fingerprint.dvcfiles import DvcOut
 from mcx.fingerprint.dvcworkspace import shown_path
@@ -27,12 +29,56 @@ from mcx.track.share import configured_remotes, fetch, is_local, read_pointers, 
 from mcx.weights.checksums import FILE, verify
 
 if TYPE_CHECKING:
-    from mcx.track.share import Pointer
+    from mcx.track.share import Pointer, Remotes
 
 MEMORY_REMOTE = "mcx-pull"  # the name of a remote held in memory only
 
 
-def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, Any]:
+@frozen(kw_only=True)
+class PulledCheckpoint:
+    """A stage's final checkpoint: where it is (project-relative), its DVC hash and size, whether it was fetched
+    (False: it was here already)."""
+
+    stage: str
+    path: str
+    md5: str
+    nfiles: int | None
+    size: int | None
+    fetched: bool
+
+
+@frozen(kw_only=True)
+class PulledData:
+    """A dataset version the run trained on: its spec key and path, the DVC output holding it, whether it was
+    fetched (False: the path was here)."""
+
+    spec: str | None
+    path: str | None
+    output: str | None
+    md5: str | None
+    fetched: bool
+
+
+@frozen(kw_only=True)
+class Pulled:
+    """What `mcx pull` did, and from which remote (``url``: None where no URL is known for its name)."""
+
+    run_id: str
+    remote_name: str
+    remote_url: str | None
+    checkpoints: tuple[PulledCheckpoint, ...]
+    data: tuple[PulledData, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The object `mcx pull --json` prints."""
+        return {"run_id": self.run_id, "remote": {"name": self.remote_name, "url": self.remote_url},
+                "checkpoints": [{"stage": c.stage, "path": c.path, "md5": c.md5, "nfiles": c.nfiles, "size": c.size,
+                                 "fetched": c.fetched} for c in self.checkpoints],
+                "data": [{"spec": d.spec, "path": d.path, "output": d.output, "md5": d.md5, "fetched": d.fetched}
+                         for d in self.data]}
+
+
+def pull(run_id: str, *, project: Path, remote: str | None = None) -> Pulled:
     root = Path(project).resolve()
     pointers = read_pointers(root, check_run_id(run_id))
     if not pointers:
@@ -51,26 +97,27 @@ def pull(run_id: str, *, project: Path, remote: str | None = None) -> dict[str, 
                          record=p.dvc_file, stage=None)
             check_pulled(root, out, remote=url or name, again=f"`mcx pull {run_id}`")
             _check_sums(root, run_id, p)
-        checkpoints.append({"stage": p.stage, "path": p.target.relative_to(root).as_posix(), "md5": p.md5,
-                            "nfiles": p.nfiles, "size": p.size, "fetched": fetched})
+        checkpoints.append(PulledCheckpoint(stage=p.stage, path=p.target.relative_to(root).as_posix(), md5=p.md5,
+                                            nfiles=p.nfiles, size=p.size, fetched=fetched))
     data = []
     entries = {(e.get("output"), e.get("md5")): e for p in pointers for e in p.data}
     for (output, md5), entry in entries.items():
-        row = {"spec": entry.get("spec"), "path": entry.get("path"), "output": output, "md5": md5, "fetched": False}
+        fetched = False
         if not (root / str(entry.get("path"))).exists():
             target = _inside(root, root / str(output), f"{entry.get('spec')}'s DVC output")
             pointer = _pointer(root, str(md5), target, unique=True)  # removed below: a concurrent pull keeps its own (D50)
             try:
-                row["fetched"] = fetch(root, pointer, remote=name, url=url)
+                fetched = fetch(root, pointer, remote=name, url=url)
             finally:
                 pointer.unlink(missing_ok=True)
-            if row["fetched"]:
+            if fetched:
                 out = DvcOut(path=target, hash_name="md5", value=str(md5), size=None, nfiles=None, record=pointer,
                              stage=None)
                 check_pulled(root, out, remote=url or name, again=f"`mcx pull {run_id}`")
-        data.append(row)
-    return {"run_id": run_id, "remote": {"name": name, "url": url or configured_remotes(root).urls.get(name)},
-            "checkpoints": checkpoints, "data": data}
+        data.append(PulledData(spec=entry.get("spec"), path=entry.get("path"), output=output, md5=md5,
+                               fetched=fetched))
+    return Pulled(run_id=run_id, remote_name=name, remote_url=url or configured_remotes(root).urls.get(name),
+                  checkpoints=tuple(checkpoints), data=tuple(data))
 
 
 def _check_sums(root: Path, run_id: str, pointer: Pointer) -> None:
@@ -98,7 +145,8 @@ def _local(url: str, root: Path) -> str:
     return os.path.normpath(root / os.path.expanduser(url))
 
 
-def _choose(root: Path, run_id: str, pointers: list[Any], override: str | None, remotes: Any) -> tuple[str, str | None]:
+def _choose(root: Path, run_id: str, pointers: list[Pointer], override: str | None,
+            remotes: Remotes) -> tuple[str, str | None]:
     """(remote name, URL to hold in memory or None for a configured one); see the module docstring."""
     recorded: dict[str, Any] = next((p.remote for p in pointers if p.remote), {})
     rname, rurl = recorded.get("name"), recorded.get("url")
