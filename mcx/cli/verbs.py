@@ -225,14 +225,14 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         result = reproduce(args.run_id, project=project, output="json" if args.json else "bar",
                            progress=show_progress, debug=tuple(args.overrides))
     if args.json:
-        _emit_json(result)
+        _emit_json(result.to_dict())
     else:
         from mcx.report.run_view import render_verdict
 
         _console().print(render_verdict(result))
-    if result.get("status") == Status.INTERRUPTED:
+    if result.status == Status.INTERRUPTED:
         return 130
-    return 0 if result["verdict"] in ("bitwise", "equivalent") else 1
+    return 0 if result.kind in ("bitwise", "equivalent") else 1
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

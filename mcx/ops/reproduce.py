@@ -28,6 +28,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attrs import evolve
+
 from mcx.contract.job import OUTPUTS
 from mcx.errors import DataError, InputError, RunIdError
 from mcx.fingerprint.code import module_changes, module_hashes, worker_package
@@ -45,7 +47,9 @@ from mcx.ops.run import run_spec, RunOptions
 from mcx.ops.worktrees import CODE, PREFIX
 from mcx.report.rundata import load_run_dir
 from mcx.report.seeds import seed_runs
-from mcx.report.verdict import seed_spread_band, verdict, verdict_to_dict
+from mcx.report.reproduction import (CodeUsed, DataChange, Drift, ParentCheckpoint, Reproduction, RestoredData,
+                                     SeedRef)
+from mcx.report.verdict import seed_spread_band, verdict
 from mcx.spec import ExperimentSpec, loads_spec
 from mcx.spec.load import with_debug
 from mcx.track.dvc_store import restore_into
@@ -76,7 +80,7 @@ def _git(project: Path, *args: str, ok: bool = False) -> subprocess.CompletedPro
     return proc
 
 
-def code_worktree(project: Path, record: FingerprintRecord, dest: Path) -> dict[str, Any]:
+def code_worktree(project: Path, record: FingerprintRecord, dest: Path) -> CodeUsed:
     """A worktree at the recorded commit (the code's provenance) with the recorded patch applied."""
     commit = record.code.commit
     if not commit:
@@ -96,7 +100,7 @@ def code_worktree(project: Path, record: FingerprintRecord, dest: Path) -> dict[
             _git(project, "worktree", "remove", "--force", str(dest), ok=True)
             raise InputError(f"the recorded uncommitted diff does not apply to {commit}: "
                              f"{proc.stderr.decode(errors='replace').strip()};", "the record is damaged.")
-    return {"commit": commit, "patched": bool(patch), "worktree": str(dest), "rebuilt": True}
+    return CodeUsed(commit=commit, patched=bool(patch), worktree=str(dest), rebuilt=True)
 
 
 def mcx_drift(record: FingerprintRecord, code_path: Path | None) -> list[str]:
@@ -114,37 +118,37 @@ def next_label(reps: Path) -> str:
     return f"r{max(taken, default=0) + 1}"
 
 
-def _drift(recorded: Component, now: dict[str, Any]) -> list[dict[str, Any]]:
+def _drift(recorded: Component, now: dict[str, Any]) -> tuple[Drift, ...]:
     """Each hashed key of a component that differs between the record and what is collected here now."""
     a, b = flatten(recorded.id), flatten(now["id"])
-    return [{"key": k, "recorded": a.get(k), "now": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return tuple(Drift(key=k, recorded=a.get(k), now=b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
 
 
-def data_changes(project: Path, spec: ExperimentSpec, record: FingerprintRecord) -> list[dict[str, Any]]:
+def data_changes(project: Path, spec: ExperimentSpec, record: FingerprintRecord) -> list[DataChange]:
     """The spec's data paths that are not, here, the version the run trained on (missing, changed
-    since their DVC record, or another version): ``{"key", "path", "reason"}`` each. Every data
+    since their DVC record, or another version). Every data
     file is read: a change that kept a file's inode, mtime and size is found too."""
     recorded = record.data.paths
-    changes = []
+    changes: list[DataChange] = []
     hashes = FileHashes.for_project(project.resolve(), full=True)  # every file read: no kept hash trusted
     try:
         for name, (key, value) in data_paths(spec.data).items():
             try:
                 now = content_identity(project.resolve(), value, key, [], require_data=True, hashes=hashes)["id"]
             except DataError as exc:
-                changes.append({"key": key, "path": value, "reason": exc.message.rstrip(";")})
+                changes.append(DataChange(key=key, path=value, reason=exc.message.rstrip(";")))
                 continue
             if name not in recorded or now != recorded[name].id:
                 was = recorded[name].value if name in recorded else None
                 reason = f"{key} = {value!r} is version {now.get('value')} here; the run trained on {was}"
-                changes.append({"key": key, "path": value, "reason": reason})
+                changes.append(DataChange(key=key, path=value, reason=reason))
     finally:
         hashes.save()
     return changes
 
 
 def restore_data(project: Path, worktree: Path, spec: ExperimentSpec, record: FingerprintRecord, run_id: str,
-                 changes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+                 changes: list[DataChange]) -> list[RestoredData]:
     """Bring the recorded data versions back into the reproduction's worktree, by DVC hash.
 
     The user's workspace is left as it is (see docs/decisions.md); the rerun reads the worktree's
@@ -152,7 +156,7 @@ def restore_data(project: Path, worktree: Path, spec: ExperimentSpec, record: Fi
     """
     recorded = record.data.id
     paths = record.data.paths
-    why = "; ".join(c["reason"] for c in changes)
+    why = "; ".join(c.reason for c in changes)
     untracked = [key for name, (key, _) in data_paths(spec.data).items()
                  if name not in paths or paths[name].source != "dvc"]
     if untracked:
@@ -160,13 +164,13 @@ def restore_data(project: Path, worktree: Path, spec: ExperimentSpec, record: Fi
                         "so its version cannot be restored by hash;",
                         "put the recorded version back (its sha256 is in the run's fingerprint.json) and run "
                         "reproduce again; `dvc add` datasets so that future runs can be restored.")
-    restored = []
+    restored: list[RestoredData] = []
     for rel, (md5, key) in tracked_outputs(project, spec.data, recorded).items():
         try:
             restore_into(project, worktree, md5=md5, path=rel, remote=spec.tracking.dvc_remote)
         except DataError as exc:
             raise DataError(f"{why}; so the recorded version must be restored, but {exc.message}", exc.hint) from None
-        restored.append({"key": key, "path": rel.as_posix(), "md5": md5})
+        restored.append(RestoredData(key=key, path=rel.as_posix(), md5=md5))
     now = collect_data(spec, worktree, rehash=True)["id"]
     if now != recorded:
         raise DataError(f"{why}; the data restored into the recorded commit's worktree is {now}, not the "
@@ -176,7 +180,7 @@ def restore_data(project: Path, worktree: Path, spec: ExperimentSpec, record: Fi
 
 
 def restore_parent(project: Path, spec: ExperimentSpec, record: FingerprintRecord,
-                   progress: Progress) -> dict[str, Any] | None:
+                   progress: Progress) -> ParentCheckpoint | None:
     """The checkpoint a child run started from ([init] from = "run:..."), back by its content hash: fetched
     from DVC (`mcx pull`) when it is not in this project, then checked against what the child recorded.
     A model directory (hf:, megatron:) must be where the spec says, with the recorded content."""
@@ -202,11 +206,11 @@ def restore_parent(project: Path, spec: ExperimentSpec, record: FingerprintRecor
         raise InputError(f"init.from: {what} is not the one this run started from (content "
                          f"{str(here.content)[:12]}, recorded {str(recorded.content)[:12]});",
                          "restore the recorded source (`mcx pull PARENT` for a run), or reproduce the parent first.")
-    return {**recorded.id, "path": here.path, "pulled": pulled}
+    return ParentCheckpoint(id=recorded.id, path=here.path, pulled=pulled)
 
 
 def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
-              debug: tuple[str, ...] = ()) -> dict[str, Any]:
+              debug: tuple[str, ...] = ()) -> Reproduction:
     """Rerun ``run_id`` and judge it. ``debug``: ``debug.KEY=VALUE`` items, a fault injected into the rerun
     (docs/spec.md, [debug]): the verdict must then find the departure it causes."""
 
@@ -221,11 +225,11 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
     changes = data_changes(project, spec, record)
     parent = restore_parent(project, spec, record, progress)
     for drift in env_drift:
-        progress(Note(level="warning", text=f"environment drift: {drift['key']}: recorded {drift['recorded']}, "
-                                            f"now {drift['now']}"))
+        progress(Note(level="warning", text=f"environment drift: {drift.key}: recorded {drift.recorded}, "
+                                            f"now {drift.now}"))
     for drift in hw_drift:
-        progress(Note(level="warning", text=f"hardware differs: {drift['key']}: recorded {drift['recorded']}, "
-                                            f"now {drift['now']}"))
+        progress(Note(level="warning", text=f"hardware differs: {drift.key}: recorded {drift.recorded}, "
+                                            f"now {drift.now}"))
     # The band a rerun is held to where bitwise is not expected (other hardware or topology): the
     # spread between recorded seeds, else the spec's tolerances, else the default.
     band_source: str = "default"
@@ -247,32 +251,32 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
     stages = list(original.stages) or ["full"]
     options = RunOptions(stage="all" if stages == ["smoke", "full"] else stages[0], skip_smoke="smoke" not in stages,
                          yes=True, output=next((o for o in OUTPUTS if o == output), "quiet"), verify_data=True)
-    restored: list[dict[str, Any]] = []
+    restored: list[RestoredData] = []
     # The code is rebuilt from its provenance (commit + patch) only where mcx's modules here are not the recorded
     # ones, or where the data must be restored (the recorded commit's .dvc files identify it); else it runs here.
     rebuild = bool(changes) or bool(mcx_drift(record, None))
     # The lock, held while the worktree lives, tells `mcx gc` that the worktree is in use.
     with tempfile.TemporaryDirectory(prefix=f"{PREFIX}{run_id}-") as tmp, acquire(Path(tmp)):
-        code: dict[str, Any] = code_worktree(project, record, Path(tmp) / CODE) if rebuild else {
-            "commit": record.code.commit, "patched": False, "worktree": None, "rebuilt": False}
-        worktree = Path(code["worktree"]) if code["worktree"] else None
+        code = code_worktree(project, record, Path(tmp) / CODE) if rebuild else CodeUsed(
+            commit=record.code.commit, patched=False, worktree=None, rebuilt=False)
+        worktree = Path(code.worktree) if code.worktree else None
         try:
             if changes and worktree is not None:  # before a label is taken: data that cannot be restored leaves nothing behind
                 restored = restore_data(project, worktree, spec, record, run_id, changes)
                 for c in changes:
-                    progress(Note(level="warning", text=f"data: {c['reason']}"))
-                progress(Note(level="warning", text="data: restored " + ", ".join(f"{r['path']} {r['md5']}" for r in restored)
+                    progress(Note(level="warning", text=f"data: {c.reason}"))
+                progress(Note(level="warning", text="data: restored " + ", ".join(f"{r.path} {r.md5}" for r in restored)
                               + " by hash into the reproduction's worktree; the workspace's copy is left as it is"))
-            code["drift"] = mcx_drift(record, worktree)
-            if code["drift"]:
+            code = evolve(code, drift=tuple(mcx_drift(record, worktree)))
+            if code.drift:
                 progress(Note(level="warning", text="mcx's modules differ from the recorded ones (the rerun runs the "
-                              f"mcx at {worker_package(worktree)}): " + ", ".join(code["drift"])))
+                              f"mcx at {worker_package(worktree)}): " + ", ".join(code.drift)))
             reps.mkdir(exist_ok=True)
             # The next free label: counting directories would reuse a label after one is deleted, and
             # run_spec would then take that reproduction's finished stages for a rerun.
             label = next_label(reps)
             rep_dir = reps / label
-            where = (f" at commit {code['commit'][:12]}{' + recorded diff' if code['patched'] else ''}" if rebuild
+            where = (f" at commit {(code.commit or '')[:12]}{' + recorded diff' if code.patched else ''}" if rebuild
                      else " with this project's mcx (its modules are the recorded ones)")
             progress(Note(lead=f"reproducing {run_id}", text=f"{where} -> {rep_dir}"))
             rerun_result = run_spec(spec, project=project, options=options, progress=progress, run_dir=rep_dir,
@@ -287,14 +291,12 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
                 _git(project, "worktree", "remove", "--force", str(worktree), ok=True)
     rerun = load_run_dir(rep_dir)
     v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source)
-    out = {"run_id": run_id, "reproduction": label, "reproduction_dir": str(rep_dir),
-           "mlflow_run": summary.tracking.mlflow_run if summary.tracking else None, **verdict_to_dict(v),
-           "environment_drift": env_drift, "hardware_drift": hw_drift, "code": code,
-           "data_identical": True, "data_changes": changes, "data_restored": restored, "parent": parent,
-           "seed_runs": [{"run_id": s.run_id, "seed": s.seed} for s in seeds] if band_source == "seed spread" else [],
-           "status": summary.status, **({"debug": list(debug)} if debug else {})}
-    if v.divergence is not None:
-        d = v.divergence
-        out["diverged_at"] = {"step": d.step, "metric": d.metric, "original": d.original, "reproduction": d.rerun}
-    (rep_dir / "verdict.json").write_text(json.dumps(out, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    out = Reproduction(run_id=run_id, reproduction=label, reproduction_dir=str(rep_dir),
+                       mlflow_run=summary.tracking.mlflow_run if summary.tracking else None, verdict=v,
+                       status=summary.status, code=code, environment_drift=env_drift, hardware_drift=hw_drift,
+                       data_changes=tuple(changes), data_restored=tuple(restored), parent=parent,
+                       seed_runs=tuple(SeedRef(s.run_id, s.seed) for s in seeds) if band_source == "seed spread" else (),
+                       debug=debug)
+    (rep_dir / "verdict.json").write_text(json.dumps(out.to_dict(), indent=1, sort_keys=True, default=str),
+                                          encoding="utf-8")
     return out  # the verdict is the result: the CLI prints it on stdout (mcx.report.run_view.render_verdict)

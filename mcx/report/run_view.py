@@ -16,6 +16,7 @@ from mcx.report.plan_view import render_plan
 from mcx.report.titled import titled_table
 
 if TYPE_CHECKING:
+    from mcx.report.reproduction import Reproduction
     from mcx.track.run_summary import DryRun, RunSummary
 
 
@@ -69,24 +70,24 @@ def render_dry_run(result: DryRun) -> RenderableType:
     return Group(*parts)
 
 
-def render_verdict(out: dict[str, Any]) -> RenderableType:
+def render_verdict(rep: Reproduction) -> RenderableType:
     """`mcx reproduce`: the verdict, what it compared and where the reproduction is."""
-    title = Text(f"reproduction {out.get('reproduction')} of {out.get('run_id')}: ", style="bold")
-    title.append(str(out.get("verdict")), style="bold green" if out.get("verdict") in ("bitwise", "equivalent")
-                 else "bold red")
-    rows = [("verdict", str(out.get("text", out.get("verdict")))),
-            ("band", str(out.get("band_sources") or out.get("band_source"))),
-            ("steps compared", str(out.get("steps"))),
-            ("metrics compared", ", ".join(out.get("compared") or []) or "-"),
-            ("rerun status", str(out.get("status")))]
-    at = out.get("diverged_at")
-    if at:
-        rows.append(("diverged at", f"step {at['step']}, {at['metric']}: {at['original']!r} (original) vs "
-                     f"{at['reproduction']!r} (reproduction)"))
-    for key, label in (("environment_drift", "environment drift"), ("hardware_drift", "hardware differs")):
-        for d in out.get(key) or []:
-            rows.append((label, f"{d['key']}: recorded {d['recorded']}, now {d['now']}"))
-    rows.append(("reproduction directory", str(out.get("reproduction_dir"))))
+    v = rep.verdict
+    title = Text(f"reproduction {rep.reproduction} of {rep.run_id}: ", style="bold")
+    title.append(v.kind, style="bold green" if v.kind in ("bitwise", "equivalent") else "bold red")
+    rows = [("verdict", v.describe()),
+            ("band", str(v.sources_text() or v.band_source)),
+            ("steps compared", str(v.steps)),
+            ("metrics compared", ", ".join(v.compared) or "-"),
+            ("rerun status", str(rep.status))]
+    at = v.divergence
+    if at is not None:
+        rows.append(("diverged at", f"step {at.step}, {at.metric}: {at.original!r} (original) vs "
+                     f"{at.rerun!r} (reproduction)"))
+    for drifts, label in ((rep.environment_drift, "environment drift"), (rep.hardware_drift, "hardware differs")):
+        for d in drifts:
+            rows.append((label, f"{d.key}: recorded {d.recorded}, now {d.now}"))
+    rows.append(("reproduction directory", rep.reproduction_dir))
     return Group(title, _where(rows))
 
 
