@@ -85,12 +85,24 @@ def render_run(record: dict[str, Any]) -> Any:
         stages.add_row(label, *(cell(st) for st in stage_recs.values()))
     for key in SHOW_METRICS:
         stages.add_row(BY_KEY[key].label, *(metric(key, (st.get("final") or {}).get(key)) for st in stage_recs.values()))
+    mixed = {name: st["mixture"] for name, st in stage_recs.items() if st.get("mixture")}
+    if mixed:  # a mixture's realised shares beside the requested ones (D60)
+        stages.add_row("mixture: requested -> drawn", *("" for _ in stage_recs))
+        for part in sorted({p for m in mixed.values() for p in m}):
+            stages.add_row(f"  {part}", *(_drawn((mixed.get(name) or {}).get(part)) for name in stage_recs))
     tags = titled_table("fingerprint")
     tags.add_column("tag", overflow="fold")
     tags.add_column("value", overflow="fold")
     for k, v in sorted((record.get("tags") or {}).items()):
         tags.add_row(k, str(v))
     return Group(head, stages, tags)
+
+
+def _drawn(part: dict[str, Any] | None) -> str:
+    """A component's requested share, and the share and samples the run drew from it."""
+    if not part:
+        return "-"
+    return f"{part['requested']:.1%} -> {part['share']:.1%} ({part['samples']:,} samples)"
 
 
 def code_line(code: dict[str, Any]) -> str:

@@ -73,7 +73,8 @@ def _stage_summary(stage_dir: Path) -> dict[str, Any]:
     result = paths.read_json(stage_dir / paths.RESULT_FILE)
     if not isinstance(result, dict):
         return {"status": Status.INCOMPLETE if (stage_dir / paths.METRICS_FILE).exists() else Status.PENDING}
-    return {k: result.get(k) for k in ("status", "passed", "steps", "final", "checks", "error", "layer_spec")}
+    return {**{k: result.get(k) for k in ("status", "passed", "steps", "final", "checks", "error", "layer_spec")},
+            "mixture": (result.get("details") or {}).get("mixture")}  # the realised mixture (D60)
 
 
 def _final(stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
