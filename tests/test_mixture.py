@@ -326,3 +326,28 @@ def test_a_mixture_exports_and_imports_back_to_its_run_id(tmp_path: Path, data: 
     assert canonical_config(back) == canonical_config(spec)  # with the same data, the same run ID
     assert back.data == spec.data
 
+
+# -- sweeps --------------------------------------------------------------------------------------------------
+
+
+def test_a_mixture_sweep_plans_and_runs_two_trials(project: Path) -> None:
+    """A sweep over one component's weight: two ordinary runs whose drawn shares are the renormalised weights."""
+    (project / "mixsweep.toml").write_text(
+        'extends = "mix.toml"\nname = "mixsweep"\n\n[train]\ntrain_iters = 8\neval_interval = 8\n\n'
+        '[sweep.parameters]\n"data.mix.web.weight" = [0.5, 1.0]\n', encoding="utf-8")
+    dry = mcx_subprocess(project, "sweep", "mixsweep.toml", "--dry-run", "--json")
+    assert dry.code == 0, dry
+    planned = dry.json()["trials"]
+    assert [t["params"] for t in planned] == [{"data.mix.web.weight": 0.5}, {"data.mix.web.weight": 1.0}]
+    assert len({t["run_id"] for t in planned}) == 2
+    res = mcx_subprocess(project, "sweep", "mixsweep.toml", "--json")
+    assert res.code == 0, res
+    out = res.json()
+    assert out["status"] == "finished" and sorted(t["run_id"] for t in out["trials"]) == \
+        sorted(t["run_id"] for t in planned)
+    for t in out["trials"]:
+        drawn = json.loads((project / ".mcx" / "runs" / t["run_id"] / "full" / "result.json").read_text())
+        shares = {name: part["requested"] for name, part in drawn["details"]["mixture"].items()}
+        total = t["params"]["data.mix.web.weight"] + WEIGHTS["code"] + WEIGHTS["math"]
+        assert shares == pytest.approx({"mix.web": t["params"]["data.mix.web.weight"] / total,
+                                        "mix.code": WEIGHTS["code"] / total, "mix.math": WEIGHTS["math"] / total})
