@@ -800,13 +800,14 @@ def test_what_cannot_be_carried_over_is_reported() -> None:
     assert "--num-query-groups 2 without --group-query-attention is ignored" in text
     assert "3.3 warmup steps, not whole; train.lr_warmup_iters = 3" in text
     assert "mcx's fp8 precisions keep bf16 parameters" in text
-    assert "--data-path blends 2 datasets; mcx trains on one: imported 'a/x' only" in text
+    assert "--data-path" not in text  # a weighted blend is a mixture (D60; tests/test_mixture.py)
     assert "--position-embedding-type yarn: mcx supports" in text
     assert "torchrun --nproc-per-node gpu is not a fixed positive count" in text
     reasons = dict(r.unsupported)
     assert reasons["--optimizer"] == "sgd: mcx trains with Adam (decoupled weight decay) only"
     assert reasons["--apply-residual-connection-post-layernorm"].startswith("not in mcx's flag table")
-    assert (r.spec.model.num_query_groups, r.spec.data.path, r.spec.train.precision) == (None, "a", "fp8-hybrid")
+    assert (r.spec.model.num_query_groups, r.spec.data.path, r.spec.train.precision) == (None, None, "fp8-hybrid")
+    assert {name: (p.path, p.weight) for name, p in r.spec.data.mix.items()} == {"x": ("a", 0.7), "y": ("b", 0.3)}
 
 
 def test_not_a_gpt_launch() -> None:

@@ -17,7 +17,7 @@ from mcx.contract.files import JOB_FILE
 from mcx.errors import InputError, SpecError
 from mcx.plan.layout import JOB_FIELDS, Device, Layout
 from mcx.spec import convert
-from mcx.spec.schema import ExperimentSpec
+from mcx.spec.schema import DataSpec, ExperimentSpec
 from mcx.spec.load import spec_to_dict
 
 Stage = Literal["smoke", "full"]
@@ -55,13 +55,18 @@ class Job:
     stage: Stage
     spec: ExperimentSpec
     layout: Layout = field(factory=Layout)
-    data_dir: str
+    data_dir: str  # the dataset's directory; for a mixture, the one its components' paths are relative to (D60)
     checkpoint_dir: str
     train_samples_limit: int | None = None
     checks: Checks = field(factory=Checks)
     device: Device = "cpu"
     output: Output = "bar"
     init: InitFrom | None = None  # the full stage of a run with [init] from; the smoke stage starts at random
+
+
+def dataset_dir(data: DataSpec, data_dir: Path, path: str) -> Path:
+    """The directory of the spec's dataset at ``path`` (``data.path``, or a mixture component's) in a job."""
+    return data_dir if data.path is not None else data_dir / path
 
 
 # The spec's [parallel] degrees and the layout field that carries each in the job file.

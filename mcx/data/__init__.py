@@ -7,7 +7,8 @@ Modules: ``corpus.py`` (megatron-core sources verified against RECORD, text, JSO
 trained on the corpus, HF tokenizer.json, SentencePiece, GPT-2); ``vocab.py`` (a tokenizer's vocabulary
 size read from the dataset manifest or the tokenizer file, for the planner, without a tokenizer library);
 ``prepare.py`` (deterministic, atomic .bin/.idx + manifest); ``dataset.py`` (checks, split arithmetic
-without torch); ``dvc_hash.py`` (DVC's directory md5). Side effects: files.
+without torch); ``mixture.py`` (a mixture's components on disk: tokens, the smoke stage's share, D60);
+``dvc_hash.py`` (DVC's directory md5). Side effects: files.
 """
 
 from mcx.data.corpus import Corpus, jsonl_corpus, megatron_core_corpus, text_corpus

@@ -184,8 +184,9 @@ class DataComponent(Component):
 
     @property
     def max_token_id(self) -> int | None:
-        dataset = self.paths.get("dataset")
-        return dataset.max_token_id if dataset is not None else None
+        """The largest token id in any of the spec's datasets (a mixture's components: each)."""
+        tops = [p.max_token_id for p in self.paths.values() if p.max_token_id is not None]
+        return max(tops) if tops else None
 
     def with_path(self, path: DataPath) -> DataComponent:
         """This component with ``path``'s info replaced (its identity is checked equal by the caller)."""

@@ -7,7 +7,8 @@ removes the whole table.
 Data paths: ``data.path`` and the tokenizer's file paths are left out because the data component
 carries the content identity of what they point to, and ``collect`` never makes a record without it
 (missing data is a DataError). Moving a dataset (or renaming its directory) therefore keeps the run
-ID; changing a byte in it does not.
+ID; changing a byte in it does not. So are the paths of a mixture's components (``data.mix.NAME.path``);
+their prefixes and weights are hashed here, their content in the data component (D60).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import copy
 from typing import Any
 
 from mcx.spec import ExperimentSpec, spec_to_dict
+from mcx.spec.load import MIXTURE_TABLES
 
 # dotted spec key -> why it cannot change what a run computes.
 NOT_HASHED: dict[str, str] = {
@@ -64,6 +66,9 @@ def canonical_config(spec: ExperimentSpec) -> dict[str, Any]:
     tree = copy.deepcopy(spec_to_dict(spec))
     for key in NOT_HASHED:
         _drop(tree, key)
+    for table in MIXTURE_TABLES:  # a component's path, like data.path: the data component hashes its content
+        for part in tree["data"].get(table, {}).values():
+            part.pop("path", None)
     return tree
 
 

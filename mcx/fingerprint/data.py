@@ -1,6 +1,7 @@
 """Data identity: the content of the spec's data, read again only where a file changed.
 
-Hashed (``id``), for ``data.path`` and, when set, ``data.tokenizer.path`` / ``data.tokenizer.merges``:
+Hashed (``id``), for ``data.path`` (or each component of a mixture, ``mix.NAME``, ``valid.NAME``, ``test.NAME``:
+D60) and, when set, ``data.tokenizer.path`` / ``data.tokenizer.merges``:
 
 - tracked by DVC (see ``dvcfiles``): ``{"source": "dvc", "hash": "md5", "value": "<md5>.dir",
   "subpath": null}``. For a path inside a tracked directory (``data.dvc`` tracks ``data/``, the spec
@@ -26,11 +27,13 @@ a tracked but not yet pulled path from its DVC record: the ID is the same before
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from mcx.data.dataset import token_dtype
+from mcx.data.vocab import MANIFEST
 from mcx.errors import DataError
 from mcx.fingerprint.components import NOT_PULLED
 from mcx.fingerprint.dvcfiles import DvcOut, find_out, norm
@@ -38,6 +41,7 @@ from mcx.fingerprint.dvcworkspace import check_output
 from mcx.fingerprint.filehashes import FileHashes
 from mcx.hashing import digest
 from mcx.spec import ExperimentSpec
+from mcx.spec.load import read_regular_bytes
 from mcx.spec.schema import DataSpec
 
 
@@ -168,12 +172,14 @@ def _cost(hashes: FileHashes, before: dict[str, int]) -> dict[str, Any]:
     return {**{k: now[k] - before[k] for k in now}, "kept_hashes": "not used (full re-hash)" if hashes.full else "used"}
 
 
-def largest_token_id(data: DataSpec, project_root: Path, hashes: FileHashes) -> int | None:
-    """The largest token id in the prepared dataset's ``<prefix>.bin`` (dtype from its ``.idx`` header), kept
-    with the file's hash (read once per version); None where there is no readable dataset of integer tokens."""
-    directory = norm(Path(project_root) / data.path)
-    bin_path = directory / f"{data.prefix}.bin"
-    dtype = token_dtype(directory / f"{data.prefix}.idx")
+def largest_token_id(data: DataSpec, project_root: Path, hashes: FileHashes, name: str = "dataset") -> int | None:
+    """The largest token id in the prepared dataset ``name`` (of ``data.datasets()``: its ``<prefix>.bin``, dtype
+    from its ``.idx`` header), kept with the file's hash (read once per version); None where there is no readable
+    dataset of integer tokens."""
+    _, path, prefix = data.datasets()[name]
+    directory = norm(Path(project_root) / path)
+    bin_path = directory / f"{prefix}.bin"
+    dtype = token_dtype(directory / f"{prefix}.idx")
     try:
         return hashes.largest(bin_path, dtype) if dtype is not None and bin_path.is_file() else None
     except OSError:  # unreadable: the dataset checks at launch name it
@@ -181,10 +187,44 @@ def largest_token_id(data: DataSpec, project_root: Path, hashes: FileHashes) -> 
 
 
 def data_paths(data: DataSpec) -> dict[str, tuple[str, str]]:
-    """The spec's data paths by their name in the data component: name -> (key, value); unset ones left out."""
-    named = {"dataset": ("data.path", data.path), "tokenizer": ("data.tokenizer.path", data.tokenizer.path),
-             "merges": ("data.tokenizer.merges", data.tokenizer.merges)}
+    """The spec's data paths by their name in the data component: name -> (key, value); unset ones left out.
+    A mixture's components are named ``mix.NAME``, ``valid.NAME``, ``test.NAME`` (D60)."""
+    named: dict[str, tuple[str, str | None]] = {name: (key, path) for name, (key, path, _) in data.datasets().items()}
+    named |= {"tokenizer": ("data.tokenizer.path", data.tokenizer.path),
+              "merges": ("data.tokenizer.merges", data.tokenizer.merges)}
     return {name: (key, value) for name, (key, value) in named.items() if value is not None}
+
+
+def _manifest_tokenizer(directory: Path) -> dict[str, Any] | None:
+    try:
+        entry = json.loads(read_regular_bytes(directory / MANIFEST, None))["tokenizer"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # no readable manifest: the dataset checks at launch name it
+    return entry if isinstance(entry, dict) else None
+
+
+def check_one_tokenizer(data: DataSpec, project_root: Path) -> None:
+    """A mixture's components were prepared with one tokenizer (their manifests' tokenizer entries, files by
+    sha256, are equal): token ids mean the same in each. A DataError naming the first that differs."""
+    datasets = data.datasets()
+    if len(datasets) < 2:
+        return
+    first: tuple[str, dict[str, Any]] | None = None
+    for key, path, _ in datasets.values():
+        entry = _manifest_tokenizer(norm(Path(project_root) / path))
+        if entry is None:
+            continue
+        if first is None:
+            first = (key, entry)
+        elif entry != first[1]:
+            def said(e: dict[str, Any]) -> str:
+                files = ", ".join(f"{n} {str(h)[:12]}" for n, h in sorted((e.get("files") or {}).items()))
+                return f"{e.get('kind')}, {e.get('vocab_size')} ids, {files}"
+            raise DataError(f"{key.removesuffix('.path')} = {path!r} was prepared with another tokenizer ({said(entry)}) "
+                            f"than {first[0].removesuffix('.path')} ({said(first[1])}): a token id would mean different "
+                            "text in each component;",
+                            "prepare every component with the same tokenizer (`mcx data prepare SOURCE --out DIR` with "
+                            "data.tokenizer naming one tokenizer file), then `dvc add` them again.")
 
 
 def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = True,
@@ -202,10 +242,12 @@ def collect_data(spec: ExperimentSpec, project_root: Path, require_data: bool = 
             part = content_identity(project_root, value, key, warnings, require_data, allow_absent, hashes)
             ident[name], info[name] = part["id"], part["info"]
         # the largest token id, for the planner's vocabulary check: info, not id (the content fixes it)
-        if "dataset" in info and info["dataset"].get("verified") != NOT_PULLED:
-            top = largest_token_id(spec.data, project_root, hashes)
-            if top is not None:
-                info["dataset"]["max_token_id"] = top
+        for name in spec.data.datasets():
+            if name in info and info[name].get("verified") != NOT_PULLED and ident[name].get("source") != "absent":
+                top = largest_token_id(spec.data, project_root, hashes, name)
+                if top is not None:
+                    info[name]["max_token_id"] = top
+        check_one_tokenizer(spec.data, project_root)
     finally:
         hashes.save()  # what was read is worth keeping, whether or not the data passed
     return {"id": ident, "info": info, "warnings": warnings}

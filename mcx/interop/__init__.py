@@ -7,7 +7,7 @@ reader that never executes (``lexer.py``, ``script.py``, ``expand.py``); ``impor
 ``options.py`` + ``megatron_options.json`` (every Megatron-LM 0.19.2 argument, generated from its parser as
 package data: an unknown one is refused with did-you-mean); ``overrides.py`` (``mcx import --set``, the
 missing-value error); ``corrections.py`` (arguments Megatron-LM accepts and then overrides, written as they
-train); ``notes.py`` (Megatron-LM defaults a LLaMA-like script relies on); ``carried.py`` (the ``# mcx:``
+train); ``data_blend.py`` (weighted and per-split data paths <-> [data] and its mixtures); ``notes.py`` (Megatron-LM defaults a LLaMA-like script relies on); ``carried.py`` (the ``# mcx:``
 lines that carry what no argument does, so spec -> export -> import keeps the run ID); ``docgen.py``
 (docs/spec.md). docs/migration.md is the user's guide.
 """

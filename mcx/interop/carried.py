@@ -27,6 +27,7 @@ from mcx.interop.expand import Partial
 from mcx.spec.keys import flatten, spec_keys
 from mcx.interop.pretrain_args import Ctx, Mapped
 from mcx.interop.script import Script
+from mcx.spec.convert import unstructure
 from mcx.spec.presets import PRESETS
 from mcx.spec.schema import ExperimentSpec
 
@@ -63,7 +64,9 @@ def lines(spec: ExperimentSpec, plain: ExperimentSpec, command: str) -> list[str
     keys = [k for k in want if k not in (*_LABELS, *_NOT_CARRIED) and not _same(want[k], got[k])]
     if not keys:
         return []
-    return [*HEAD, *[f"# mcx: {k} = {canonical_json(want[k])}" for k in keys], f'# mcx: {DIGEST} = "{command}"']
+    # a mixture's tables as plain data (its components' names are the import's guess otherwise)
+    return [*HEAD, *[f"# mcx: {k} = {canonical_json(unstructure(want[k]))}" for k in keys],
+            f'# mcx: {DIGEST} = "{command}"']
 
 
 def _from_command(key: str) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from mcx.errors import InputError
 from mcx.interop import carried
+from mcx.interop.data_blend import export_data
 from mcx.interop import flags as F
 from mcx.interop.importer import import_script
 from mcx.spec.keys import flatten, spec_keys
@@ -81,6 +82,8 @@ def _resolved(key: str, flat: dict[str, Any]) -> Any:
         return 4 * flat["model.hidden_size"]  # mcx's None; Megatron-LM would take 8/3 x hidden with --swiglu
     if key == "model.max_position_embeddings" and v is None:
         return flat["model.seq_length"]
+    if key == "data.split" and (flat["data.valid"] or flat["data.test"]):
+        return None  # per-split paths: Megatron-Core refuses a split beside them
     return v
 
 
@@ -101,7 +104,7 @@ def _rule(key: str, v: Any, flat: dict[str, Any]) -> list[str]:
     if key == "train.recompute_granularity":
         return [] if v == "none" else ["--recompute-granularity", v]
     if key == "data.path":
-        return ["--data-path", posixpath.join(v, flat["data.prefix"]) if v not in ("", ".") else flat["data.prefix"]]
+        return export_data(flat)
     if key == "data.tokenizer.kind":
         return _tokenizer(flat)
     if key == "checkpoint.dir":
@@ -110,7 +113,7 @@ def _rule(key: str, v: Any, flat: dict[str, Any]) -> list[str]:
         return ["--save-interval", _fmt(v or flat["train.train_iters"])]
     if key == "checkpoint.async_save":
         return ["--async-save", "--use-persistent-ckpt-worker"] if v else []
-    return []  # data.prefix and the tokenizer's files travel with data.path and data.tokenizer.kind
+    return []  # data.prefix, the mixtures and the tokenizer's files travel with data.path and data.tokenizer.kind
 
 
 def _virtual_pipeline(v: Any, flat: dict[str, Any]) -> list[str]:
@@ -134,7 +137,9 @@ def _tokenizer(flat: dict[str, Any]) -> list[str]:
         return ["--tokenizer-type", "HuggingFaceTokenizer",
                 "--tokenizer-model", posixpath.dirname(path) if posixpath.basename(path) == "tokenizer.json" else path]
     # bpe: mcx data prepare saves the trained tokenizer.json into the dataset directory.
-    return ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", flat["data.path"]]
+    first = next(iter(flat["data.mix"].values()), None) if flat["data.path"] is None else None  # one for all (D60)
+    return ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+            flat["data.path"] if first is None else first.path]
 
 
 def grouped_args(spec: ExperimentSpec, layout: Any = None) -> list[tuple[str, list[list[str]]]]:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 
 from mcx.interop import flags as F
+from mcx.interop.data_blend import import_data
 from mcx.spec.keys import spec_keys
 from mcx.interop.pretrain_args import Ctx, Mapped
 from mcx.spec.convert import toml_value
@@ -282,31 +283,9 @@ def _recompute(ctx: Ctx, row: F.Row) -> None:
         ctx.set(row.key, "selective", "--recompute-activations", "script (deprecated alias of selective)")
 
 
-def _data_path(ctx: Ctx, row: F.Row) -> None:
-    values = ctx.given.get("--data-path")
-    if not values:
-        if row.key not in ctx.pinned:
-            ctx.problem("--data-path is missing: mcx trains on a prepared dataset; set data.path and data.prefix")
-        return
-    unknown = [v for v in values if isinstance(v, Unknown)]
-    if unknown:
-        ctx.problem(f"--data-path: {unknown[0].reason}; set data.path and data.prefix")
-        ctx.unread["--data-path"] = unknown[0].reason
-        return
-    words = [str(v) for v in values]
-    prefixes = words if len(words) == 1 else words[1::2] if _weighted(words) else words
-    if len(prefixes) > 1:
-        ctx.problem(f"--data-path blends {len(prefixes)} datasets; mcx trains on one: imported {prefixes[0]!r} only")
-    head, tail = posixpath.split(prefixes[0].rstrip("/"))
-    ctx.set("data.path", head or ".", "--data-path", "script: the directory of the prefix")
-    ctx.set("data.prefix", tail, "--data-path", "script: the file prefix")
-
-
-def _weighted(words: list[str]) -> bool:
-    try:
-        return len(words) % 2 == 0 and all(float(w) >= 0 for w in words[::2])
-    except ValueError:
-        return False
+def _data(ctx: Ctx, row: F.Row) -> None:
+    """Every data form at once (mcx.interop.data_blend), after data.split, which per-split paths leave unused."""
+    import_data(ctx)
 
 
 _SENTENCEPIECE = ("GPTSentencePieceTokenizer", "SentencePieceTokenizer", "Llama2Tokenizer")
@@ -388,7 +367,8 @@ def _async_save(ctx: Ctx, row: F.Row) -> None:
 
 
 def _nothing(ctx: Ctx, row: F.Row) -> None:
-    """Keys a neighbouring rule sets (data.prefix with data.path; tokenizer files with its kind)."""
+    """Keys a neighbouring rule sets (data.path, data.prefix, data.valid and data.test with data.mix; tokenizer
+    files with its kind)."""
 
 
 RULES: dict[str, Callable[[Ctx, F.Row], None]] = {
@@ -401,11 +381,14 @@ RULES: dict[str, Callable[[Ctx, F.Row], None]] = {
     "train.lr_decay_iters": _decay_iters,
     "train.precision": _precision,
     "train.recompute_granularity": _recompute,
-    "data.path": _data_path,
+    "data.path": _nothing,
     "data.prefix": _nothing,
     "data.tokenizer.kind": _tokenizer,
     "data.tokenizer.path": _nothing,
     "data.tokenizer.merges": _nothing,
+    "data.mix": _data,
+    "data.valid": _nothing,
+    "data.test": _nothing,
     "checkpoint.dir": _checkpoint_dir,
     "checkpoint.interval": _checkpoint_interval,
     "checkpoint.async_save": _async_save,

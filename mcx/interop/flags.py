@@ -247,8 +247,8 @@ FLAGS: tuple[Row, ...] = (
     _r("train.loss_spike_window", "mcx", (), NA, "Steps in the recent mean of the divergence guard.",
        "mcx's divergence guard"),
     # ---- data
-    _r("data.path", "rule", "--data-path", REQUIRED, "Prepared dataset directory (DVC-tracked), relative to the project.",
-       "--data-path DIR/PREFIX imports as path = DIR, prefix = PREFIX; blended (weighted) paths are not supported"),
+    _r("data.path", "rule", "--data-path", REQUIRED, "Prepared dataset directory (DVC-tracked), relative to the project; "
+       "or data.mix.", "--data-path DIR/PREFIX imports as path = DIR, prefix = PREFIX; a weighted --data-path as data.mix"),
     _r("data.prefix", "rule", "--data-path", NA, "Dataset file prefix: <path>/<prefix>.bin and .idx.",
        "the last part of --data-path"),
     _r("data.split", "value", "--split", "969,30,1", "Train, validation and test weights.",
@@ -264,6 +264,15 @@ FLAGS: tuple[Row, ...] = (
     _r("data.tokenizer.merges", "rule", "--merge-file", None, "GPT-2 merges.txt."),
     _r("data.tokenizer.vocab_size", "mcx", (), NA, "Vocabulary size of the BPE tokenizer mcx trains (kind = \"bpe\").",
        "Megatron-LM does not train tokenizers"),
+    _r("data.mix", "rule", ("--data-path", "--data-args-path", "--train-data-path", "--per-split-data-args-path"), NA,
+       "A mixture: [data.mix.NAME] tables of path, prefix (default \"corpus\") and weight (relative).",
+       "weighted --data-path W1 P1 W2 P2 (or --data-args-path); with [data.valid] or [data.test], "
+       "--train-data-path (or the train list of --per-split-data-args-path). Imported components are named after "
+       "their prefix (its directory for mcx's \"corpus\")"),
+    _r("data.valid", "rule", "--valid-data-path", NA, "The validation split's own mixture (tables as [data.mix]).",
+       "with it, each split reads its own mixture whole and data.split is not used (nor exported)"),
+    _r("data.test", "rule", "--test-data-path", NA, "The test split's own mixture (tables as [data.mix]).",
+       "as data.valid"),
     # ---- checkpoint
     _r("checkpoint.dir", "rule", ("--save", "--load"), None, "Checkpoint directory; unset means <run dir>/checkpoints.",
        "--save and --load must name the same directory; the export writes both, unset as checkpoints/<name> "

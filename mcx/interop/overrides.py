@@ -45,7 +45,9 @@ def _given_by_preset(ctx: Ctx) -> set[str]:
 def check_required(ctx: Ctx, source: str) -> None:
     """InputError naming every required value neither the script nor --set gives (one paragraph)."""
     have = set(ctx.flat) | _given_by_preset(ctx)
-    missing = [k for k, key in spec_keys().items() if key.required and k not in have]
+    # data.path is required unless a mixture stands in its place (D60)
+    missing = [k for k, key in spec_keys().items()
+               if (key.required or k == "data.path") and k not in have and not (k == "data.path" and "data.mix" in have)]
     if not missing:
         return
     items, sets = [], []

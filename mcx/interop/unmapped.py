@@ -105,11 +105,7 @@ HANDLED: dict[str, str] = {
 
 DROPPED: dict[str, str] = {
     "--rampup-batch-size": "mcx trains with a constant train.global_batch_size",
-    "--mock-data": "mcx trains on a prepared dataset (data.path); add --data-path",
-    "--train-data-path": "mcx splits one dataset by data.split",
-    "--valid-data-path": "mcx splits one dataset by data.split",
-    "--test-data-path": "mcx splits one dataset by data.split",
-    "--data-args-path": "mcx reads one dataset (data.path)",
+    "--mock-data": "mcx trains on prepared datasets (data.path or data.mix); add --data-path",
     "--decoupled-lr": "mcx uses one learning rate for all parameters",
     "--decoupled-min-lr": "mcx uses one learning rate for all parameters",
     "--lr-warmup-init": "mcx warms up from a learning rate of 0",

@@ -41,18 +41,19 @@ def transformer_engine(spec: ExperimentSpec, *, cp: int, sequence_parallel: bool
     return out
 
 
-def prepared_dataset(path: Path, prefix: str, shown: str) -> Problems:
-    """A dataset directory as the worker reads it: <prefix>.bin/.idx and mcx's manifest (``shown``: as the spec says it)."""
+def prepared_dataset(path: Path, prefix: str, shown: str, key: str = "data.path") -> Problems:
+    """A dataset directory as the worker reads it: <prefix>.bin/.idx and mcx's manifest (``shown``: as the spec says
+    it, under ``key``: data.path, or a mixture component's data.mix.NAME.path)."""
     if not path.is_dir():
         what = "is not a directory" if path.exists() else "is not on this machine"
-        return [("data.path", f"{shown!r}: {path} {what}; fetch the dataset there (`dvc pull`), prepare it "
+        return [(key, f"{shown!r}: {path} {what}; fetch the dataset there (`dvc pull`), prepare it "
                  f"(`mcx data prepare SOURCE --out {shown}`), or fix the path")]
     missing = [f"{prefix}{ext}" for ext in (".bin", ".idx") if not (path / f"{prefix}{ext}").is_file()]
     if missing:
-        return [("data.prefix", f"{prefix!r}: {path} has no {' or '.join(missing)}; set data.prefix to the dataset's "
-                 "file prefix (<prefix>.bin and <prefix>.idx)")]
+        return [(key.removesuffix("path") + "prefix", f"{prefix!r}: {path} has no {' or '.join(missing)}; set it to "
+                 "the dataset's file prefix (<prefix>.bin and <prefix>.idx)")]
     if not (path / MANIFEST).is_file():
-        return [("data.path", f"{shown!r}: {path} holds {prefix}.bin/.idx but no {MANIFEST}, so it was not prepared "
+        return [(key, f"{shown!r}: {path} holds {prefix}.bin/.idx but no {MANIFEST}, so it was not prepared "
                  "by mcx, which trains on datasets whose tokens, tokenizer and counts are recorded together; prepare "
                  f"it from its source documents with `mcx data prepare SOURCE --out {shown}`")]
     return []
@@ -63,8 +64,9 @@ def dataset(spec: ExperimentSpec, root: Path, *, skip: frozenset[str] = frozense
     (a DVC-tracked path that `mcx run` pulls before it starts)."""
     data, tok = spec.data, spec.data.tokenizer
     out: Problems = []
-    if "data.path" not in skip:
-        out += prepared_dataset(root / data.path, data.prefix, data.path)
+    for key, path, prefix in data.datasets().values():
+        if key not in skip:
+            out += prepared_dataset(root / path, prefix, path, key)
     for key, value in (("data.tokenizer.path", tok.path), ("data.tokenizer.merges", tok.merges)):
         if value is not None and key not in skip and not (root / value).exists():
             out.append((key, f"{value!r}: {root / value} is not on this machine; copy the tokenizer file there, or "

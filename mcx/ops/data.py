@@ -97,23 +97,36 @@ def ensure_dataset(project: Path, data: DataSpec, *, remote: str | None = None,
                    progress: Progress | None = None) -> Path:
     """The spec's dataset on disk, and its tokenizer files: present, else pulled from the DVC remote (the output
     that holds each, as the run ID hashes it) and checked file by file against its record, else (the quickstart)
-    rebuilt; ``progress`` hears which. Returns the dataset's directory."""
-    path = _dataset(project, data, remote=remote, progress=progress)
-    for key, value in (("data.tokenizer.path", data.tokenizer.path), ("data.tokenizer.merges", data.tokenizer.merges)):
-        if value is not None and not (project / value).exists():
-            why = _pulled(project, key, value, remote=remote, progress=progress)
+    rebuilt; ``progress`` hears which. Returns the dataset's directory; for a mixture, ``project``, where its
+    components' paths start (each component present or pulled alike; D60)."""
+    if data.path is None:
+        for key, value, prefix in data.datasets().values():
+            if not (project / value / "manifest.json").exists():
+                why = _pulled(project, key, value, remote=remote, progress=progress)
+                if why is not None:
+                    raise DataError(f"{key} = {value!r} is not on disk and could not be pulled ({why});",
+                                    "run `dvc pull` with its remote configured, or build it with `mcx data prepare "
+                                    f"SOURCE --out {value}`.")
+            check_dataset(project / value, prefix)
+        path = project
+    else:
+        path = _dataset(project, data, data.path, remote=remote, progress=progress)
+    for key, tok_value in (("data.tokenizer.path", data.tokenizer.path), ("data.tokenizer.merges", data.tokenizer.merges)):
+        if tok_value is not None and not (project / tok_value).exists():
+            why = _pulled(project, key, tok_value, remote=remote, progress=progress)
             if why is not None:
-                raise DataError(f"{key} = {value!r} is not on disk and could not be pulled ({why});",
-                                f"run `dvc pull` with its remote configured, or put the file at {value}.")
+                raise DataError(f"{key} = {tok_value!r} is not on disk and could not be pulled ({why});",
+                                f"run `dvc pull` with its remote configured, or put the file at {tok_value}.")
     return path
 
 
-def _dataset(project: Path, data: DataSpec, *, remote: str | None, progress: Progress | None) -> Path:
-    path = project / data.path
+def _dataset(project: Path, data: DataSpec, value: str, *, remote: str | None, progress: Progress | None) -> Path:
+    """``data.path`` (``value``) present, pulled or (the quickstart) rebuilt."""
+    path = project / value
     if (path / "manifest.json").exists():
         check_dataset(path, data.prefix)
         return path
-    pulled_error = _pulled(project, "data.path", data.path, remote=remote, progress=progress)
+    pulled_error = _pulled(project, "data.path", value, remote=remote, progress=progress)
     if (path / "manifest.json").exists():
         check_dataset(path, data.prefix)
         return path
@@ -121,12 +134,12 @@ def _dataset(project: Path, data: DataSpec, *, remote: str | None, progress: Pro
         prepare_quickstart(project)
         checked = _verify_quickstart(project)
         if progress is not None:
-            progress(Note(lead="data", text=f": rebuilt the quickstart dataset at {data.path} (it could not be pulled: "
+            progress(Note(lead="data", text=f": rebuilt the quickstart dataset at {value} (it could not be pulled: "
                                             f"{pulled_error}){'; it matches data.dvc' if checked else ''}"))
         return path
-    raise DataError(f"dataset data.path = {data.path!r} is not on disk and could not be pulled ({pulled_error});",
+    raise DataError(f"dataset data.path = {value!r} is not on disk and could not be pulled ({pulled_error});",
                     "run `dvc pull` with its remote configured, or build it with `mcx data prepare SOURCE --out "
-                    f"{data.path}`.")
+                    f"{value}`.")
 
 
 def _pulled(project: Path, key: str, value: str, *, remote: str | None, progress: Progress | None) -> str | None:
@@ -211,15 +224,17 @@ def with_fetched_data(planned: PlanResult, root: Path) -> PlanResult:
         data = data.with_path(DataPath(name=was.name, id=was.id, info=part["info"]))
         stale_warning = f"data: {not_pulled_warning(key, value, str(was.record))}"
         warnings = [w for w in warnings if w != stale_warning]
-    if any(path.name == "dataset" for path in stale):  # its largest token id, as planning data that was here records it
+    datasets = [path.name for path in stale if path.name in planned.spec.data.datasets()]
+    if datasets:  # their largest token ids, as planning data that was here records them
         hashes = FileHashes.for_project(root)
         try:
-            top = largest_token_id(planned.spec.data, root, hashes)
+            tops = {name: largest_token_id(planned.spec.data, root, hashes, name) for name in datasets}
         finally:
             hashes.save()
-        if top is not None:
-            dataset = data.paths["dataset"]
-            data = data.with_path(DataPath(name="dataset", id=dataset.id, info={**dataset.info, "max_token_id": top}))
+        for name, top in tops.items():
+            if top is not None:
+                dataset = data.paths[name]
+                data = data.with_path(DataPath(name=name, id=dataset.id, info={**dataset.info, "max_token_id": top}))
     record = evolve(planned.record, data=data, warnings=(*warnings, *(f"data: {w}" for w in fresh)))
     problems = token_id_problems(planned.spec, root, record)
     if problems:

@@ -158,7 +158,8 @@ def export_hf(run_id: str, project: Path, out: str, *, step: int | None = None, 
     manifest = _manifest(root, spec, read_manifest)
     vocab = spec.model.vocab_size or (manifest or {}).get("tokenizer", {}).get("vocab_size")
     if not isinstance(vocab, int):
-        raise InputError(f"export-hf: run {run_id}'s vocabulary size is unknown here (its dataset {spec.data.path} "
+        raise InputError(f"export-hf: run {run_id}'s vocabulary size is unknown here (its dataset "
+                         f"{_dataset_dir(root, spec).relative_to(root)} "
                          "is not on this machine);", f"`mcx pull {run_id}` fetches it, or set model.vocab_size.")
     dtype_name = dtype or PRECISION_DTYPE[spec.train.precision]
     files, special = _tokenizer_files(root, spec, manifest)
@@ -185,9 +186,15 @@ def _write(source: InitComponent, spec: Any, vocab: int, dest: Path, dtype_name:
             "tokenizer": sorted(f for f in files if f not in (EXPORT_RECORD,))}
 
 
+def _dataset_dir(root: Path, spec: Any) -> Path:
+    """Where the run's tokenizer lies: its dataset, or a mixture's first component (all share one; D60)."""
+    path: str = next(iter(spec.data.datasets().values()))[1]
+    return root / path
+
+
 def _manifest(root: Path, spec: Any, read_manifest: Callable[[Path], dict[str, Any]]) -> dict[str, Any] | None:
     try:
-        return read_manifest(root / spec.data.path)
+        return read_manifest(_dataset_dir(root, spec))
     except InputError:
         return None
 
@@ -198,7 +205,7 @@ def _tokenizer_files(root: Path, spec: Any, manifest: dict[str, Any] | None) -> 
     if manifest is None:
         return {}, {}
     tok = manifest["tokenizer"]
-    directory = root / spec.data.path
+    directory = _dataset_dir(root, spec)
     files = {name: (directory / name).read_bytes() for name in tok["files"] if (directory / name).is_file()}
     special = {"eos": tok.get("eod"), "pad": tok.get("pad"), "bos": None}
     names = _token_names(tok["kind"], files, special)

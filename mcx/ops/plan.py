@@ -15,18 +15,23 @@ from typing import Any
 
 from attrs import frozen
 
+from mcx.data import mixture
 from mcx.data.vocab import tokenizer_vocab_size
 from mcx.errors import DataError, SpecError
+from mcx.fingerprint.data import data_paths
 from mcx.fingerprint.record import FingerprintRecord, collect, component_hashes, run_id
 from mcx.launch import preflight
 from mcx.metrics.summary import METRIC_KEYS
 from mcx.plan.layout import Device
 from mcx.plan.layout_rules import needs_transformer_engine
 from mcx.plan.memory import checkpoint_bytes
+from mcx.plan.mixture import data_rows
 from mcx.plan.params import count_params, effective_vocab_size
 from mcx.plan.planner import Plan, make_plan, plan_to_dict
 from mcx.spec import ExperimentSpec, load_spec
 from mcx.track.paths import STATE_DIR
+
+MIXTURE_KEYS = ("data.mix.", "data.valid.", "data.test.")  # a mixture component's keys (D60)
 
 Problems = list[tuple[str, str]]
 
@@ -39,11 +44,12 @@ class PlanResult:
     run_id: str | None  # None: the data is not on this machine, so its content (part of the ID) is unknown
     te_available: bool | None  # Transformer Engine as planned (see te_for_plan); the stages are planned alike
     notes: tuple[str, ...] = ()  # what this machine lacks or cannot know, said beside the plan's own warnings
+    data: tuple[dict[str, Any], ...] = ()  # a mixture's components as the run reads them (mcx.plan.mixture)
 
     def plan_json(self) -> dict[str, Any]:
         """The plan as plan.json holds it and `mcx plan` renders it: the planner's view with this machine's notes."""
         data = plan_to_dict(self.plan)
-        return {**data, "warnings": [*data["warnings"], *self.notes]}
+        return {**data, "warnings": [*data["warnings"], *self.notes], **({"data": list(self.data)} if self.data else {})}
 
     def as_json(self) -> dict[str, Any]:
         """`mcx plan --json`: the plan, the run ID and the fingerprint's component hashes."""
@@ -91,11 +97,10 @@ def _site(spec: ExperimentSpec, root: Path, record: FingerprintRecord, params: i
     """What this machine lacks for the job: data and tokenizer files, writable checkpoint and run
     directories with room for a checkpoint of ``params`` parameters (None: unknown)."""
     paths = record.data.paths
-    tracked = {key for name, key in (("dataset", "data.path"), ("tokenizer", "data.tokenizer.path"),
-                                     ("merges", "data.tokenizer.merges"))
+    tracked = {key: value for name, (key, value) in data_paths(spec.data).items()
                if name in paths and paths[name].source == "dvc"}
     # A DVC-tracked path that is not pulled yet is fetched by `mcx run` (the fingerprint says so).
-    pulled_later = frozenset(k for k in tracked if not (root / _data_value(spec, k)).exists())
+    pulled_later = frozenset(k for k, value in tracked.items() if not (root / value).exists())
     problems = preflight.dataset(spec, root, skip=pulled_later)
     ckpt_key, ckpt_dir = (("checkpoint.dir", root / spec.checkpoint.dir) if spec.checkpoint.dir is not None
                           else ("checkpoint.dir (unset: the run directory, .mcx/ in the project)", root / STATE_DIR))
@@ -118,10 +123,12 @@ def token_id_problems(spec: ExperimentSpec, root: Path, record: FingerprintRecor
         source = "model.vocab_size" if spec.model.vocab_size is not None else source
     if top is None or vocab is None or top < vocab:
         return []
-    return [("data.path", f"{spec.data.path!r} holds token id {top} in {spec.data.prefix}.bin, but {source} has "
-                          f"{vocab} ids (0 to {vocab - 1}), so the model cannot read it; prepare the data again with "
-                          f"this tokenizer (`mcx data prepare SOURCE --out {spec.data.path} --force`), or point "
-                          "data.tokenizer at the tokenizer that made it")]
+    tops = {name: p.max_token_id for name, p in record.data.paths.items() if p.max_token_id is not None}
+    key, path, prefix = spec.data.datasets()[max(tops, key=lambda name: tops[name])]
+    return [(key, f"{path!r} holds token id {top} in {prefix}.bin, but {source} has "
+                  f"{vocab} ids (0 to {vocab - 1}), so the model cannot read it; prepare the data again with "
+                  f"this tokenizer (`mcx data prepare SOURCE --out {path} --force`), or point "
+                  "data.tokenizer at the tokenizer that made it")]
 
 
 def _params(spec: ExperimentSpec, plan: Plan | None, vocab: int | None) -> int | None:
@@ -130,12 +137,6 @@ def _params(spec: ExperimentSpec, plan: Plan | None, vocab: int | None) -> int |
         return plan.params.total
     vocab = vocab or effective_vocab_size(spec)
     return None if vocab is None else count_params(spec.model, vocab, 1).total
-
-
-def _data_value(spec: ExperimentSpec, key: str) -> str:
-    tok = spec.data.tokenizer
-    return {"data.path": spec.data.path, "data.tokenizer.path": tok.path or "",
-            "data.tokenizer.merges": tok.merges or ""}[key]
 
 
 def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = True, require_data: bool = False,
@@ -169,15 +170,20 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
     site = _site(spec, project, record, _params(spec, plan, vocab))
     if at_launch:
         data_keys = ("data.path", "data.prefix", "data.tokenizer.path", "data.tokenizer.merges")
-        problems += [p for p in site if runs_here(spec) or p[0] in data_keys]
+        problems += [p for p in site if runs_here(spec) or p[0] in data_keys or p[0].startswith(MIXTURE_KEYS)]
     else:
         notes += [f"{key}: {msg} (checked again when the job starts)" for key, msg in site]
     if problems:
         raise SpecError(_dedupe(problems))
     assert plan is not None
     absent = record.data.absent
+    rows: list[dict[str, Any]] = []
+    parts = mixture.train_tokens(spec.data, project) if spec.data.path is None else None
+    if parts is not None:  # a mixture here: what the run reads of each component (D60)
+        rows, repeated = data_rows(parts, spec.train.train_iters * spec.train.global_batch_size, spec.model.seq_length)
+        notes += repeated
     return PlanResult(spec=spec, plan=plan, record=record, run_id=None if absent else run_id(record),
-                      te_available=te, notes=tuple(notes))
+                      te_available=te, notes=tuple(notes), data=tuple(rows))
 
 
 def _dedupe(problems: Problems) -> Problems:

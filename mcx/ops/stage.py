@@ -15,6 +15,7 @@ from mcx.contract.files import CHECKPOINTS_DIR, JOB_FILE, RESULT_FILE
 from mcx.contract.job import INIT_KINDS, Checks, InitFrom, Job, Output, job_to_dict
 from mcx.contract.result import StageResult, clear_result, read_result, read_stage_result
 from mcx.contract.status import Status
+from mcx.data import mixture
 from mcx.data.dataset import smoke_samples_limit
 from mcx.errors import InputError, McxError
 from mcx.jsonfile import read_json, write_json_atomic
@@ -84,6 +85,8 @@ def _init(stage: str, planned: PlanResult) -> InitFrom | None:
 def smoke_limit(planned: PlanResult, data_dir: Path) -> int:
     """The smoke stage's ``train_samples_limit``; DataError when the train split holds no sample."""
     job_spec = planned.plan.stage("smoke").spec
+    if job_spec.data.path is None:  # a mixture: data_dir is where its components' paths start (D60)
+        return mixture.smoke_limit(job_spec.data, data_dir, job_spec.model.seq_length, planned.spec.smoke.data_fraction)
     return smoke_samples_limit(data_dir, job_spec.data.split, job_spec.model.seq_length, planned.spec.smoke.data_fraction,
                                job_spec.data.prefix)
 

@@ -15,5 +15,6 @@ on measured steps in benchmarks/calibration/; docs/steptime.md); ``tuning.py`` e
 ranked by it (``mcx tune --layouts``); ``cost.py`` time, GPU-hours and budget (the model's step, or
 ``budget.assumed_mfu`` where set); ``stages.py`` smoke shapes; ``smoketime.py`` the smoke job's time limit;
 ``sweep.py`` a sweep's trials before anything runs (its keys and values checked against the spec, the grid,
-each trial's spec, whether the objective is recorded); ``planner.py`` puts them into one ``Plan``.
+each trial's spec, whether the objective is recorded); ``mixture.py`` what a run reads of each dataset of a
+mixture (tokens, share, epochs); ``planner.py`` puts them into one ``Plan``.
 """

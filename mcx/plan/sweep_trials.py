@@ -9,6 +9,8 @@ point two sweeps share is one run.
 from __future__ import annotations
 
 import itertools
+
+import attrs
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -23,7 +25,7 @@ from mcx.spec.rules import Problems, check_spec
 from mcx.spec.schema import SweepRange, SweepSpec
 
 # Keys left out of the run ID whose values still change the run: their content is in the ID instead.
-CONTENT_KEYS = ("data.path", "data.tokenizer.path", "data.tokenizer.merges", "init.from")
+CONTENT_KEYS = ("data.path", "data.tokenizer.path", "data.tokenizer.merges", "init.from")  # and components' paths
 # Objectives that have a value at each evaluation, the pruner's intermediate values: (record kind, field).
 INTERMEDIATE = {"valid_loss": ("valid", "loss"), "valid_loss_best": ("valid", "loss"), "valid_ppl": ("valid", "ppl")}
 
@@ -43,6 +45,16 @@ def sweepable(key: str) -> str | None:
     return None
 
 
+def component_keys(spec: ExperimentSpec) -> dict[str, Key]:
+    """The keys of the spec's mixture components (``data.mix.web.weight``), sweepable like any key: a trial's
+    weights are the spec's with that one set, renormalised by Megatron's blend as every mixture's are (D60)."""
+    fields = {"path": (str, attrs.NOTHING), "prefix": (str, "corpus"), "weight": (float, attrs.NOTHING)}
+    data = spec.data
+    return {f"data.{table}.{name}.{field}": Key(f"data.{table}.{name}.{field}", t, default)
+            for table, mixture in (("mix", data.mix), ("valid", data.valid), ("test", data.test))
+            for name in mixture for field, (t, default) in fields.items()}
+
+
 def objective_metric(sweep: SweepSpec) -> Metric | None:
     return BY_KEY.get(sweep.objective)
 
@@ -59,7 +71,7 @@ def check_sweep(spec: ExperimentSpec) -> Problems:
     values a key does not take, an objective no trial records, pruning without a validation objective."""
     sw = spec.sweep
     assert sw is not None
-    keys = spec_keys()
+    keys = {**spec_keys(), **component_keys(spec)}
     problems: Problems = []
     for key, values in sw.parameters.items():
         where = f'sweep.parameters."{key}"'

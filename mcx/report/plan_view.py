@@ -178,6 +178,15 @@ def _smoke_line(p: dict[str, Any]) -> RenderableType:
     return text
 
 
+def _data_table(rows: list[dict[str, Any]]) -> Table:
+    t = _table("Training data: the mixture as the run reads it", "component", "tokens (train part)", "share",
+               "tokens read", "epochs", right=(1, 2, 3, 4))
+    for r in rows:
+        epochs = "—" if r["epochs"] is None else f"{r['epochs']:.2f}"
+        t.add_row(r["name"], _count(r["tokens"]), f"{r['share']:.1%}", _count(r["tokens_read"]), epochs)
+    return t
+
+
 def render_plan(plan: dict[str, Any], run_id: str | None) -> RenderableType:
     """The whole plan: layout, parameters, memory with its verdict, compute/time/cost, smoke, notes."""
     title = Text.assemble(("Plan ", "bold"), (plan["name"], "bold cyan"))
@@ -185,6 +194,8 @@ def render_plan(plan: dict[str, Any], run_id: str | None) -> RenderableType:
         title.append(f"   run {run_id}", style="bold")
     parts: list[RenderableType] = [title, _layout_table(plan), _model_table(plan), _memory_table(plan), Text(""),
                                    _compute_table(plan), _step_table(plan), _smoke_line(plan)]
+    if plan.get("data"):  # a mixture's components (D60)
+        parts[-1:-1] = [Text(""), _data_table(plan["data"])]
     for heading, items, mark, style in (("Warnings", plan["warnings"], "!", "yellow"),
                                         ("Recommendations", plan["recommendations"], "->", "")):
         if items:

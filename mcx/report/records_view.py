@@ -101,12 +101,24 @@ def render_run(shown: ShownRun) -> Group:
         stages.add_row(label, *(cell(st) for st in record.stages.values()))
     for key in SHOW_METRICS:
         stages.add_row(BY_KEY[key].label, *(metric(key, (st.final or {}).get(key)) for st in record.stages.values()))
+    mixed = {name: st.mixture for name, st in record.stages.items() if st.mixture}
+    if mixed:  # a mixture's realised shares beside the requested ones (D60)
+        stages.add_row("mixture: requested -> drawn", *("" for _ in record.stages))
+        for part in sorted({p for m in mixed.values() for p in m}):
+            stages.add_row(f"  {part}", *(_drawn((mixed.get(name) or {}).get(part)) for name in record.stages))
     tags = titled_table("fingerprint")
     tags.add_column("tag", overflow="fold")
     tags.add_column("value", overflow="fold")
     for k, v in sorted(shown.tags.items()):
         tags.add_row(k, str(v))
     return Group(head, stages, tags)
+
+
+def _drawn(part: dict[str, Any] | None) -> str:
+    """A component's requested share, and the share and samples the run drew from it."""
+    if not part:
+        return "-"
+    return f"{part['requested']:.1%} -> {part['share']:.1%} ({part['samples']:,} samples)"
 
 
 def code_line(code: CodeProvenance) -> str:

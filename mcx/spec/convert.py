@@ -17,11 +17,11 @@ from typing import Any, Literal, get_args, get_origin
 import attrs
 import cattrs
 import cattrs.gen
-from cattrs.errors import (ClassValidationError, ForbiddenExtraKeysError, IterableValidationError,
+from cattrs.errors import (AttributeValidationNote, ClassValidationError, ForbiddenExtraKeysError, IterableValidationError,
                            IterableValidationNote)
 
 from mcx.errors import SpecError
-from mcx.spec.schema import SweepRange, SweepValue
+from mcx.spec.schema import DataSpec, SweepRange, SweepValue
 
 _TYPE_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a table",
                tuple: "an array"}
@@ -96,6 +96,14 @@ def _table_hook_factory(c: cattrs.Converter):
         def hook(v: Any, t: type) -> Any:
             if not isinstance(v, dict):
                 raise _WrongType(v, dict)
+            if cl is DataSpec and "path" not in v and "mix" not in v:  # one of the two: said with the others
+                missing = KeyError("path")
+                missing.__notes__ = [AttributeValidationNote("required: path or mix", "path", str)]
+                try:
+                    inner(v, t)
+                except ClassValidationError as exc:
+                    raise ClassValidationError(exc.message, [*exc.exceptions, missing], cl) from None
+                raise ClassValidationError(f"while structuring {cl.__name__}", [missing], cl)
             return inner(v, t)
 
         return hook

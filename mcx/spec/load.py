@@ -19,6 +19,8 @@ from mcx.spec.presets import PRESETS
 from mcx.spec.rules import check_spec
 from mcx.spec.schema import DebugSpec, ExperimentSpec
 
+MIXTURE_TABLES = ("mix", "valid", "test")
+
 
 TEXT_BYTES_LIMIT = 4 * 1024 * 1024  # a spec or launch script is kilobytes; more is the wrong file
 
@@ -202,10 +204,14 @@ def _drop_none(obj: Any) -> Any:
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     """The resolved spec as plain data (None kept: it means "let mcx decide"). A [debug] table that
-    injects nothing is left out, so a spec without one hashes, records and dumps as before it existed."""
+    injects nothing is left out, so a spec without one hashes, records and dumps as before it existed; so are
+    empty mixture tables ([data.mix], [data.valid], [data.test])."""
     tree: dict[str, Any] = convert.unstructure(spec)
     if spec.debug == DebugSpec():
         del tree["debug"]
+    for table in MIXTURE_TABLES:  # likewise a single dataset's spec: no empty mixture tables (D60)
+        if not tree["data"][table]:
+            del tree["data"][table]
     return tree
 
 

@@ -162,8 +162,6 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
         out.append(("launch.master_port", f"{spec.launch.master_port} must be in 1024..65535"))
     if not re.fullmatch(r"(\d+-)?\d{1,3}:\d{2}(:\d{2})?", spec.launch.slurm.time):
         out.append(("launch.slurm.time", f"{spec.launch.slurm.time!r} is not a Slurm time such as \"04:00:00\" or \"1-00:00:00\""))
-    if not spec.data.path.strip():
-        out.append(("data.path", "is empty; name the prepared dataset directory, e.g. \"data/quickstart\""))
     for metric, tol in spec.baseline.tolerances.items():
         if tol < 0:
             out.append((f"baseline.tolerances.{metric}", f"must not be negative, got {tol}"))
@@ -261,9 +259,43 @@ def _debug_rules(spec: ExperimentSpec) -> Problems:
     return out
 
 
+def _data_rules(spec: ExperimentSpec) -> Problems:
+    """One dataset or a mixture; each component a path and a positive weight (D60)."""
+    data, out = spec.data, []
+    if data.path is None and not data.mix:
+        out.append(("data.path", "required key is missing; name the prepared dataset directory, e.g. "
+                                 "\"data/quickstart\", or give a mixture as [data.mix.NAME] tables"))
+    elif data.path is not None and data.mix:
+        out.append(("data.mix", "and data.path are both set; a spec reads one dataset (path) or a mixture (mix): "
+                                "make the dataset one of the mixture's components, or remove [data.mix]"))
+    elif data.path is not None and not data.path.strip():
+        out.append(("data.path", "is empty; name the prepared dataset directory, e.g. \"data/quickstart\""))
+    if data.per_split and not data.mix:
+        out.append(("data.mix", "is missing: [data.valid] and [data.test] mixtures need the training mixture "
+                                "beside them; add [data.mix.NAME] tables (one component is a mixture too)"))
+    if data.per_split and data.split != "969,30,1":
+        out.append(("data.split", f"{data.split!r} has no effect with [data.valid] or [data.test]: each split reads "
+                                  "its own mixture whole (Megatron's --train/--valid/--test-data-path); remove it"))
+    if data.mix and data.prefix != "corpus":
+        out.append(("data.prefix", "belongs to data.path; a mixture's components each have their own prefix: "
+                                   "set it in [data.mix.NAME]"))
+    for table, mixture in (("mix", data.mix), ("valid", data.valid), ("test", data.test)):
+        for name, part in mixture.items():
+            where = f"data.{table}.{name}"
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", name):
+                out.append((where, "a component's name must be 1-64 letters, digits, '_' or '-', starting with a "
+                                   "letter or digit; rename the table"))
+            if not part.path.strip():
+                out.append((f"{where}.path", "is empty; name the prepared dataset directory"))
+            if not part.weight > 0:
+                out.append((f"{where}.weight", f"must be positive, got {part.weight:g}; a component not to be read "
+                                               "is left out of the mixture"))
+    return out
+
+
 def check_spec(spec: ExperimentSpec) -> Problems:
-    return (_range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _init_rules(spec) + _sweep_rules(spec)
-            + _debug_rules(spec))
+    return (_range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _data_rules(spec) + _init_rules(spec)
+            + _sweep_rules(spec) + _debug_rules(spec))
 
 
 def divisors(n: int) -> list[int]:

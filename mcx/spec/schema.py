@@ -130,11 +130,41 @@ class TokenizerSpec:
 
 
 @frozen(kw_only=True)
-class DataSpec:
+class MixComponent:
+    """One prepared dataset of a mixture and its sampling weight (relative: the weights are normalised)."""
+
     path: str  # DVC-tracked dataset directory (prepared by `mcx data prepare`), relative to the project
     prefix: str = "corpus"  # <path>/<prefix>.bin / .idx
-    split: str = "969,30,1"  # train,valid,test weights, as Megatron's --split
+    weight: float
+
+
+@frozen(kw_only=True)
+class DataSpec:
+    # One dataset (path) or a mixture ([data.mix.NAME]); exactly one of the two.
+    path: str | None = None  # DVC-tracked dataset directory (prepared by `mcx data prepare`), relative to the project
+    prefix: str = "corpus"  # <path>/<prefix>.bin / .idx
+    split: str = "969,30,1"  # train,valid,test weights, as Megatron's --split (each component is split so)
     tokenizer: TokenizerSpec = field(factory=TokenizerSpec)
+    # name -> component: Megatron's weighted --data-path. With valid or test set, mix is the training data
+    # whole and each split reads its own mixture (Megatron's --train/--valid/--test-data-path; no split).
+    mix: dict[str, MixComponent] = field(factory=dict)
+    valid: dict[str, MixComponent] = field(factory=dict)
+    test: dict[str, MixComponent] = field(factory=dict)
+
+    @property
+    def per_split(self) -> bool:
+        """Whether validation and test read their own mixtures (Megatron's blend_per_split)."""
+        return bool(self.valid or self.test)
+
+    def datasets(self) -> dict[str, tuple[str, str, str]]:
+        """Each prepared dataset the spec reads: name -> (its path's key, path, prefix). The name is ``dataset``
+        for ``path``, ``mix.NAME`` / ``valid.NAME`` / ``test.NAME`` for a mixture's components (as the data
+        component of the run ID and the realised mixture name them)."""
+        if self.path is not None:
+            return {"dataset": ("data.path", self.path, self.prefix)}
+        return {f"{table}.{name}": (f"data.{table}.{name}.path", part.path, part.prefix)
+                for table, mixture in (("mix", self.mix), ("valid", self.valid), ("test", self.test))
+                for name, part in mixture.items()}
 
 
 @frozen(kw_only=True)

@@ -37,21 +37,28 @@ class StageEntry:
     error: str | None = None
     layer_spec: str | None = None
     mlflow_run: str | None = None
+    mixture: Json | None = None  # a mixture's realised shares, result.json's details.mixture (D60)
 
     @classmethod
     def from_result(cls, result: Json) -> StageEntry:
         """A stage's result.json, its values as written."""
+        details = result.get("details")
+        mixture = details.get("mixture") if isinstance(details, dict) else None
         return cls(origin="result", status=result.get("status"), passed=result.get("passed"),
                    steps=result.get("steps"), final=result.get("final"), checks=result.get("checks"),
-                   error=result.get("error"), layer_spec=result.get("layer_spec"))
+                   error=result.get("error"), layer_spec=result.get("layer_spec"),
+                   mixture=mixture if isinstance(mixture, dict) else None)
 
     def to_dict(self) -> Json:
         if self.origin == "no-result":
             return {"status": self.status}
         if self.origin == "tracking":
             return {"status": self.status, "passed": self.passed, "steps": self.steps, "mlflow_run": self.mlflow_run}
-        return {"status": self.status, "passed": self.passed, "steps": self.steps, "final": self.final,
-                "checks": self.checks, "error": self.error, "layer_spec": self.layer_spec}
+        out = {"status": self.status, "passed": self.passed, "steps": self.steps, "final": self.final,
+               "checks": self.checks, "error": self.error, "layer_spec": self.layer_spec}
+        if self.mixture is not None:
+            out["mixture"] = self.mixture
+        return out
 
 
 @frozen(kw_only=True)

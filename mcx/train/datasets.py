@@ -26,16 +26,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from attrs import frozen
 
+from mcx.data import mixture
 from mcx.data.dataset import check_dataset, split_ranges
+from mcx.data.mixture import Component
 from mcx.data.tokenizer import Tokenizer, load_saved
 from mcx.errors import DataError
 from mcx.spec.schema import ExperimentSpec
 
 with warnings.catch_warnings():  # megatron.core warns at import about optional CUDA packages
     warnings.simplefilter("ignore")
+    from megatron.core.datasets.blended_dataset import BlendedDataset
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.tokenizers import MegatronTokenizerBase
@@ -90,6 +94,24 @@ class Datasets:
     tokenizer: MegatronTokenizerAdapter
     manifest: dict[str, Any]
     samples: tuple[int, int, int]  # what was asked for; each split holds at least that many
+    components: tuple[Component, ...] = ()  # the training blend's, for a mixture (D60); () for one dataset
+
+    def drawn(self, consumed_samples: int) -> dict[str, int]:
+        """Training samples taken from each component in the first ``consumed_samples``, as Megatron-Core's
+        ``BlendedDataset.dataset_index`` assigns them (the smoke stage's subset repeats its first ``limit``)."""
+        if not self.components:
+            return {}
+        train, limit = self.train, None
+        if isinstance(train, RepeatedSubset):
+            train, limit = train.dataset, train.limit
+        index = np.asarray(train.dataset_index)
+        n = len(self.components)
+        if limit is None:
+            counts = np.bincount(index[:consumed_samples], minlength=n)
+        else:
+            whole, rest = divmod(consumed_samples, limit)
+            counts = whole * np.bincount(index[:limit], minlength=n) + np.bincount(index[:rest], minlength=n)
+        return {c.name: int(k) for c, k in zip(self.components, counts, strict=True)}
 
 
 class RepeatedSubset(torch.utils.data.Dataset):
@@ -135,17 +157,62 @@ def build_datasets(
     ``train_samples_limit`` (the smoke stage's subset): train on only that many distinct samples,
     repeated to ``samples[0]``. Splits with weight 0 in ``split`` are ``None``.
     """
-    data_dir = Path(data_dir).absolute()
-    manifest = check_dataset(data_dir, prefix, contents=verify_contents)
+    one = Component("dataset", "data.path", Path(data_dir), prefix, 1.0, weight=None)
+    return build_blend((one,), None, None, split=split, seq_length=seq_length, seed=seed, samples=samples,
+                       cache_dir=cache_dir, train_samples_limit=train_samples_limit,
+                       is_built_on_rank=is_built_on_rank, verify_contents=verify_contents)
+
+
+def build_blend(
+    train: tuple[Component, ...],
+    valid: tuple[Component, ...] | None,
+    test: tuple[Component, ...] | None,
+    *,
+    split: str | None,
+    seq_length: int,
+    seed: int,
+    samples: tuple[int, int, int],
+    cache_dir: Path,
+    train_samples_limit: int | None = None,
+    is_built_on_rank: Callable[[], bool] = lambda: True,
+    verify_contents: bool = False,
+) -> Datasets:
+    """The splits over a blend of prepared datasets, as Megatron-LM's ``pretrain_gpt.py`` builds them: with
+    ``split``, every component of ``train`` is split so and the splits blended by weight (a weighted
+    ``--data-path``: ``GPTDatasetConfig.blend``); without it (``valid`` / ``test`` given), each split reads its
+    own components whole (``--train/--valid/--test-data-path``: ``blend_per_split``). A component whose
+    ``weight`` is None is a single unweighted ``--data-path``. Megatron-Core's ``BlendedDataset`` draws the
+    samples; nothing here samples.
+    """
+    every = [*train, *(valid or ()), *(test or ())]
+    manifests = {c.name: check_dataset(c.directory.absolute(), c.prefix, contents=verify_contents) for c in every}
+    first = every[0]
+    for c in every[1:]:  # the control plane checked this at planning (mcx.fingerprint.data); a job file may be older
+        if manifests[c.name]["tokenizer"] != manifests[first.name]["tokenizer"]:
+            raise DataError(f"{c.key} = {str(c.directory)!r} was prepared with another tokenizer than {first.key};",
+                            "prepare every component of the mixture with the same tokenizer.")
+    manifest = manifests[first.name]
+    data_dir = first.directory.absolute()
     tokenizer = MegatronTokenizerAdapter(load_saved(data_dir, manifest["tokenizer"]["kind"]), data_dir)
-    _check_splits(data_dir, manifest, split, samples)
+    if split is not None:
+        for c in train:
+            _check_splits(c.directory, manifests[c.name], split, samples)
     train_size = samples[0] if train_samples_limit is None else min(train_samples_limit, samples[0])
     if train_size < 1:
         raise DataError(f"train_samples_limit = {train_samples_limit} leaves no training data.", "use at least 1.")
+
+    def blend(parts: tuple[Component, ...] | None) -> tuple[list[str], list[float] | None] | None:
+        if not parts:
+            return None
+        weights = [c.weight for c in parts]
+        return ([str(c.directory.absolute() / c.prefix) for c in parts],
+                None if any(w is None for w in weights) else [float(w) for w in weights if w is not None])
+
     config = GPTDatasetConfig(
         random_seed=seed,
         sequence_length=seq_length,
-        blend=([str(data_dir / prefix)], None),
+        blend=blend(train) if split is not None else None,
+        blend_per_split=None if split is not None else [blend(train), blend(valid), blend(test)],
         split=split,
         path_to_cache=str(Path(cache_dir).absolute()),
         tokenizer=tokenizer,
@@ -157,28 +224,30 @@ def build_datasets(
         num_dataset_builder_threads=1,
     )
     builder = BlendedMegatronDatasetBuilder(GPTDataset, [train_size, samples[1], samples[2]], is_built_on_rank, config)
-    train, valid, test = builder.build()
-    if train is not None and train_samples_limit is not None:
-        train = RepeatedSubset(train, train_size, samples[0])
-    return Datasets(train=train, valid=valid, test=test, tokenizer=tokenizer, manifest=manifest, samples=samples)
+    train_set, valid_set, test_set = builder.build()
+    if train_set is not None and train_samples_limit is not None:
+        train_set = RepeatedSubset(train_set, train_size, samples[0])
+    blended = isinstance(train_set.dataset if isinstance(train_set, RepeatedSubset) else train_set, BlendedDataset)
+    return Datasets(train=train_set, valid=valid_set, test=test_set, tokenizer=tokenizer, manifest=manifest,
+                    samples=samples, components=tuple(train) if blended else ())
 
 
 def datasets_from_spec(
     spec: ExperimentSpec, data_dir: Path, cache_dir: Path, *, train_samples_limit: int | None = None, **kwargs: Any
 ) -> Datasets:
-    """:func:`build_datasets` with the sizes, seed and split of ``spec`` (one stage's spec)."""
+    """:func:`build_datasets` with the sizes, seed and split of ``spec`` (one stage's spec); for a mixture,
+    :func:`build_blend` over its components, whose paths start at ``data_dir`` (the job's; D60)."""
     t = spec.train
-    return build_datasets(
-        data_dir,
-        prefix=spec.data.prefix,
-        split=spec.data.split,
-        seq_length=spec.model.seq_length,
-        seed=t.seed,
-        samples=num_samples(t.train_iters, t.global_batch_size, t.eval_interval, t.eval_iters),
-        cache_dir=cache_dir,
-        train_samples_limit=train_samples_limit,
-        **kwargs,
-    )
+    sizes = dict(seq_length=spec.model.seq_length, seed=t.seed, cache_dir=cache_dir, train_samples_limit=train_samples_limit,
+                 samples=num_samples(t.train_iters, t.global_batch_size, t.eval_interval, t.eval_iters))
+    if spec.data.path is not None:
+        return build_datasets(data_dir, prefix=spec.data.prefix, split=spec.data.split, **sizes, **kwargs)
+    data = spec.data
+    per_split = data.per_split
+    return build_blend(tuple(mixture.blend(data, data_dir)),
+                       tuple(mixture.blend(data, data_dir, "valid")) if per_split else None,
+                       tuple(mixture.blend(data, data_dir, "test")) if per_split else None,
+                       split=None if per_split else data.split, **sizes, **kwargs)
 
 
 def _check_splits(data_dir: Path, manifest: dict[str, Any], split: str, samples: tuple[int, int, int]) -> None:

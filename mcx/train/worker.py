@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mcx.contract.files import CACHE_DIR, METRICS_FILE
-from mcx.contract.job import Job, read_job
+from mcx.contract.job import Job, dataset_dir, read_job
 from mcx.contract.status import Status
 from mcx.errors import DataError, McxError, SpecError
 from mcx.launch import preflight
@@ -59,7 +59,9 @@ def check_node(job: Job) -> None:
     """What this node lacks for the job (Transformer Engine, the dataset, a writable checkpoint directory),
     before the slow imports: a job on a cluster fails in its first seconds, naming the key and the fix."""
     where = f"on {socket.gethostname()}"
-    problems = preflight.prepared_dataset(Path(job.data_dir), job.spec.data.prefix, job.spec.data.path)
+    problems = [p for key, path, prefix in job.spec.data.datasets().values()
+                for p in preflight.prepared_dataset(dataset_dir(job.spec.data, Path(job.data_dir), path), prefix,
+                                                    path, key)]
     problems += preflight.writable(Path(job.checkpoint_dir), "checkpoint.dir")
     if job.device == "cuda":
         problems += preflight.transformer_engine(job.spec, cp=job.layout.cp, sequence_parallel=job.layout.sequence_parallel,
@@ -146,6 +148,11 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     details = {**backend.details, "device": job.device, "gpu_name": gpu_name, "world_size": world.size,
                "num_microbatches": trainer.num_micro, "consumed_samples": outcome.consumed_samples,
                "stop_signal": stop.signal}
+    if data.components:  # the realised mixture: what Megatron's blend drew for the samples trained on (D60)
+        drawn = data.drawn(outcome.consumed_samples)
+        details["mixture"] = {c.name: {"requested": c.share, "samples": drawn[c.name],
+                                       "share": drawn[c.name] / max(1, outcome.consumed_samples)}
+                              for c in data.components}
     backend.close()
     return make_result(status=status, passed=status == Status.FINISHED, checks=checks,
                        final=summarize_file(stage_dir / METRICS_FILE) if world.is_main else {}, error=error,
