@@ -113,7 +113,7 @@ def _training_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--text-key", "--json-key", dest="text_key", default="text",
                    help="the JSON key or Parquet column holding the text (default: text)")
     s.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="processes tokenizing shards (the output's bytes are the same for any N)")
+                   help="processes tokenizing shards (any N gives the same bytes)")
     s.add_argument("--quiet", action="store_true", help="no progress")
     s.add_argument("--force", action="store_true", help="replace an existing, different dataset")
     s.add_argument("--inside-tracked", action="store_true",
