@@ -101,14 +101,20 @@ def _training_verbs(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("data", help="datasets: prepare")
     dsub = d.add_subparsers(dest="data_cmd", metavar="ACTION", parser_class=_Parser)
     dsub.required = True
-    s = dsub.add_parser("prepare", help="text or JSONL -> tokenizer -> Megatron indexed dataset (.bin/.idx)")
-    s.add_argument("source", nargs="?", help="text file, directory of text files, or JSONL; none: the bundled quickstart")
+    s = dsub.add_parser("prepare", help="text, JSONL or Parquet shards -> tokenizer -> Megatron indexed dataset (.bin/.idx)")
+    s.add_argument("source", nargs="*", help="a text file or directory of text files; or .jsonl, .jsonl.gz, .parquet "
+                                             "shards: files, directories, quoted globs; none: the bundled quickstart")
     _output_option(s, "--out", kind="dir", help="output dataset directory (default: data/quickstart for the quickstart)")
-    s.add_argument("--tokenizer", help="tokenizer file: tokenizer.json, SentencePiece .model, or GPT-2 vocab.json")
+    s.add_argument("--tokenizer", help="a Hugging Face model directory (its tokenizer.json) or a tokenizer file: "
+                                       "tokenizer.json, SentencePiece .model, or GPT-2 vocab.json")
     s.add_argument("--tokenizer-kind", choices=["bpe", "huggingface", "sentencepiece", "gpt2"], default=None)
     s.add_argument("--merges", help="GPT-2 merges.txt (with --tokenizer-kind gpt2)")
     s.add_argument("--vocab-size", type=int, default=None, help="vocabulary of a BPE trained on the corpus")
-    s.add_argument("--json-key", default="text", help="JSONL field holding the text")
+    s.add_argument("--text-key", "--json-key", dest="text_key", default="text",
+                   help="the JSON key or Parquet column holding the text (default: text)")
+    s.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="processes tokenizing shards (any N gives the same bytes)")
+    s.add_argument("--quiet", action="store_true", help="no progress")
     s.add_argument("--force", action="store_true", help="replace an existing, different dataset")
     s.add_argument("--inside-tracked", action="store_true",
                    help="write --out inside another DVC-tracked output (then record its new version with dvc add)")

@@ -109,13 +109,22 @@ def _print_notes(notes: Any) -> None:
 
 
 def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from mcx.cli.prepare_progress import PrepareBar
     from mcx.ops.data import prepare
+    from mcx.ops.interrupts import term_interrupts
 
     project = project_root(args)
-    with children_to_stderr():
-        manifest = prepare(project=project, source=args.source, out=args.out, tokenizer=args.tokenizer,
-                           tokenizer_kind=args.tokenizer_kind, merges=args.merges, vocab_size=args.vocab_size,
-                           json_key=args.json_key, force=args.force, inside_tracked=args.inside_tracked)
+    bar = None if args.quiet else PrepareBar()
+    # SIGTERM stops it as Ctrl-C does (exit 130); the shards finished so far are kept for the next prepare
+    with children_to_stderr(), term_interrupts():
+        try:
+            manifest = prepare(project=project, source=args.source, out=args.out, tokenizer=args.tokenizer,
+                               tokenizer_kind=args.tokenizer_kind, merges=args.merges, vocab_size=args.vocab_size,
+                               text_key=args.text_key, force=args.force, inside_tracked=args.inside_tracked,
+                               workers=args.workers, progress=bar)
+        finally:
+            if bar is not None:
+                bar.close()
     if args.json:
         _emit_json(manifest)
     else:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mcx.data.corpus import jsonl_corpus, text_corpus
+from mcx.data.corpus import text_corpus
 from mcx.data.dataset import check_dataset, read_manifest
 from mcx.data.dvc_hash import verify_against_dvc
-from mcx.data.prepare import prepare as build, prepare_quickstart, quickstart_recipe
+from mcx.data.prepare import prepare as build, prepare_quickstart, prepare_shards as build_shards, quickstart_recipe
+from mcx.data.shards import find_shards, is_record_input
 from mcx.errors import DataError, SpecError
 from mcx.fingerprint.components import DataPath
 from mcx.fingerprint.data import content_identity, data_paths, largest_token_id, not_pulled_warning
@@ -21,6 +23,7 @@ from mcx.spec.schema import DataSpec, TokenizerKind, TokenizerSpec
 from mcx.track.dvc_store import ensure_remote, keep_version, restore
 
 if TYPE_CHECKING:
+    from mcx.data.shard_work import Progress as ShardProgress
     from mcx.fingerprint.dvcfiles import DvcOut
     from mcx.ops.plan import PlanResult
 
@@ -31,30 +34,42 @@ def _summary(manifest: dict[str, Any], out_dir: Path) -> dict[str, Any]:
             "manifest": manifest}
 
 
-def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: str | None,
-            tokenizer_kind: TokenizerKind | None, merges: str | None, vocab_size: int | None, json_key: str,
-            force: bool, inside_tracked: bool = False) -> dict[str, Any]:
-    if source is None:
+def prepare(*, project: Path, source: Sequence[str] | str | None, out: str | None, tokenizer: str | None,
+            tokenizer_kind: TokenizerKind | None, merges: str | None, vocab_size: int | None, text_key: str = "text",
+            force: bool, inside_tracked: bool = False, workers: int = 1,
+            progress: ShardProgress | None = None) -> dict[str, Any]:
+    """`mcx data prepare`: ``source`` (text files, a directory of them, or record shards: .jsonl, .jsonl.gz,
+    .parquet files, directories or globs) into a dataset at ``out``; none: the bundled quickstart. Record shards
+    are tokenized by ``workers`` processes, resumably, ``progress`` hearing how far (mcx.data.shard_work)."""
+    sources = [source] if isinstance(source, str) else list(source or ())
+    if not sources:
         if tokenizer or tokenizer_kind or merges or vocab_size or (out and Path(out).resolve() != (project / quickstart_recipe().path).resolve()):
             raise DataError("tokenizer and output options need a SOURCE;",
                             "give a text file, a directory of .txt files or a .jsonl file, or no options for the quickstart.")
         out_dir = prepare_quickstart(project, force=force)
         return _summary(read_manifest(out_dir), out_dir)
-    src = Path(source)
-    try:
-        found = src.exists()
-    except OSError as exc:
-        raise DataError(f"source {source[:40]!r}...: {exc.strerror};",
-                        "give a text file, a directory of .txt files or a .jsonl file.") from None
-    if not found:
-        raise DataError(f"source {source!r} does not exist;", "give a text file, a directory of .txt files or a .jsonl file.")
+    hint = "give a text file, a directory of .txt files, or .jsonl, .jsonl.gz or .parquet shards (files, a directory or a glob)."
+    records = []
+    for raw in sources:
+        try:
+            found = Path(raw).exists()
+        except OSError as exc:
+            raise DataError(f"source {raw[:40]!r}...: {exc.strerror};", hint) from None
+        if not found and not is_record_input(raw):
+            raise DataError(f"source {raw!r} does not exist;", hint)
+        records.append(is_record_input(raw))
+    if any(records) and not all(records) or (not any(records) and len(sources) > 1):
+        raise DataError(f"the sources mix text files with record shards, or name several text sources ({', '.join(sources[:4])});",
+                        "prepare text from one file or one directory of .txt files, and shards (.jsonl, .jsonl.gz, "
+                        ".parquet) as files, directories or globs of those alone.")
     if out is None:
         raise DataError("--out is required with a SOURCE;", "name the dataset directory, e.g. --out data/mycorpus.")
-    if tokenizer_kind in ("huggingface", "sentencepiece", "gpt2") and not tokenizer:
-        raise DataError(f"--tokenizer-kind {tokenizer_kind} needs --tokenizer FILE;", "or leave the kind out to train a BPE on the corpus.")
-    kind = tokenizer_kind or ("huggingface" if tokenizer else "bpe")
-    corpus = jsonl_corpus([src], text_key=json_key) if src.suffix == ".jsonl" else text_corpus([src])
-    tok = TokenizerSpec(kind=kind, path=tokenizer, merges=merges, vocab_size=vocab_size or 8192)
+    if workers < 1:
+        raise DataError(f"--workers {workers} is not a number of processes;", "use 1 or more (at most one a CPU core).")
+    if workers > 1 and not any(records):
+        raise DataError(f"--workers {workers} applies to record shards (.jsonl, .jsonl.gz, .parquet), not to text files;",
+                        "leave --workers out for text, or give the text as JSON Lines shards.")
+    tok = _tokenizer_spec(tokenizer, tokenizer_kind, merges, vocab_size)
     out_dir = Path(out) if Path(out).is_absolute() else project / out
     enclosing = _enclosing_output(project, out_dir)
     if enclosing is not None and not inside_tracked:
@@ -66,8 +81,35 @@ def prepare(*, project: Path, source: str | None, out: str | None, tokenizer: st
                         f"write it outside {rel_out} (e.g. --out {elsewhere}, then `dvc add {elsewhere}`), or pass "
                         f"--inside-tracked to write it there and then record the new version with `dvc add {rel_out}` "
                         f"(and commit {record}). Nothing was written.")
-    manifest = build(corpus, tok, out_dir, base_dir=project, force=force)
+    if all(records):
+        shards = find_shards(sources)
+        manifest = build_shards(shards, tok, out_dir, text_key=text_key, base_dir=project, force=force, workers=workers,
+                                progress=progress)
+    else:
+        manifest = build(text_corpus([Path(sources[0])]), tok, out_dir, base_dir=project, force=force)
     return {**_summary(manifest, out_dir), "dvc_add": _dvc_add_hint(project, out_dir, enclosing)}
+
+
+def _tokenizer_spec(tokenizer: str | None, kind: TokenizerKind | None, merges: str | None,
+                    vocab_size: int | None) -> TokenizerSpec:
+    """--tokenizer and its kind as a spec's [data.tokenizer]: a Hugging Face model directory (as `mcx import-hf`
+    brings one) means its tokenizer.json; a file's kind is huggingface unless given."""
+    if kind in ("huggingface", "sentencepiece", "gpt2") and not tokenizer:
+        raise DataError(f"--tokenizer-kind {kind} needs --tokenizer FILE;", "or leave the kind out to train a BPE on the corpus.")
+    if tokenizer and Path(tokenizer).is_dir():
+        inside = Path(tokenizer) / "tokenizer.json"
+        if kind not in (None, "huggingface"):
+            raise DataError(f"--tokenizer {tokenizer} is a directory, which mcx reads as a Hugging Face model's "
+                            f"(its tokenizer.json), but --tokenizer-kind is {kind};",
+                            "name the tokenizer file itself for that kind, or leave --tokenizer-kind out.")
+        if not inside.is_file():
+            has = ", ".join(sorted(p.name for p in Path(tokenizer).iterdir())[:8]) or "nothing"
+            raise DataError(f"--tokenizer {tokenizer} is a directory without a tokenizer.json (it holds: {has});",
+                            "give a Hugging Face model directory with its tokenizer.json, or the tokenizer file itself "
+                            "(a SentencePiece .model with --tokenizer-kind sentencepiece).")
+        tokenizer = str(inside)
+    return TokenizerSpec(kind=kind or ("huggingface" if tokenizer else "bpe"), path=tokenizer, merges=merges,
+                         vocab_size=vocab_size or 8192)
 
 
 def _enclosing_output(project: Path, out_dir: Path) -> tuple[str, str] | None:
