@@ -250,9 +250,9 @@ def test_data_in_another_version_is_seen_as_changed(project, original):
         changes = data_changes(project, spec, record)
     finally:
         dvc.write_bytes(saved)
-    assert [c["key"] for c in changes] == ["data.path"]
+    assert [c.key for c in changes] == ["data.path"]
     # The workspace is checked against data.dvc by content first: it is not the version data.dvc names.
-    reason = changes[0]["reason"]
+    reason = changes[0].reason
     assert "changed since DVC recorded it in data.dvc" in reason
     assert f"it hashes to {DATA_MD5}, DVC recorded 0123456789abcdef0123456789abcdef.dir" in reason
 
