@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,45 @@ def missing(what: str) -> None:
     if IN_CI:
         pytest.fail(f"CI is set but {what}")
     pytest.skip(what)
+
+# --- pytest-xdist (./dev test runs -n 2 --dist loadfile, docs/decisions.md D59): workers sharing one machine ---
+
+def _share_cpus() -> None:
+    """Under xdist, each worker's torch and the mcx workers it starts get an equal share of the CPUs, unless
+    the caller set OMP_NUM_THREADS: two workers of two threads each on 2 cores made a training step 9x slower
+    (D59). Set before any test imports torch, which reads it once."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        from mcx.launch.env import omp_threads
+
+        os.environ["OMP_NUM_THREADS"] = omp_threads(int(workers))
+
+
+_share_cpus()
+
+
+@contextlib.contextmanager
+def machine_lock(name: str) -> Iterator[None]:
+    """Hold an exclusive lock on a resource this machine has one of, across xdist workers (and sessions)."""
+    with open(Path(tempfile.gettempdir()) / f"mcx-tests-{name}.lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _one_test_on_the_slurm_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests marked slurm use the one local cluster (one node, 2 CPUs) one at a time: a job of another
+    worker's test would hold the CPUs that a test's jobs wait on or must share (two sweep trials at once)."""
+    if request.node.get_closest_marker("slurm") is None:
+        yield
+        return
+    with machine_lock("slurm"):
+        yield
+
+# --- end of pytest-xdist fixtures ---
 
 # --- tracking (mcx.track): git+DVC projects, hand-written run directories, a real MLflow server ---
 
@@ -81,18 +124,28 @@ def mlflow_project(tmp_path: Path, embedded_mlflow_db: Path) -> Path:
     return seed_embedded_store(tmp_path / "p", embedded_mlflow_db)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _reserved_port() -> socket.socket:
+    """A socket bound (not listening) to a free loopback port with SO_REUSEADDR: the kernel gives that port to
+    no other bind(0) (another xdist worker's server, a torchrun rendezvous) while it is open, connections to it
+    are refused as to a stopped server, and a server that also sets SO_REUSEADDR (uvicorn, gunicorn) can
+    still listen on it."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    return s
 
 
 class MlflowServer:
-    """A real `mlflow server` on loopback, which a test can stop and start again on the same port."""
+    """A real `mlflow server` on loopback, which a test can stop and start again on the same port (held for
+    this object's life, so no other process takes it while the server is down)."""
 
     def __init__(self, root: Path) -> None:
+        import weakref
+
         self.root = root
-        self.port = _free_port()
+        reservation = _reserved_port()
+        weakref.finalize(self, reservation.close)
+        self.port = reservation.getsockname()[1]
         self.uri = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
@@ -161,9 +214,14 @@ def e2e_env(**extra: str) -> dict[str, str]:
 def quickstart_dataset() -> Path:
     """This repository's data/quickstart, built with `mcx data prepare` (checked against data.dvc) if missing."""
     path = E2E_ROOT / "data" / "quickstart"
-    if not (path / "manifest.json").exists():
-        subprocess.run([sys.executable, "-m", "mcx", "--project", str(E2E_ROOT), "data", "prepare"],
-                       cwd=E2E_ROOT, env=e2e_env(), check=True, capture_output=True, timeout=1200)
+    if (path / "manifest.json").exists():
+        return path
+    # One xdist worker prepares it; the other waits, then finds it (data.dvc: a file every checkout has).
+    with open(E2E_ROOT / "data.dvc", "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (path / "manifest.json").exists():
+            subprocess.run([sys.executable, "-m", "mcx", "--project", str(E2E_ROOT), "data", "prepare"],
+                           cwd=E2E_ROOT, env=e2e_env(), check=True, capture_output=True, timeout=1200)
     return path
 
 

@@ -462,7 +462,8 @@ def test_ctrl_c_on_the_control_plane_reaches_the_worker_once_as_sigterm(tmp_path
 # -- torchrun launcher ---------------------------------------------------------------------------
 
 
-def test_torchrun_two_cpu_processes_all_reduce_and_rank0_writes_the_result(tmp_path: Path):
+def test_torchrun_two_cpu_processes_all_reduce_and_rank0_writes_the_result(tmp_path: Path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the launcher's own share, not the caller's (xdist's)
     stage_dir = stage(tmp_path, steps=3)
     env = {**worker_env(spec(deterministic=True)), **PROBE_ENV}
     launcher = TorchrunLauncher(module="launch_probe", log=tmp_path / "launch.log")

@@ -130,7 +130,8 @@ def test_parse_job_reads_scontrol_one_line_output():
     assert parse_job("slurm_load_jobs error") is None
 
 
-def test_two_processes_complete_through_sbatch_with_hostile_values(tmp_path: Path, handles):
+def test_two_processes_complete_through_sbatch_with_hostile_values(tmp_path: Path, handles, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # the script's own share, not the caller's (xdist's)
     stage_dir = make_stage(tmp_path, name=f"smoke {HOSTILE}", steps=3, step_seconds=0.0)
     env = {**worker_env(spec(deterministic=True)), "MCX_PROBE_VALUE": HOSTILE}
     handle = submit(handles, stage_dir, 2, env, extra_sbatch=(f"--comment={HOSTILE}",))
