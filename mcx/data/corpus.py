@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import importlib.metadata
-import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any, Literal
 
 from attrs import frozen
 
+from mcx.data.shards import json_text
 from mcx.errors import DataError
 
 QUICKSTART_PACKAGE = "megatron-core"
@@ -195,37 +195,9 @@ def jsonl_corpus(paths: Sequence[str | Path], *, text_key: str = "text") -> Corp
     files = _expand(paths, (".jsonl", ".json"), "JSONL files")
 
     def read(path: Path) -> Iterator[str]:
-        text = _read_text(path)
+        text = _read_text(path)  # the whole file is UTF-8, checked once, so each line is too
         for lineno, line in enumerate(text.split("\n"), start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{where}: malformed JSON ({exc.msg} at column {exc.colno}).",
-                    f'fix or remove that line; each line must be one JSON object like {{"{text_key}": "..."}}.',
-                ) from None
-            if not isinstance(obj, dict):
-                raise DataError(
-                    f"{where}: expected a JSON object, found {type(obj).__name__}.",
-                    f'each line must be one JSON object like {{"{text_key}": "..."}}.',
-                )
-            if text_key not in obj:
-                keys = ", ".join(sorted(obj)[:8]) or "none"
-                raise DataError(
-                    f'{where}: no "{text_key}" field (keys: {keys}).',
-                    "add the field, or name the key that holds the text with --json-key.",
-                )
-            value = obj[text_key]
-            if not isinstance(value, str):
-                raise DataError(f'{where}: "{text_key}" is {type(value).__name__}, not a string.', "store the text as a string.")
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as exc:  # JSON's "\ud800" escape: a lone surrogate, no character at all
-                raise DataError(f'{where}: "{text_key}" holds a lone surrogate {value[exc.start]!a} (character '
-                                f"{exc.start}), which is not text.", "fix that escape, or remove the line.") from None
+            value = json_text(path, lineno, line.encode("utf-8"), text_key)  # a JSONL shard's line, the same rules
             if value:
                 yield value
 

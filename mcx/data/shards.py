@@ -113,7 +113,7 @@ def _jsonl_documents(shard: Shard, text_key: str) -> Iterator[tuple[str, int]]:
         with open(path, "rb") as raw:
             stream = gzip.GzipFile(fileobj=raw, mode="rb") if shard.format == "jsonl.gz" else raw
             for lineno, line in enumerate(stream, start=1):
-                value = _json_text(path, lineno, line, text_key)
+                value = json_text(path, lineno, line, text_key)
                 if value:
                     yield value, raw.tell()
     except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
@@ -123,7 +123,8 @@ def _jsonl_documents(shard: Shard, text_key: str) -> Iterator[tuple[str, int]]:
         raise DataError(f"cannot read {path} ({exc.strerror or exc}).", "check the file and its permissions.") from None
 
 
-def _json_text(path: Path, lineno: int, line: bytes, text_key: str) -> str | None:
+def json_text(path: Path, lineno: int, line: bytes, text_key: str) -> str | None:
+    """The text of one JSON line (None for a blank line), or a DataError naming ``path:lineno`` and what to fix."""
     where = f"{path}:{lineno}"
     if not line.strip():
         return None
