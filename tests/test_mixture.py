@@ -197,6 +197,15 @@ def test_a_mixture_trains_and_draws_its_weights(project: Path, trained: dict) ->
     shown = mcx_subprocess(project, "show", trained["run_id"])
     assert shown.code == 0, shown
     assert "mix.web" in shown.out and "50.0% -> 50.0% (96 samples)" in " ".join(shown.out.split()), shown.out
+    # ... and MLflow's run holds them as metrics (data/<component>/samples, /share; a smoke stage's prefixed).
+    from mlflow import MlflowClient
+
+    assert trained["tracking"]["state"] == "synced", trained["tracking"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{project / '.mcx' / 'mlflow.db'}")
+    logged = client.get_run(trained["tracking"]["mlflow_run"]).data.metrics
+    for name in WEIGHTS:
+        assert logged[f"data/mix.{name}/samples"] == drawn[f"mix.{name}"]["samples"]
+        assert logged[f"data/mix.{name}/share"] == pytest.approx(drawn[f"mix.{name}"]["share"])
 
 
 def test_a_mixture_killed_and_resumed_trains_the_same_samples_bitwise(project: Path, trained: dict) -> None:
@@ -351,3 +360,21 @@ def test_a_mixture_sweep_plans_and_runs_two_trials(project: Path) -> None:
         total = t["params"]["data.mix.web.weight"] + WEIGHTS["code"] + WEIGHTS["math"]
         assert shares == pytest.approx({"mix.web": t["params"]["data.mix.web.weight"] / total,
                                         "mix.code": WEIGHTS["code"] / total, "mix.math": WEIGHTS["math"] / total})
+    # `mcx compare` of the two trials: the realised mixture beside the requested one, in every format.
+    ids = [t["run_id"] for t in out["trials"]]
+    doc = mcx_subprocess(project, "compare", *ids, "--format", "json")
+    assert doc.code == 0, doc
+    mixture = doc.json()["mixture"]
+    assert sorted(mixture) == ["mix.code", "mix.math", "mix.web"]
+    for t in out["trials"]:
+        drawn = json.loads((project / ".mcx" / "runs" / t["run_id"] / "full" / "result.json").read_text())
+        assert {n: mixture[n][t["run_id"]] for n in mixture} == drawn["details"]["mixture"]
+    web = mixture["mix.web"]
+    assert web[ids[0]]["share"] != web[ids[1]]["share"]
+    first = f"{web[ids[0]]['requested']:.1%} -> {web[ids[0]]['share']:.1%}"
+    table = mcx_subprocess(project, "compare", *ids)
+    assert table.code == 0 and "Data mixture" in table.out and first in table.out, table.out
+    md = mcx_subprocess(project, "compare", *ids, "--format", "md")
+    assert md.code == 0 and "### Data mixture" in md.out and f"`mix.web` | {first}" in md.out, md.out
+    html = mcx_subprocess(project, "compare", *ids, "--format", "html")
+    assert html.code == 0 and '<section id="mixture">' in html.out and first.replace(">", "&gt;") in html.out

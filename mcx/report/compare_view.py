@@ -20,7 +20,7 @@ from mcx.metrics.summary import BY_KEY, METRIC_KEYS, METRICS, Metric
 from mcx.report.cells import ABSENT, MetricCell
 from mcx.report.fmt import value
 from mcx.report.heldout import Summary, summarize_comparison
-from mcx.report.rundata import RunData, flatten, run_spreads, summarize_run
+from mcx.report.rundata import Drawn, RunData, flatten, run_spreads, summarize_run
 from mcx.report.sweep_report import SweepSection
 
 PlotView = Literal["plain", "smoothed", "spread"]
@@ -99,6 +99,15 @@ class Plot:
 
 
 @frozen
+class MixtureRow:
+    """One data-mixture component across the runs: what each run's main stage drew from it (None where the run
+    did not read it, or read one dataset)."""
+
+    component: str  # "mix.web", "valid.books"
+    cells: tuple[Drawn | None, ...]  # in ``Comparison.runs`` order
+
+
+@frozen
 class Comparison:
     runs: tuple[RunHeader, ...]
     baseline: str | None  # run ID of the baseline (the first run), or None
@@ -114,6 +123,7 @@ class Comparison:
     # only for runs that started from another run or a model ([init] from); empty when none did
     lineage: Mapping[str, tuple[str, ...]] = field(factory=dict)
     sweep: SweepSection | None = None  # `mcx compare --sweep`: the sweep the runs are the best trials of
+    mixture: tuple[MixtureRow, ...] = ()  # the realised data mixtures, when any run read one (D60)
 
 
 # key, title, y label, curve, y axis from zero, view
@@ -205,6 +215,19 @@ def _fingerprint_diff(runs: Sequence[RunData]) -> tuple[dict[str, tuple[DiffRow,
     return diff, tuple(same)
 
 
+def drawn_text(d: Drawn | None) -> str:
+    """One run's cell of the mixture table: ``70.0% -> 69.8% (1,117 samples)``, or ``-``."""
+    return "-" if d is None else f"{d.requested:.1%} -> {d.share:.1%} ({d.samples:,} samples)"
+
+
+def _mixture(runs: Sequence[RunData]) -> tuple[MixtureRow, ...]:
+    """Each component any run drew from, with every run's requested and drawn share (its main stage's)."""
+    drawn = [(r.stages.get("full") or r.stages.get("smoke")) for r in runs]
+    mixes = [st.mixture if st is not None else {} for st in drawn]
+    names = sorted({n for m in mixes for n in m})
+    return tuple(MixtureRow(n, tuple(m.get(n) for m in mixes)) for n in names)
+
+
 def compare(runs: Sequence[RunData], baseline: RunData | None = None, *,
             tolerances: Mapping[str, float] | None = None,
             seeds: Mapping[str, Sequence[RunData]] | None = None) -> Comparison:
@@ -271,4 +294,5 @@ def compare(runs: Sequence[RunData], baseline: RunData | None = None, *,
         plots=tuple(plots),
         notes=notes,
         summary=summary,
+        mixture=_mixture(ordered),
     )

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from html import escape
 
 from mcx.report import fmt
-from mcx.report.compare_view import ABSENT, Comparison, DiffRow, MetricRow, Plot, same_key
+from mcx.report.compare_view import ABSENT, Comparison, DiffRow, MetricRow, Plot, drawn_text, same_key
 from mcx.report.outcome import MEASURE, definitions, lines
 from mcx.report.rolling import spread_band, trailing_mean
 from mcx.report.svg import ENVELOPE_MAX, Line, colors, line_chart
@@ -258,6 +258,13 @@ def to_html(cmp: Comparison) -> str:
     parts.append("</section>")
     if cmp.plots:
         parts.append(_curves_section(cmp, color_of))
+    if cmp.mixture:
+        parts.append('<section id="mixture"><h2>Data mixture</h2>'
+                     '<p class="same">Each component\'s requested share, then the share and samples the run drew.</p>')
+        parts.append(_matrix("component", [f"<code>{escape(row.component)}</code>" for row in cmp.mixture], heads,
+                             [[f"<td>{escape(drawn_text(d))}</td>" for d in row.cells] for row in cmp.mixture],
+                             runs_are_columns=wide))
+        parts.append("</section>")
     parts.append('<section id="config"><h2>Config differences</h2>')
     if cmp.config_diff:
         parts.append(_diff_table(cmp.config_diff, heads, wide))

@@ -99,6 +99,9 @@ def to_json(cmp: Comparison, *, curves: bool = False) -> dict[str, Any]:
         "fingerprint_same": list(cmp.fingerprint_same),
         "lineage": {run_id: list(steps) for run_id, steps in cmp.lineage.items()},
         "sweep": sweep_json(cmp.sweep) if cmp.sweep is not None else None,
+        "mixture": {row.component: {h.run_id: ({"requested": d.requested, "share": d.share, "samples": d.samples}
+                                                if d is not None else None) for h, d in zip(cmp.runs, row.cells)}
+                    for row in cmp.mixture},
         "notes": list(cmp.notes),
         "summary": _summary(cmp),
         "definitions": {key: {"term": term, "definition": text} for key, term, text in definitions(cmp)},

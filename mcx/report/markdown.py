@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from mcx.report import fmt
-from mcx.report.compare_view import ABSENT, Comparison, DiffRow
+from mcx.report.compare_view import ABSENT, Comparison, DiffRow, drawn_text
 from mcx.report.outcome import MEASURE, definitions, lines
 
 _MD_SPECIAL = str.maketrans({**{c: f"\\{c}" for c in "\\`*_{}[]()#+!|~"}, "&": "&amp;", "<": "&lt;", ">": "&gt;"})
@@ -87,6 +87,11 @@ def to_markdown(cmp: Comparison) -> str:
                 cells.append(text)
             rows.append([f"{row.metric.label} {arrow}{tol}", *cells])
         out += _table(header, rows)
+        out.append("")
+    if cmp.mixture:
+        out += ["### Data mixture (requested -> drawn)", ""]
+        header = ["component", *(_run_head(cmp, i) for i in range(len(cmp.runs)))]
+        out += _table(header, [[_code(row.component), *(drawn_text(d) for d in row.cells)] for row in cmp.mixture])
         out.append("")
     out += ["### Config differences", ""]
     out += _diff(cmp, cmp.config_diff) if cmp.config_diff else ["The resolved specs are identical."]

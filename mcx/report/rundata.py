@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,25 @@ from mcx.metrics.curves import Curve, read_metrics
 from mcx.metrics.summary import spreads, summarize
 
 STAGES = ("smoke", "full")
+
+
+@frozen
+class Drawn:
+    """What a stage read from one component of a data mixture: the requested share (its normalised weight),
+    the samples Megatron's blend drew from it and their share (result.json's ``details.mixture``, D60)."""
+
+    requested: float
+    samples: int
+    share: float
+
+    @classmethod
+    def parse(cls, raw: object) -> Drawn | None:
+        if not isinstance(raw, dict):
+            return None
+        req, n, share = raw.get("requested"), raw.get("samples"), raw.get("share")
+        if not (isinstance(req, (int, float)) and isinstance(n, int) and isinstance(share, (int, float))):
+            return None
+        return cls(float(req), n, float(share))
 
 
 @frozen(kw_only=True)
@@ -36,6 +56,7 @@ class StageData:
     wall_time_s: float | None = None
     curves: dict[str, Curve] = field(factory=dict)
     notes: tuple[str, ...] = ()  # what reading skipped (an unfinished last line, ...)
+    mixture: Mapping[str, Drawn] = field(factory=dict)  # component ("mix.web") -> what was drawn; {} for one dataset
 
 
 @frozen(kw_only=True)
@@ -124,6 +145,10 @@ def load_stage(stage_dir: Path, spec_world_size: int | None) -> StageData:
     if not isinstance(steps, int):
         steps = train_loss.steps[-1] if train_loss is not None and train_loss.steps else 0
     checks, final = result.get("checks"), result.get("final")
+    details = result.get("details")
+    mixed = details.get("mixture") if isinstance(details, dict) else None
+    drawn = {name: d for name, raw in mixed.items() if (d := Drawn.parse(raw)) is not None} \
+        if isinstance(mixed, dict) else {}
     return StageData(
         name=stage_dir.name,
         status=str(result.get("status") or Status.INCOMPLETE),
@@ -136,6 +161,7 @@ def load_stage(stage_dir: Path, spec_world_size: int | None) -> StageData:
         wall_time_s=_stage_wall_time(result, curves),
         curves=curves,
         notes=tuple(notes),
+        mixture=drawn,
     )
 
 

@@ -10,7 +10,7 @@ from rich.text import Text
 
 from mcx.contract.status import Status
 from mcx.report import fmt
-from mcx.report.compare_view import ABSENT, Comparison, DiffRow, MetricRow, same_key
+from mcx.report.compare_view import ABSENT, Comparison, DiffRow, MetricRow, drawn_text, same_key
 from mcx.report.outcome import lines
 from mcx.report.plain import plain_text
 from mcx.report.titled import titled_table
@@ -132,6 +132,12 @@ def _build(cmp: Comparison, shorten: bool) -> RenderableType:
         cells = [[_metric_cell(cmp, row, i) for i in range(len(cmp.runs))] for row in cmp.metrics]
         run_heads = [_run_column(cmp, i, shorten) for i in range(len(cmp.runs))]
         parts.append(_grid("Metrics", "metric" if wide else "run", heads, run_heads, cells,
+                           runs_are_columns=wide, right=True))
+    if cmp.mixture:
+        run_heads = [_run_column(cmp, i, shorten) for i in range(len(cmp.runs))]
+        parts.append(_grid("Data mixture: requested -> drawn", "component" if wide else "run",
+                           [Text(row.component) for row in cmp.mixture], run_heads,
+                           [[Text(drawn_text(d)) for d in row.cells] for row in cmp.mixture],
                            runs_are_columns=wide, right=True))
     if cmp.config_diff:
         parts.append(_diff_table(cmp, "Config differences", cmp.config_diff, wide, shorten))

@@ -264,8 +264,9 @@ class RunRecorder:
                 self._artifact(RUN, copy, "smoke")  # the smoke report, on the parent run too
             finals = {k: float(v) for k, v in (result.get("final") or {}).items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            prefix = "" if stage == "full" else f"{stage}/"
+            finals.update(_drawn_metrics(result))
             if finals:
-                prefix = "" if stage == "full" else f"{stage}/"
                 self._op("metrics", record=RUN, metrics={prefix + k: v for k, v in finals.items()},
                          step=int(result.get("steps") or 0))
             end_status = MLFLOW_STATUS.get(status, "FAILED")
@@ -388,6 +389,20 @@ class RunRecorder:
         """Send everything still pending (journal and every stage's metrics) for at most CLOSE_SEND_S, so
         that a slow store cannot hold the run (and its lock) after its last stage; say what is left."""
         return sync_recorder(self, until=time.monotonic() + CLOSE_SEND_S)
+
+
+def _drawn_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """A mixture's realised shares as metrics: ``data/mix.web/samples`` and ``data/mix.web/share`` per component
+    (result.json's ``details.mixture``, D60); none for one dataset."""
+    details = result.get("details")
+    mixture = details.get("mixture") if isinstance(details, dict) else None
+    out: dict[str, float] = {}
+    for name, part in (mixture or {}).items() if isinstance(mixture, dict) else ():
+        for key in ("samples", "share"):
+            value = part.get(key) if isinstance(part, dict) else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"data/{name}/{key}"] = float(value)
+    return out
 
 
 def _read_spec_table(run_dir: Path) -> dict[str, Any]:
