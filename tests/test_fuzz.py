@@ -46,7 +46,7 @@ from mcx.ops.plan import te_available
 from mcx.plan.planner import make_plan, plan_to_dict
 from mcx.spec import load_spec
 from mcx.spec.load import resolve_dict
-from mcx.spec.schema import ExperimentSpec, SweepRange
+from mcx.spec.schema import ExperimentSpec, MixComponent, SweepRange
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ROOT / "experiments"
@@ -352,6 +352,10 @@ def input_paths(*trees: Any, overrides: list[str] = ()) -> set[tuple[str, ...]]:
             # a sweep parameter's own keys (any spec key) hold a range table, whose keys the schema knows
             out.update((*p, f.name) for p in walked if p[:2] == ("sweep", "parameters") and len(p) == 3
                        for f in attrs.fields(SweepRange))
+            # a mixture component's table ([data.mix.NAME], [data.valid.NAME], [data.test.NAME]) has the component's keys
+            out.update((*p, f.name) for p in walked if len(p) == 3 and p[:2] in (("data", "mix"), ("data", "valid"),
+                                                                                 ("data", "test"))
+                       for f in attrs.fields(MixComponent))
     for item in overrides:
         parts = item.split("=", 1)[0].strip().split(".")
         out.update(tuple(parts[:i]) for i in range(1, len(parts) + 1))

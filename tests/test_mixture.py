@@ -18,7 +18,7 @@ import pytest
 import tomli_w
 
 from conftest import e2e_env, mcx_subprocess
-from mcx.errors import DataError, SpecError
+from mcx.errors import DataError, InputError, SpecError
 from mcx.fingerprint.diff import explain
 from mcx.fingerprint.record import collect, run_id
 from mcx.spec import load_spec
@@ -297,9 +297,12 @@ def test_weighted_and_per_split_megatron_data_import(tmp_path: Path, monkeypatch
     assert {n: p.weight for n, p in data.valid.items()} == {"wiki": 1.0}
     assert {n: p.path for n, p in data.test.items()} == {"wiki": "d/wiki", "books": "d/books"}
     assert data.split == "969,30,1" and any("--split is given with per-split" in p for p in per_split.problems)
-    with pytest.raises(SpecError) as refused:  # Megatron-LM weights them by size, which no script says: exit 2
+    # Megatron-LM weights unweighted prefixes by the datasets' sizes, which no script says: the one missing-values
+    # error (exit 2) names --data-path and why its value cannot be read.
+    with pytest.raises(InputError) as refused:
         import_script(_script("--data-path a/x b/y"), name="u")
-    assert refused.value.exit_code == 2 and "without weights" in str(refused.value) and "sizes" in str(refused.value)
+    assert refused.value.exit_code == 2 and "--data-path (its value cannot be read: prefixes without weights, which Megatron-LM weights by the datasets' sizes)" in \
+        str(refused.value)
     monkeypatch.chdir(tmp_path)  # Megatron-LM reads the args files where it starts; mcx import, where it runs
     (tmp_path / "blend.txt").write_text("0.25 /d/a_text_document\n0.75 /d/b_text_document\n", encoding="utf-8")
     (tmp_path / "splits.json").write_text(json.dumps({"train": "1 /d/a_text_document", "valid": ["/d/v_text_document"],
@@ -364,7 +367,7 @@ def test_a_mixture_sweep_plans_and_runs_two_trials(project: Path) -> None:
     ids = [t["run_id"] for t in out["trials"]]
     doc = mcx_subprocess(project, "compare", *ids, "--format", "json")
     assert doc.code == 0, doc
-    mixture = doc.json()["mixture"]
+    mixture = json.loads(doc.out)["mixture"]  # the report, indented
     assert sorted(mixture) == ["mix.code", "mix.math", "mix.web"]
     for t in out["trials"]:
         drawn = json.loads((project / ".mcx" / "runs" / t["run_id"] / "full" / "result.json").read_text())

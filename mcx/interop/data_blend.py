@@ -102,7 +102,7 @@ def _set_blend(ctx: Ctx, words: list[str], flag: str, table: str, allow_single: 
     if parts is None:
         ctx.problem(f"{flag} lists {len(words)} prefixes without weights, which Megatron-LM weights by the datasets' "
                     f"sizes; mcx needs the weights: write {flag} W1 P1 W2 P2 ..., or {FIX}")
-        ctx.unread[flag] = "prefixes without weights"
+        ctx.unread[flag] = "prefixes without weights, which Megatron-LM weights by the datasets' sizes"
         return False
     ctx.set(table, parts, flag, "script: components named after their prefixes")
     return True
