@@ -174,11 +174,17 @@ def ensure_remote(project_root: Path, remote: str | None = None) -> str:
             Path(url).mkdir(parents=True, exist_ok=True)
         else:
             name, url = CONFIGURED_REMOTE, _url(root, remote)
-        with repo.config.edit("local") as conf:
-            if conf.get("remote", {}).get(name, {}).get("url") != url:
-                conf.setdefault("remote", {})[name] = {"url": url}
-            if not repo.config.get("core", {}).get("remote") and not conf.get("core", {}).get("remote"):
-                conf.setdefault("core", {})["remote"] = name
+        # Written only when something is missing: DVC rewrites the file in place, and a concurrent run opening the
+        # repository meanwhile would read it empty (its remote "doesn't exist").
+        local = repo.config.read("local")
+        has_url = local.get("remote", {}).get(name, {}).get("url") == url
+        has_default = bool(repo.config.get("core", {}).get("remote") or local.get("core", {}).get("remote"))
+        if not (has_url and has_default):
+            with repo.config.edit("local") as conf:
+                if conf.get("remote", {}).get(name, {}).get("url") != url:
+                    conf.setdefault("remote", {})[name] = {"url": url}
+                if not repo.config.get("core", {}).get("remote") and not conf.get("core", {}).get("remote"):
+                    conf.setdefault("core", {})["remote"] = name
         return name
 
 
