@@ -9,6 +9,8 @@ from mcx.metrics.summary import BY_KEY
 from mcx.plan.steptime import short_step_note
 from mcx.report.fmt import metric
 from mcx.report.titled import titled_table
+from mcx.report.compare_view import drawn_text
+from mcx.report.rundata import Drawn
 from mcx.track.lineage import Ancestor, Lineage, ModelSource, RunAncestor
 from mcx.track.run_entry import CodeProvenance, RunEntry, ShownRun
 
@@ -105,20 +107,13 @@ def render_run(shown: ShownRun) -> Group:
     if mixed:  # a mixture's realised shares beside the requested ones (D60)
         stages.add_row("mixture: requested -> drawn", *("" for _ in record.stages))
         for part in sorted({p for m in mixed.values() for p in m}):
-            stages.add_row(f"  {part}", *(_drawn((mixed.get(name) or {}).get(part)) for name in record.stages))
+            stages.add_row(f"  {part}", *(drawn_text(Drawn.parse((mixed.get(name) or {}).get(part))) for name in record.stages))
     tags = titled_table("fingerprint")
     tags.add_column("tag", overflow="fold")
     tags.add_column("value", overflow="fold")
     for k, v in sorted(shown.tags.items()):
         tags.add_row(k, str(v))
     return Group(head, stages, tags)
-
-
-def _drawn(part: dict[str, Any] | None) -> str:
-    """A component's requested share, and the share and samples the run drew from it."""
-    if not part:
-        return "-"
-    return f"{part['requested']:.1%} -> {part['share']:.1%} ({part['samples']:,} samples)"
 
 
 def code_line(code: CodeProvenance) -> str:
