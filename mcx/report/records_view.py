@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mcx.metrics.summary import BY_KEY
 from mcx.plan.steptime import short_step_note
