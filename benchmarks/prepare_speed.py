@@ -10,8 +10,12 @@ HuggingFaceTokenizer`` (transformers' fast tokenizer), mcx with the tokenizers l
 wall time of the whole command (interpreter start, imports, reading, tokenizing, writing), best of
 ``--repeat``; the rate is the dataset's tokens over it.
 
-Megatron-LM's source is not vendored: pass a checkout (``git clone https://github.com/NVIDIA/Megatron-LM``) as
-``--megatron-lm``; its tools/preprocess_data.py runs with this environment's megatron-core.
+Megatron-LM's source is not vendored: pass a checkout (``git clone https://github.com/NVIDIA/Megatron-LM``) at the
+tag of this environment's megatron-core (``git checkout core_v0.19.0``: main's megatron.training needs a newer core)
+as ``--megatron-lm``; its tools/preprocess_data.py runs with this environment's megatron-core and the checkout's
+megatron.training (put on its PYTHONPATH here). A copy of the two folders without .git names its commit in a
+``COMMIT`` file (how the GPU machine gets it: docs/gpu.md). ``--doc-chars 2000`` cuts the files into documents of
+web-page length.
 
     .venv/bin/python benchmarks/prepare_speed.py --megatron-lm /tmp/Megatron-LM --mib 16 --workers 1 2
 """
@@ -32,18 +36,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def corpus(directory: Path, mib: float, shards: int) -> int:
+def pieces(text: str, chars: int) -> list[str]:
+    """``text`` whole, or (``chars`` > 0) cut at blank lines into documents of about ``chars`` characters: the
+    length of web pages rather than source files."""
+    if chars <= 0:
+        return [text]
+    out, current = [], ""
+    for block in text.split("\n\n"):
+        current = f"{current}\n\n{block}" if current else block
+        if len(current) >= chars:
+            out.append(current)
+            current = ""
+    return out + ([current] if current.strip() else [])
+
+
+def corpus(directory: Path, mib: float, shards: int, chars: int = 0) -> int:
     """The shards and their concatenation (``all.jsonl``); returns the number of documents."""
     files = sorted(Path(sysconfig.get_paths()["stdlib"]).rglob("*.py"))
-    docs, size, budget = [], 0, int(mib * 2**20)
+    docs: list[str] = []
+    size, budget = 0, int(mib * 2**20)
     while size < budget:
         for path in files:
-            text = path.read_text(encoding="utf-8", errors="replace")
-            if text.strip():
-                docs.append(json.dumps({"text": text}) + "\n")
-                size += len(docs[-1])
-                if size >= budget:
-                    break
+            for text in pieces(path.read_text(encoding="utf-8", errors="replace"), chars):
+                if text.strip():
+                    docs.append(json.dumps({"text": text}) + "\n")
+                    size += len(docs[-1])
+            if size >= budget:
+                break
     (directory / "shards").mkdir(parents=True, exist_ok=True)
     per = -(-len(docs) // shards)
     for k in range(shards):
@@ -63,9 +82,11 @@ def hf_dir(directory: Path, source: Path) -> Path:
     return out
 
 
-def timed(cmd: list[str], repeat: int, cwd: Path, before=lambda: None) -> float:
+def timed(cmd: list[str], repeat: int, cwd: Path, before=lambda: None, path: str | None = None) -> float:
     best = float("inf")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
     for _ in range(repeat):
         before()
         start = time.perf_counter()
@@ -114,18 +135,23 @@ def main() -> None:
     p.add_argument("--mib", type=float, default=16.0)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--doc-chars", type=int, default=0,
+                   help="cut each file at blank lines into documents of about this many characters (0: whole files)")
     p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--out", help="also write the JSON here")
     p.add_argument("--dir", default="/tmp/prepare_speed")
     args = p.parse_args()
     work = Path(args.dir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    documents = corpus(work, args.mib, args.shards)
+    documents = corpus(work, args.mib, args.shards, args.doc_chars)
     tokenizer = hf_dir(work, Path(args.tokenizer_json))
     tool = Path(args.megatron_lm) / "tools" / "preprocess_data.py"
     commit = subprocess.run(["git", "-C", args.megatron_lm, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if not commit and (Path(args.megatron_lm) / "COMMIT").is_file():  # a copy of the checkout's files, no .git
+        commit = (Path(args.megatron_lm) / "COMMIT").read_text().strip()
     out: dict = {"documents": documents, "bytes": (work / "all.jsonl").stat().st_size, "shards": args.shards,
-                 "cpu": os.cpu_count(), "load_average_before": os.getloadavg(), "megatron_lm_commit": commit or None,
+                 "doc_chars": args.doc_chars, "cpu": os.cpu_count(), "load_average_before": os.getloadavg(), "megatron_lm_commit": commit or None,
                  "results": {}}
     for w in args.workers:
         ours = work / f"mcx-{w}"
@@ -137,7 +163,7 @@ def main() -> None:
         megatron = [sys.executable, str(tool), "--input", str(work / "all.jsonl"), "--output-prefix", str(prefix),
                     "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tokenizer), "--append-eod",
                     "--json-keys", "text", "--workers", str(w), "--log-interval", "100000"]
-        megatron_s = timed(megatron, args.repeat, work)
+        megatron_s = timed(megatron, args.repeat, work, path=args.megatron_lm)
         same = all(filecmp.cmp(ours / f"corpus.{ext}", f"{prefix}_text_document.{ext}", shallow=False)
                    for ext in ("bin", "idx"))
         out["results"][f"workers={w}"] = {
@@ -148,6 +174,8 @@ def main() -> None:
     out["encode_tokens_per_s"] = encode_rates(work / "shards" / "part-00000.jsonl", tokenizer)
     out["load_average_after"] = os.getloadavg()
     print(json.dumps(out, indent=1))
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
