@@ -8,7 +8,9 @@ keeps the finished shards; the next one with the same tokenizer and text key reu
 still has the size and mtime it had (a partial being written is named ``*.partial.*`` and thrown away).
 
 Workers are forked from a process that has already imported the builder (Megatron-Core imports torch: seconds
-a process), ignore Ctrl-C (the parent stops them), and each tokenizes single-threaded: N workers use N cores.
+a process) and ignore Ctrl-C (the parent stops them). The CPUs are shared out: each of N workers batch-encodes
+with its equal share of the tokenizers library's threads, as one worker (this process) uses all of them, so more
+workers never tokenize with fewer cores than one did (D61).
 """
 
 from __future__ import annotations
@@ -118,10 +120,20 @@ def _save(work: Path, key: str, done: dict[str, ShardDone]) -> None:
 _worker: dict[str, Any] = {}  # set in each worker process (or this one, with one worker) before its first shard
 
 
-def _init_worker(tokenizer: Tokenizer, text_key: str, work: str, dtype: Any, events: Any, single_thread: bool) -> None:
-    if single_thread:
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _init_worker(tokenizer: Tokenizer, text_key: str, work: str, dtype: Any, events: Any, threads: int | None) -> None:
+    """``threads``: this forked worker's share of the CPUs (None: this process, every CPU, as the library sets)."""
+    if threads is not None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core a worker
+        # Read when the library's thread pool starts, which the parent never started: it tokenizes nothing.
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        os.environ["TOKENIZERS_PARALLELISM"] = "true" if threads > 1 else "false"
     _worker.update(tokenizer=tokenizer, text_key=text_key, work=Path(work), dtype=dtype, events=events)
 
 
@@ -232,14 +244,15 @@ def _run(todo: list[Shard], tokenizer: Tokenizer, text_key: str, work: Path, dty
          done: dict[str, ShardDone], live: dict[str, tuple[int, int, int]], finish: Callable[[ShardDone], None],
          tick: Callable[[], None]) -> None:
     if workers <= 1 or len(todo) <= 1:
-        _init_worker(tokenizer, text_key, str(work), dtype, _Relay(live, tick), single_thread=False)
+        _init_worker(tokenizer, text_key, str(work), dtype, _Relay(live, tick), threads=None)
         for shard in todo:
             finish(_tokenize_shard(shard))
     else:
         ctx = multiprocessing.get_context("fork")
         mp_events = ctx.SimpleQueue()
-        pool = ctx.Pool(min(workers, len(todo)), initializer=_init_worker,
-                        initargs=(tokenizer, text_key, str(work), dtype, mp_events, True))
+        processes = min(workers, len(todo))
+        pool = ctx.Pool(processes, initializer=_init_worker,
+                        initargs=(tokenizer, text_key, str(work), dtype, mp_events, max(1, _cpus() // processes)))
         try:
             results = pool.imap_unordered(_tokenize_shard, todo, chunksize=1)
             remaining = len(todo)
