@@ -98,10 +98,12 @@ def timed(cmd: list[str], repeat: int, cwd: Path, before=lambda: None, path: str
     return best
 
 
-def encode_rates(shard: Path, tokenizer: Path) -> dict[str, float]:
+def encode_rates(shard: Path, tokenizer: Path, repeat: int = 3) -> dict[str, dict[str, float]]:
     """Tokens/s of each way to tokenize one shard's documents in one process (the library choice, D61): the
     tokenizers library one document a call, its batch encoding with its threads off and on, and transformers'
-    fast tokenizer one document a call (what preprocess_data.py's HuggingFaceTokenizer does)."""
+    fast tokenizer one document a call (what preprocess_data.py's HuggingFaceTokenizer does). Per way, the best
+    of ``repeat`` by wall time and by the process's CPU time: a worker of ``mcx data prepare`` is one thread,
+    so CPU time is its cost, and it moves far less than wall time on a loaded machine."""
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
@@ -110,10 +112,13 @@ def encode_rates(shard: Path, tokenizer: Path) -> dict[str, float]:
     hf = AutoTokenizer.from_pretrained(str(tokenizer))
     n = sum(len(e.ids) for e in tok.encode_batch(docs, add_special_tokens=False))
 
-    def rate(fn) -> float:
-        start = time.perf_counter()
-        fn()
-        return round(n / (time.perf_counter() - start))
+    def rate(fn) -> dict[str, float]:
+        wall, cpu = float("inf"), float("inf")
+        for _ in range(repeat):
+            w0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall, cpu = min(wall, time.perf_counter() - w0), min(cpu, time.process_time() - c0)
+        return {"wall": round(n / wall), "cpu": round(n / cpu)}
 
     def batch(parallel: str):
         def run() -> None:
@@ -122,7 +127,8 @@ def encode_rates(shard: Path, tokenizer: Path) -> dict[str, float]:
                 tok.encode_batch(docs[i:i + 256], add_special_tokens=False)
         return run
 
-    return {"tokenizers encode, one a call": rate(lambda: [tok.encode(d, add_special_tokens=False) for d in docs]),
+    return {"documents": len(docs), "tokens": n,
+            "tokenizers encode, one a call": rate(lambda: [tok.encode(d, add_special_tokens=False) for d in docs]),
             "tokenizers encode_batch(256), 1 thread": rate(batch("false")),
             "tokenizers encode_batch(256), threads": rate(batch("true")),
             "transformers fast tokenizer, one a call": rate(lambda: [hf(d).input_ids for d in docs])}
@@ -146,10 +152,11 @@ def main() -> None:
     work.mkdir(parents=True)
     documents = corpus(work, args.mib, args.shards, args.doc_chars)
     tokenizer = hf_dir(work, Path(args.tokenizer_json))
+    args.megatron_lm = str(Path(args.megatron_lm).resolve())  # the commands run in the work directory
     tool = Path(args.megatron_lm) / "tools" / "preprocess_data.py"
-    commit = subprocess.run(["git", "-C", args.megatron_lm, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    if not commit and (Path(args.megatron_lm) / "COMMIT").is_file():  # a copy of the checkout's files, no .git
-        commit = (Path(args.megatron_lm) / "COMMIT").read_text().strip()
+    named = Path(args.megatron_lm) / "COMMIT"  # a copy of the checkout's files, no .git (inside another repo's tree)
+    commit = named.read_text().strip() if named.is_file() else subprocess.run(
+        ["git", "-C", args.megatron_lm, "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     out: dict = {"documents": documents, "bytes": (work / "all.jsonl").stat().st_size, "shards": args.shards,
                  "doc_chars": args.doc_chars, "cpu": os.cpu_count(), "load_average_before": os.getloadavg(), "megatron_lm_commit": commit or None,
                  "results": {}}
