@@ -1,6 +1,6 @@
 """The type checker passes: mypy, configured in pyproject.toml ([tool.mypy]), strict on mcx/plan, mcx/fingerprint
-and mcx/ops (docs/decisions.md D54), checked on mcx/report, mcx/track and mcx/cli (D58). Run here so that
-`./dev test` and CI fail on a type error as on a test."""
+and mcx/ops (docs/decisions.md D54), checked on mcx/report, mcx/track, mcx/cli, mcx/launch and mcx/train
+(D58). Run here so that `./dev test` and CI fail on a type error as on a test."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Checked, not strict (D58): the run records' packages and their views, the metrics, the CLI, the root modules.
-CHECKED = ("mcx/report", "mcx/track", "mcx/metrics", "mcx/cli")
+# Checked, not strict (D58): the run records' packages and their views, the metrics, the CLI, the launchers, the
+# worker, the root modules.
+CHECKED = ("mcx/report", "mcx/track", "mcx/metrics", "mcx/cli", "mcx/launch", "mcx/train")
 CHECKED_FILES = ("mcx/errors.py", "mcx/hashing.py", "mcx/jsonfile.py")
 
 
@@ -39,8 +40,8 @@ def test_the_strict_packages_are_checked_strictly():
 
 
 def test_the_checked_packages_are_read_whole_and_none_is_ignored():
-    """The run records' packages, their views, the metrics, the CLI and the root modules: every function body
-    checked, and none of them in ``ignore_errors``."""
+    """The run records' packages, their views, the metrics, the CLI, the launchers, the worker and the root
+    modules: every function body checked, and none of them in ``ignore_errors``."""
     import tomllib
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]

@@ -17,6 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+from attrs import evolve
+
 from mcx.contract.result import clear_result, read_result
 from mcx.errors import EnvironmentProblem
 from mcx.launch.base import LaunchOutcome, State, resume_note, worker_said
@@ -205,28 +207,24 @@ class ProcessHandle:
         status = (result or {}).get("status")
         said = worker_said(result)
         where = f" Its output is in {self._log}." if self._log else ""
-        common = dict(exit_code=code, job_id=self.job_id, result=result, log=self._log, interrupted_by=self._signalled)
+        # The fields every outcome of this launch shares; each branch below says only its state and detail.
+        ended = LaunchOutcome(state="failed", exit_code=code, job_id=self.job_id, result=result, log=self._log,
+                              interrupted_by=self._signalled)
         if self._interrupted:
             saved = "The worker saved a checkpoint and stopped. " if status == "preempted" else ""
-            return LaunchOutcome(
-                state="cancelled",
-                detail=f"Interrupted. {saved}{resume_note(self._stage_dir)}",
-                **common,
-            )
+            return evolve(ended, state="cancelled", detail=f"Interrupted. {saved}{resume_note(self._stage_dir)}")
         if status == "preempted":
-            return LaunchOutcome(
+            return evolve(
+                ended,
                 state="preempted",
                 detail=f"The worker was stopped by a signal from outside mcx and saved a checkpoint. "
                 f"{resume_note(self._stage_dir)}",
-                **common,
             )
         if code == 0 and result is not None:
-            return LaunchOutcome(state="finished", detail=said, **common)
+            return evolve(ended, state="finished", detail=said)
         if code == 0:
-            return LaunchOutcome(
-                state="failed",
-                detail=f"{self._what} exited 0 but wrote no {self._stage_dir / 'result.json'}.{where}",
-                **common,
+            return evolve(
+                ended, detail=f"{self._what} exited 0 but wrote no {self._stage_dir / 'result.json'}.{where}"
             )
         if code < 0:
             name = signal.Signals(-code).name
@@ -236,9 +234,6 @@ class ProcessHandle:
                 if -code == signal.SIGKILL
                 else ""
             )
-            return LaunchOutcome(
-                state="failed", detail=f"{self._what} was killed by {name}.{hint} {said}{where}".strip(), **common
-            )
+            return evolve(ended, detail=f"{self._what} was killed by {name}.{hint} {said}{where}".strip())
         detail = f"{self._what} exited with code {code}. {said} See {self._stage_dir / 'worker.log'}.{where}"
-        return LaunchOutcome(state="failed", detail=" ".join(detail.split()), **common)
-
+        return evolve(ended, detail=" ".join(detail.split()))

@@ -18,9 +18,8 @@ import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from mcx.errors import EnvironmentProblem, InputError
 from mcx.contract.result import clear_result, read_result
@@ -129,7 +128,8 @@ def parse_job(text: str) -> JobInfo | None:
     restarts = fields.get("Restarts", "0")
     return JobInfo(
         job_id=fields["JobId"],
-        state=re.match(r"[A-Z_]*", fields["JobState"]).group(0),
+        # The state's leading word: "CANCELLED" of "CANCELLED+".
+        state=re.sub(r"[^A-Z_].*", "", fields["JobState"], flags=re.DOTALL),
         reason=fields.get("Reason", "None"),
         exit_code=exit_code,
         restarts=int(restarts) if restarts.isdigit() else 0,
@@ -265,7 +265,7 @@ class SlurmHandle:
         errors = 0
         while True:
             try:
-                outcome = self._outcome(self._query())
+                outcome: LaunchOutcome | None = self._outcome(self._query())
                 errors = 0
             except EnvironmentProblem:
                 errors += 1
@@ -307,14 +307,16 @@ class SlurmHandle:
         if info is None:
             return self._forgotten()
         state = SLURM_STATES.get(info.state, "running")
-        common = dict(job_id=self._job_id, exit_code=info.exit_code, log=self.log, restarts=info.restarts)
+        # What the controller says of the job; the detail (and, once it ended, the worker's result) come next.
+        known = LaunchOutcome(state=state, job_id=self._job_id, exit_code=info.exit_code, log=self.log,
+                              restarts=info.restarts)
         if state in ("pending", "running"):
             held = " (held: `scontrol release " + self._job_id + "` lets it run)" if "HOLD" in info.state else ""
             why = f", reason {info.reason}" if info.reason not in ("None", "") else ""
-            return LaunchOutcome(state=state, detail=f"Slurm job {self._job_id} is {info.state}{why}{held}", **common)
-        return self._final(state, info, common)
+            return evolve(known, detail=f"Slurm job {self._job_id} is {info.state}{why}{held}")
+        return self._final(state, info, known)
 
-    def _final(self, state: State, info: JobInfo, common: dict[str, Any]) -> LaunchOutcome:
+    def _final(self, state: State, info: JobInfo, known: LaunchOutcome) -> LaunchOutcome:
         result = read_result(self._stage_dir)
         status = (result or {}).get("status")
         said = worker_said(result)
@@ -322,20 +324,20 @@ class SlurmHandle:
         job = f"Slurm job {self._job_id}"
         see = f"See {self.log}."
         requeued = f" It was requeued {info.restarts} time(s)." if info.restarts else ""
-        common = {**common, "result": result}
+        ended = evolve(known, result=result)
         if state in ("finished", "failed") and status == "preempted":
-            return LaunchOutcome(
+            return evolve(
+                ended,
                 state="preempted",
                 detail=f"{job} ended after a SIGTERM that did not requeue it (the time-limit warning "
                 f"with no new checkpoint, or a signal from outside); the worker saved a checkpoint. {resume}",
-                **common,
             )
         if state == "finished":
             if result is None:
-                return LaunchOutcome(
-                    state="failed", detail=f"{job} completed but the worker wrote no result.json. {see}", **common
+                return evolve(
+                    ended, state="failed", detail=f"{job} completed but the worker wrote no result.json. {see}"
                 )
-            return LaunchOutcome(state="finished", detail=f"{said}{requeued}".strip(), **common)
+            return evolve(ended, state="finished", detail=f"{said}{requeued}".strip())
         if info.state == "OUT_OF_MEMORY":
             detail = (
                 f"{job} ran out of host memory. Ask for more (launch.slurm.extra_sbatch = ['--mem=0'] "
@@ -362,29 +364,26 @@ class SlurmHandle:
                 f"{job} was preempted and the cluster did not requeue it "
                 f"(its PreemptMode is CANCEL, or launch.slurm.requeue = false). {resume}"
             )
-        return LaunchOutcome(state=state, detail=" ".join(detail.split()), **common)
+        return evolve(ended, state=state, detail=" ".join(detail.split()))
 
     def _forgotten(self) -> LaunchOutcome:
         """The controller forgot the job (MinJobAge passed, or it never knew it)."""
         result = read_result(self._stage_dir)
         status = (result or {}).get("status")
         job = f"Slurm job {self._job_id}"
-        common = dict(job_id=self._job_id, result=result, log=self.log)
+        # Only the stage directory speaks for it now: no exit code, no restarts.
+        gone = LaunchOutcome(state="failed", job_id=self._job_id, result=result, log=self.log)
         if status == "finished":
-            return LaunchOutcome(state="finished", detail=worker_said(result), **common)
+            return evolve(gone, state="finished", detail=worker_said(result))
         if status == "preempted":
-            return LaunchOutcome(
+            return evolve(
+                gone,
                 state="preempted",
                 detail=f"{job} is no longer known to Slurm; the worker had stopped on SIGTERM and saved a "
                 f"checkpoint. {resume_note(self._stage_dir)}",
-                **common,
             )
         said = worker_said(result) or "the worker wrote no result.json."
-        return LaunchOutcome(
-            state="failed",
-            detail=f"{job} is no longer known to Slurm and {said} See {self.log}.",
-            **common,
-        )
+        return evolve(gone, detail=f"{job} is no longer known to Slurm and {said} See {self.log}.")
 
 
 @frozen(kw_only=True)

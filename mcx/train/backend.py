@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 import torch
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -22,7 +22,16 @@ from mcx.errors import SpecError
 from mcx.spec.schema import ExperimentSpec
 from mcx.contract.job import InitFrom
 
-Batch = dict[str, torch.Tensor]  # tokens, labels, loss_mask, position_ids [, attention_mask]
+
+class Batch(TypedDict):
+    """One micro-batch (datasets.iterate_batches), each tensor [micro_batch_size, seq_length]."""
+
+    tokens: torch.Tensor
+    labels: torch.Tensor
+    loss_mask: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None  # None: causal, the attention kernel masks
+
 
 # WSD: the spec has no keys for the annealing phase yet; Megatron-LM's --lr-wsd-decay-style default
 # ("exponential") over the last tenth of the decay iterations.

@@ -32,6 +32,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,10 @@ class CheckpointStore:
 
     def candidates(self, latest: Path) -> list[Path]:
         """Where a resume may start, newest first: ``latest``, then the complete checkpoints before it."""
-        step = int(ITER.match(latest.name).group(1))
+        match = ITER.match(latest.name)
+        if match is None:  # latest() refuses a pointer to any other name
+            raise ValueError(f"{latest} is not a checkpoint directory (iter_NNNNNNN)")
+        step = int(match.group(1))
         return [latest, *(self.path(s) for s in reversed(self.steps()) if s < step)]
 
     @staticmethod
@@ -138,7 +142,7 @@ class CheckpointStore:
         tmp.mkdir()
         return tmp
 
-    def commit(self, tmp: Path, meta: dict[str, Any], pinned: set[int] = frozenset()) -> Path:
+    def commit(self, tmp: Path, meta: dict[str, Any], pinned: AbstractSet[int] = frozenset()) -> Path:
         step = int(meta["step"])
         write_json_atomic(tmp / META, {**meta, "format": FORMAT, "saved_at": time.time()}, allow_nan=True)
         sums = checksums.seal(tmp)
@@ -188,7 +192,7 @@ class CheckpointStore:
                           f"{dvc}, then run again; or, to train the stage from its first step, move the directory "
                           f"aside (`mv {self.root} {self.root}.old`), keeping it to look into.")
 
-    def prune(self, pinned: set[int] = frozenset()) -> list[int]:
+    def prune(self, pinned: AbstractSet[int] = frozenset()) -> list[int]:
         """Retire complete checkpoints beyond the newest ``keep`` (pinned ones survive).
 
         Each is renamed out of the store at once (``iter_N.retired``, which ``steps`` never lists and

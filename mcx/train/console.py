@@ -10,7 +10,10 @@ from __future__ import annotations
 import json
 import math
 import sys
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 class Progress(Protocol):
@@ -55,7 +58,7 @@ class BarProgress:
             TextColumn("{task.fields[stats]}"), TextColumn("ETA"), TimeRemainingColumn(),
             console=Console(stderr=True), transient=False, refresh_per_second=4,
         )
-        self._task = None
+        self._task: TaskID | None = None
 
     def start(self, total: int, done: int, label: str) -> None:
         self._progress.start()

@@ -100,7 +100,8 @@ def adapt_model(model: torch.nn.Module) -> list[str]:
 
 def param_groups(model: torch.nn.Module, spec) -> list[dict[str, Any]]:
     """MCore's groups: default first, then wd_mult = 0 for biases and 1-D parameters."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
@@ -179,7 +180,7 @@ class CpuBackend:
             (loss_sum / torch.clamp(tokens, min=1) / n).backward()
             total += torch.stack([loss_sum.detach().double(), tokens.double()])
         self._allreduce_grads()
-        loss_sum, tokens = self.world.sum(total.tolist())
+        global_loss, global_tokens = self.world.sum(total.tolist())
         grads = [p.grad for p in self.params if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
         if self.spec.train.clip_grad > 0:
@@ -187,7 +188,8 @@ class CpuBackend:
         lr = current_lr(self.optimizer)
         self.optimizer.step()
         self.scheduler.step(increment=1)
-        return StepOutput(loss=loss_sum / max(tokens, 1.0), grad_norm=float(grad_norm), lr=lr, tokens=int(tokens))
+        return StepOutput(loss=global_loss / max(global_tokens, 1.0), grad_norm=float(grad_norm), lr=lr,
+                          tokens=int(global_tokens))
 
     def _allreduce_grads(self) -> None:
         if self.world.size == 1:
@@ -207,8 +209,8 @@ class CpuBackend:
             loss_sum, tokens = self._forward(mb)
             total += torch.stack([loss_sum.double(), tokens.double()])
         self.model.train()
-        loss_sum, tokens = self.world.sum(total.tolist())
-        return loss_sum, int(tokens)
+        global_loss, global_tokens = self.world.sum(total.tolist())
+        return global_loss, int(global_tokens)
 
     # -- checkpoints ------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -37,14 +37,15 @@ from mcx.data.tokenizer import Tokenizer, load_saved
 from mcx.errors import DataError
 from mcx.spec.schema import ExperimentSpec
 
+if TYPE_CHECKING:
+    from mcx.train.backend import Batch
+
 with warnings.catch_warnings():  # megatron.core warns at import about optional CUDA packages
     warnings.simplefilter("ignore")
     from megatron.core.datasets.blended_dataset import BlendedDataset
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.tokenizers import MegatronTokenizerBase
-
-Batch = dict[str, torch.Tensor | None]
 
 
 class MegatronTokenizerAdapter(MegatronTokenizerBase):
@@ -88,7 +89,7 @@ class MegatronTokenizerAdapter(MegatronTokenizerBase):
 
 @frozen
 class Datasets:
-    train: torch.utils.data.Dataset
+    train: GPTDataset | BlendedDataset | RepeatedSubset  # RepeatedSubset: the smoke stage's (train_samples_limit)
     valid: GPTDataset | None
     test: GPTDataset | None
     tokenizer: MegatronTokenizerAdapter
@@ -233,21 +234,31 @@ def build_blend(
 
 
 def datasets_from_spec(
-    spec: ExperimentSpec, data_dir: Path, cache_dir: Path, *, train_samples_limit: int | None = None, **kwargs: Any
+    spec: ExperimentSpec,
+    data_dir: Path,
+    cache_dir: Path,
+    *,
+    train_samples_limit: int | None = None,
+    is_built_on_rank: Callable[[], bool] = lambda: True,
+    verify_contents: bool = False,
 ) -> Datasets:
     """:func:`build_datasets` with the sizes, seed and split of ``spec`` (one stage's spec); for a mixture,
     :func:`build_blend` over its components, whose paths start at ``data_dir`` (the job's; D60)."""
     t = spec.train
-    sizes = dict(seq_length=spec.model.seq_length, seed=t.seed, cache_dir=cache_dir, train_samples_limit=train_samples_limit,
-                 samples=num_samples(t.train_iters, t.global_batch_size, t.eval_interval, t.eval_iters))
+    samples = num_samples(t.train_iters, t.global_batch_size, t.eval_interval, t.eval_iters)
     if spec.data.path is not None:
-        return build_datasets(data_dir, prefix=spec.data.prefix, split=spec.data.split, **sizes, **kwargs)
+        return build_datasets(data_dir, prefix=spec.data.prefix, split=spec.data.split,
+                              seq_length=spec.model.seq_length, seed=t.seed, samples=samples, cache_dir=cache_dir,
+                              train_samples_limit=train_samples_limit, is_built_on_rank=is_built_on_rank,
+                              verify_contents=verify_contents)
     data = spec.data
     per_split = data.per_split
     return build_blend(tuple(mixture.blend(data, data_dir)),
                        tuple(mixture.blend(data, data_dir, "valid")) if per_split else None,
                        tuple(mixture.blend(data, data_dir, "test")) if per_split else None,
-                       split=None if per_split else data.split, **sizes, **kwargs)
+                       split=None if per_split else data.split, seq_length=spec.model.seq_length, seed=t.seed,
+                       samples=samples, cache_dir=cache_dir, train_samples_limit=train_samples_limit,
+                       is_built_on_rank=is_built_on_rank, verify_contents=verify_contents)
 
 
 def _check_splits(data_dir: Path, manifest: dict[str, Any], split: str, samples: tuple[int, int, int]) -> None:
@@ -262,9 +273,11 @@ def _check_splits(data_dir: Path, manifest: dict[str, Any], split: str, samples:
 
 
 def _collate(samples: list[dict[str, torch.Tensor]]) -> Batch:
-    batch: Batch = {key: torch.stack([s[key] for s in samples]) for key in ("tokens", "labels", "loss_mask", "position_ids")}
-    batch["attention_mask"] = None  # causal: the attention kernel masks
-    return batch
+    def stacked(key: str) -> torch.Tensor:
+        return torch.stack([s[key] for s in samples])
+
+    return {"tokens": stacked("tokens"), "labels": stacked("labels"), "loss_mask": stacked("loss_mask"),
+            "position_ids": stacked("position_ids"), "attention_mask": None}  # causal: the attention kernel masks
 
 
 def sample_indices(
@@ -281,7 +294,7 @@ def sample_indices(
 
 
 def iterate_batches(
-    dataset: torch.utils.data.Dataset,
+    dataset: GPTDataset | BlendedDataset | RepeatedSubset,
     consumed_samples: int,
     micro_batch_size: int,
     dp_rank: int,

@@ -31,6 +31,8 @@ _EMPTY = torch.empty(0, dtype=torch.uint8)
 class CheckpointedFusedMLP(TEFusedMLP):
     """TEFusedMLP whose fused FC1/FC2 ops save and load their quantization state with the model."""
 
+    _fused_impl: tuple[torch.nn.Module] | None  # TEFusedMLP's: built at the first forward (or a load, below)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         for index, linear in enumerate((self.linear_fc1, self.linear_fc2)):

@@ -186,7 +186,9 @@ class GpuBackend:
         return loss, num_tokens, {"lm loss": report}
 
     def _forward_step(self, data_iterator, model):
-        batch = {k: (v.cuda(non_blocking=True) if v is not None else None) for k, v in next(data_iterator).items()}
+        # A plain dict: Megatron's context-parallel split (untyped) takes and returns one.
+        batch: dict[str, Any] = {k: (v.cuda(non_blocking=True) if v is not None else None)
+                                 for k, v in next(data_iterator).items()}
         if self.job.layout.cp > 1:
             batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False,
                                               cp_group=parallel_state.get_context_parallel_group())
@@ -310,7 +312,7 @@ class GpuBackend:
             request.add_finalize_fn(lambda: committing.append(time.perf_counter()))
         request.add_finalize_fn(on_done)
         request.add_finalize_fn(self.world.barrier)
-        if is_async:
+        if self.async_queue is not None:  # is_async, said so that the queue's type narrows
             if isinstance(request, AsyncRequest):
                 request = writer.timed(request, self._saves, self._stage_dir, self.world.rank)
             self.async_queue.schedule_async_request(request)  # the copy to host memory; writing goes on

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 
 from mcx.spec.schema import ExperimentSpec
 
 
 class DivergenceGuard:
-    def __init__(self, factor: float, window: int, history: list[float] = ()) -> None:
+    def __init__(self, factor: float, window: int, history: Iterable[float | None] = ()) -> None:
         self.factor = factor
         self.recent: deque[float] = deque((x for x in history if x is not None and math.isfinite(x)), maxlen=window)
 

@@ -35,6 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,7 @@ class Outcome:
 class Trainer:
     def __init__(self, job: Job, world: World, backend: Backend, data: Datasets, stage_dir: Path,
                  metrics: MetricsFile, progress: Progress, *, padded_vocab: int, peak_flops: float | None,
-                 pinned_steps: set[int] = frozenset()) -> None:
+                 pinned_steps: AbstractSet[int] = frozenset()) -> None:
         self.job, self.world, self.backend, self.data = job, world, backend, data
         self.spec = job.spec
         self.metrics, self.progress = metrics, progress

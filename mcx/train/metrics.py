@@ -12,7 +12,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from mcx.metrics.curves import parse_records
 
@@ -37,7 +37,7 @@ class MetricsFile:
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path = path
         self.enabled = enabled
-        self._f = None
+        self._f: TextIO | None = None
 
     def truncate_after(self, step: int, *, final: bool) -> None:
         """Keep only records up to ``step`` (atomically rewritten). With ``final`` (the checkpoint is

@@ -152,11 +152,13 @@ def distributed(job: Job) -> Iterator[World]:
     if owns_group:
         backend = "nccl" if cuda else "gloo"
         timeout = datetime.timedelta(minutes=30)
-        kwargs = {"device_id": device} if cuda else {}  # NCCL binds this rank's GPU up front
+        device_id = device if cuda else None  # NCCL binds this rank's GPU up front (None: torch's default)
         if size == 1 and "MASTER_ADDR" not in os.environ:
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout, **kwargs)
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout,
+                                    device_id=device_id)
         else:
-            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, timeout=timeout, **kwargs)
+            dist.init_process_group(backend, init_method="env://", rank=rank, world_size=size, timeout=timeout,
+                                    device_id=device_id)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=lay.tp,
         pipeline_model_parallel_size=lay.pp,

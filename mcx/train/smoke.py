@@ -45,7 +45,8 @@ def check_losses(job: Job, losses: list[float | None]) -> dict[str, Check]:
     if bad or len(losses) < 2 * w:
         out["loss_falling"] = {"passed": False, "detail": f"needs {2 * w} finite losses, have {len(losses) - len(bad)}"}
         return out
-    first, last = sum(losses[:w]) / w, sum(losses[-w:]) / w
+    finite = [x for x in losses if x is not None]  # every one of them: a None is in ``bad``
+    first, last = sum(finite[:w]) / w, sum(finite[-w:]) / w
     passed = last < first - drop
     out["loss_falling"] = {
         "passed": passed, "first_window_mean": first, "last_window_mean": last, "min_loss_drop": drop,

@@ -121,9 +121,9 @@ class NvmlProbe:
         self.nvml = pynvml
         self.handles = [d["handle"] for d in visible(devices, cuda_visible_devices)]
 
-    def _read(self, fn: Callable[[], Any]) -> Any:
+    def _read(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
-            return fn()
+            return fn(*args)
         except self.nvml.NVMLError:  # not supported on this GPU, or a transient driver error
             return None
 
@@ -131,11 +131,12 @@ class NvmlProbe:
         nv = self.nvml
         out: dict[str, float] = {}
         for i, h in enumerate(self.handles):
-            util = self._read(lambda h=h: nv.nvmlDeviceGetUtilizationRates(h).gpu)
-            mem = self._read(lambda h=h: nv.nvmlDeviceGetMemoryInfo(h))
-            power = self._read(lambda h=h: nv.nvmlDeviceGetPowerUsage(h))
-            temp = self._read(lambda h=h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
-            sm = self._read(lambda h=h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+            rates = self._read(nv.nvmlDeviceGetUtilizationRates, h)
+            mem = self._read(nv.nvmlDeviceGetMemoryInfo, h)
+            power = self._read(nv.nvmlDeviceGetPowerUsage, h)
+            temp = self._read(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+            sm = self._read(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
+            util = None if rates is None else rates.gpu
             out.update(gpu_values(i, util=util, used_bytes=None if mem is None else mem.used,
                                   total_bytes=None if mem is None else mem.total,
                                   power_w=None if power is None else power / 1000.0, temp_c=temp, sm_mhz=sm))
