@@ -1,5 +1,5 @@
 """The type checker passes: mypy, configured in pyproject.toml ([tool.mypy]), strict on mcx/plan, mcx/fingerprint
-and mcx/ops (docs/decisions.md D54), checked on mcx/report, mcx/track and mcx/cli (D58). Run here so that
+and mcx/ops (docs/decisions.md D54), checked on mcx/report, mcx/track, mcx/cli, mcx/spec, mcx/data, mcx/weights and mcx/interop (D58). Run here so that
 `./dev test` and CI fail on a type error as on a test."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Checked, not strict (D58): the run records' packages and their views, the metrics, the CLI, the root modules.
-CHECKED = ("mcx/report", "mcx/track", "mcx/metrics", "mcx/cli")
+# Checked, not strict (D58): the run records' packages and their views, the metrics, the CLI, the spec, the data,
+# the weights' converters, the script importer, the root modules.
+CHECKED = ("mcx/report", "mcx/track", "mcx/metrics", "mcx/cli", "mcx/spec", "mcx/data", "mcx/weights", "mcx/interop")
 CHECKED_FILES = ("mcx/errors.py", "mcx/hashing.py", "mcx/jsonfile.py")
 
 
