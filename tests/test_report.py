@@ -102,7 +102,7 @@ def test_load_run_dir_reads_spec_fingerprint_curves_and_cost(tmp_path: Path) -> 
     run = load_run_dir(write_run(tmp_path, "aaaa1111bbbb", steps=60))
     assert run.run_id == "aaaa1111bbbb" and run.name == "tiny" and run.status == "finished"
     assert run.spec["train.lr"] == 3e-3 and run.spec["model.num_layers"] == 4
-    assert set(run.fingerprint) == {"code", "environment", "config", "data", "hardware"}
+    assert run.fingerprint.names() == {"code", "environment", "config", "data", "hardware"}
     loss = run.curves["train/loss"]
     assert list(loss.steps) == list(range(1, 61)) and loss.values.typecode == "d"
     assert list(run.curves["valid/loss"].steps) == [20, 40, 60]

@@ -1,6 +1,6 @@
 """The type checker passes: mypy, configured in pyproject.toml ([tool.mypy]), strict on mcx/plan, mcx/fingerprint
-and mcx/ops (docs/decisions.md D54), checked on mcx/report, mcx/track, mcx/cli, mcx/launch and mcx/train
-(D58). Run here so that `./dev test` and CI fail on a type error as on a test."""
+and mcx/ops (docs/decisions.md D54), checked on every other package (D58, D62). Run here so that `./dev test` and CI
+fail on a type error as on a test."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-# Checked, not strict (D58): the run records' packages and their views, the metrics, the CLI, the launchers, the
-# worker, the root modules.
-CHECKED = ("mcx/report", "mcx/track", "mcx/metrics", "mcx/cli", "mcx/launch", "mcx/train")
+# Checked, not strict (D58, D62): the run records' packages and their views, the metrics, the CLI, the spec, the
+# data, the weights' converters, the script importer, the launchers, the worker, the root modules.
+CHECKED = ("mcx/report", "mcx/track", "mcx/metrics", "mcx/cli", "mcx/spec", "mcx/data", "mcx/weights", "mcx/interop",
+           "mcx/launch", "mcx/train")
 CHECKED_FILES = ("mcx/errors.py", "mcx/hashing.py", "mcx/jsonfile.py")
 
 

@@ -369,21 +369,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
             result = tune_layouts(args.spec, args.overrides, project=project, out=args.output, top=args.top,
                                   show=args.show, steps=args.steps, measure=not args.no_measure, progress=show_progress,
                                   yes=args.yes, confirm=confirm)
-        _emit_json(result) if args.json else _console().print(render_tune_layouts(result))
+        _emit_json(result.to_dict()) if args.json else _console().print(render_tune_layouts(result))
         return 0
     if args.no_measure or args.top != 3 or args.show != 10:
         from mcx.errors import InputError
 
         raise InputError("--top, --show and --no-measure go with --layouts;", "add --layouts, or leave them out.")
     with children_to_stderr():
-        result = tune(args.spec, args.overrides, project=project, out=args.output, max_mbs=args.max_micro_batch,
-                      steps=args.steps, progress=show_progress, yes=args.yes, confirm=confirm)
+        tuned = tune(args.spec, args.overrides, project=project, out=args.output, max_mbs=args.max_micro_batch,
+                     steps=args.steps, progress=show_progress, yes=args.yes, confirm=confirm)
     if args.json:
-        _emit_json(result)
+        _emit_json(tuned.to_dict())
     else:
         from mcx.report.run_view import render_tune
 
-        _console().print(render_tune(result))
+        _console().print(render_tune(tuned))
     return 0
 
 

@@ -131,7 +131,7 @@ def _check_args(prefix: str, tokenizer_spec: TokenizerSpec) -> None:
 def _finish(tmp: Path, out_dir: Path, tokenizer: Tokenizer, tokenizer_spec: TokenizerSpec, *, prefix: str, recipe: str,
             source: dict[str, Any], dataset: dict[str, Any], versions: dict[str, str]) -> dict[str, Any]:
     """The tokenizer's files and the manifest into ``tmp`` (the .bin/.idx are there), then ``tmp`` into place."""
-    tokenizer_entry = {
+    tokenizer_entry: dict[str, Any] = {
         "kind": tokenizer.kind,
         "vocab_size": tokenizer.vocab_size,
         "eod": tokenizer.eod,

@@ -51,7 +51,7 @@ def is_record_input(source: str) -> bool:
 
 
 def _is_glob(source: str) -> bool:
-    return glob.has_magic(source)  # type: ignore[attr-defined]  # public since 3.0, untyped in typeshed
+    return glob.has_magic(source)
 
 
 def find_shards(sources: Sequence[str]) -> tuple[Shard, ...]:

@@ -84,8 +84,8 @@ def sentencepiece_vocab_size(data: bytes) -> int | None:
 
 def tokenizer_vocab_size(data: DataSpec, root: Path) -> int | None:
     """The vocabulary the worker will train with, if this machine has the files that say it."""
-    for _, path, _ in data.datasets().values():  # a mixture's components share one tokenizer (checked at planning)
-        from_manifest = _manifest_vocab(root / path)
+    for _, dataset, _ in data.datasets().values():  # a mixture's components share one tokenizer (checked at planning)
+        from_manifest = _manifest_vocab(root / dataset)
         if from_manifest is not None:
             return from_manifest
     tok = data.tokenizer

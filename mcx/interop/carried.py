@@ -96,11 +96,17 @@ def _read(text: str, problems: list[str]) -> tuple[dict[str, tuple[int, Any]], A
     return values, command
 
 
+def _preset(flat: dict[str, Any]) -> dict[str, Any]:
+    """What ``flat``'s model.preset sets (nothing without one)."""
+    name = flat.get("model.preset")
+    return PRESETS.get(name, {}) if isinstance(name, str) else {}
+
+
 def _with_preset(flat: dict[str, Any], name: str | None) -> dict[str, Any] | None:
     """``flat`` with model.preset = ``name`` (None: no preset), the model unchanged; None if it cannot be."""
     keys = spec_keys()
     out = {k: v for k, v in flat.items() if k != "model.preset"}
-    for k, v in PRESETS.get(flat.get("model.preset"), {}).items():  # spell out the preset found
+    for k, v in _preset(flat).items():  # spell out the preset found
         out.setdefault(f"model.{k}", v)
     if name is None:
         return out
@@ -119,7 +125,7 @@ def _with_preset(flat: dict[str, Any], name: str | None) -> dict[str, Any] | Non
 
 def _view(flat: dict[str, Any]) -> dict[str, Any]:
     """Every key's value in ``flat``: set, given by its preset, or mcx's default."""
-    model = {f"model.{k}": v for k, v in PRESETS.get(flat.get("model.preset"), {}).items()}
+    model = {f"model.{k}": v for k, v in _preset(flat).items()}
     return {**{k: key.default for k, key in spec_keys().items()}, **model, **flat}
 
 
@@ -129,15 +135,17 @@ def apply(text: str, flat: dict[str, Any], script: Script, ctx: Ctx) -> dict[str
     if not values:
         return flat
     unchanged = command == command_digest(script)
-    out, edited, moot = dict(flat), [], []
+    out, edited = dict(flat), []
+    moot: list[tuple[str, str]] = []  # a key no longer applied, and the condition it needs
     for key, (n, value) in values.items():
         if key in ctx.pinned:  # `mcx import --set` wins over a carried line too
             continue
         if not unchanged and _from_command(key):
             edited.append(key)
             continue
-        if not unchanged and not F.matters(F.BY_KEY[key], _view(out)):  # e.g. fp8_attention once fp8 was edited out
-            moot.append(key)
+        when = F.BY_KEY[key].when
+        if not unchanged and when is not None and not F.WHEN[when][1](_view(out)):  # e.g. fp8_attention, fp8 edited out
+            moot.append((key, F.WHEN[when][0]))
             continue
         if key == "model.preset":
             if value is not None and value not in PRESETS:
@@ -157,7 +165,7 @@ def apply(text: str, flat: dict[str, Any], script: Script, ctx: Ctx) -> dict[str
     if edited:
         ctx.problems.append("the launch command is not the one `mcx export` wrote (edited?), so its arguments decide "
                             f"{', '.join(edited)}; their `# mcx:` lines are not applied")
-    for key in moot:
+    for key, condition in moot:
         ctx.problems.append(f"the `# mcx: {key}` line is not applied: the key matters only when "
-                            f"{F.WHEN[F.BY_KEY[key].when][0]}, which the edited command no longer says")
+                            f"{condition}, which the edited command no longer says")
     return out

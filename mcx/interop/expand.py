@@ -69,7 +69,7 @@ def join(values: Sequence[Text], sep: str = " ") -> Text:
 _PARAM = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])(?:\[(?P<idx>[^\]]*)\])?(?P<rest>.*)", re.S)
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow,
            ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.BitAnd: operator.and_,
-           ast.BitOr: operator.or_, ast.BitXor: operator.xor, ast.Div: None, ast.Mod: None}
+           ast.BitOr: operator.or_, ast.BitXor: operator.xor}  # and / %, as C divides (_arith)
 
 
 def _arith(node: ast.AST, lookup) -> int:
@@ -83,7 +83,7 @@ def _arith(node: ast.AST, lookup) -> int:
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd, ast.Invert)):
         v = _arith(node.operand, lookup)
         return -v if isinstance(node.op, ast.USub) else (~v if isinstance(node.op, ast.Invert) else v)
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+    if isinstance(node, ast.BinOp) and (type(node.op) in _BINOPS or isinstance(node.op, (ast.Div, ast.Mod))):
         a, b = _arith(node.left, lookup), _arith(node.right, lookup)
         if isinstance(node.op, (ast.Div, ast.Mod)):
             if b == 0:

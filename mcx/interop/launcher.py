@@ -19,7 +19,8 @@ def slurm_time(value: str) -> str | None:
     m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", value.strip())
     if not m:
         return None
-    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    days, b, c = (int(g) if g is not None else None for g in m.group(1, 3, 4))
+    a = int(m.group(2))
     if days is not None:  # D-H, D-H:M, D-H:M:S
         seconds = ((days * 24 + a) * 60 + (b or 0)) * 60 + (c or 0)
     elif b is None:  # minutes

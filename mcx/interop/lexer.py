@@ -153,7 +153,7 @@ class _Lexer:
             while self.peek() in " \t":
                 self.i += 1
             delim = self._word()
-            text = "".join(p.text if isinstance(p, Lit) else "$" + p.raw for p in delim.parts  # type: ignore[union-attr]
+            text = "".join(p.text if isinstance(p, Lit) else "$" + p.raw for p in delim.parts
                            if isinstance(p, (Lit, Param)))
             self.heredocs.append((text, op == "<<-"))
             return Op("heredoc:" + op, self.line)  # its delimiter is consumed here, not a target word

@@ -182,10 +182,12 @@ class _Reader(Expander):
         name, append, value_word = shell.split_assignment(tok)
         value = join(self.expand(value_word, split=False))
         old = self.vars.get(name)
-        if append and isinstance(old, list):
+        if not append or old is None:
+            self.vars[name] = value
+        elif isinstance(old, list):  # NAME+=value on an array appends to its first element, as bash does
             self.vars[name] = [join([old[0], value], "") if old else value, *old[1:]]
         else:
-            self.vars[name] = join([old, value], "") if append and old is not None else value
+            self.vars[name] = join([old, value], "")
 
     def simple(self, node: shell.Simple) -> None:
         if not node.words:
@@ -213,7 +215,7 @@ class _Reader(Expander):
         if cmd in ("export", "declare", "typeset", "local", "readonly"):
             for tok in node.words[1:]:
                 if shell.is_assignment(tok):
-                    self.assign(tok)  # type: ignore[arg-type]
+                    self.assign(tok)
             return
         fields = self.words(node)  # expanded before the prefix assignments take effect, as bash does
         for tok in prefix or ():
@@ -463,7 +465,7 @@ def _assignments(node: shell.Simple) -> list[Word | ArrayWord]:
         return list(node.assigns)
     head = node.words[0]
     if isinstance(head, Word) and head.literal() in ("export", "declare", "typeset", "local", "readonly"):
-        return [t for t in node.words[1:] if shell.is_assignment(t)]  # type: ignore[misc]
+        return [t for t in node.words[1:] if shell.is_assignment(t)]
     return []
 
 

@@ -109,7 +109,7 @@ class _Parser:
         return tok.literal() if isinstance(tok, Word) else None
 
     def _skip_newlines(self) -> None:
-        while isinstance(self.peek(), Op) and self.peek().text in ("\n", ";"):  # type: ignore[union-attr]
+        while self._op("\n", ";"):
             self.i += 1
 
     def _expect_word(self, word: str) -> None:
@@ -139,10 +139,10 @@ class _Parser:
         line = self._line()
         first = self._pipeline()
         rest: list[tuple[str, Node]] = []
-        while isinstance(self.peek(), Op) and self.peek().text in ("&&", "||"):  # type: ignore[union-attr]
-            op = self.peek().text  # type: ignore[union-attr]
+        while isinstance(tok := self.peek(), Op) and tok.text in ("&&", "||"):
+            op = tok.text
             self.i += 1
-            while isinstance(self.peek(), Op) and self.peek().text == "\n":  # type: ignore[union-attr]
+            while self._op("\n"):
                 self.i += 1
             rest.append((op, self._pipeline()))
         return AndOr(first, tuple(rest), line) if rest else first
@@ -154,9 +154,9 @@ class _Parser:
             negated = True
             self.i += 1
         commands = [self._command()]
-        while isinstance(self.peek(), Op) and self.peek().text == "|":  # type: ignore[union-attr]
+        while self._op("|"):
             self.i += 1
-            while isinstance(self.peek(), Op) and self.peek().text == "\n":  # type: ignore[union-attr]
+            while self._op("\n"):
                 self.i += 1
             commands.append(self._command())
         if len(commands) == 1 and not negated:
@@ -187,20 +187,24 @@ class _Parser:
             self.i += 1
             name = self._kw(self.peek()) or "?"
             self.i += 1
-            if isinstance(self.peek(), Op) and self.peek().text == "(":  # type: ignore[union-attr]
+            if self._op("("):
                 self.i += 2
             self._skip_newlines()
             return Function(name, (self._command(),), line)
         if kw == "[[":
             return self._test(line)
-        if (kw is not None and NAME_RE.fullmatch(kw) and isinstance(self._at(1), Op) and self._at(1).text == "("
-                and isinstance(self._at(2), Op) and self._at(2).text == ")"):
+        if (kw is not None and NAME_RE.fullmatch(kw) and self._op("(", k=1) and self._op(")", k=2)):
             self.i += 3
             self._skip_newlines()
             return Function(kw, (self._command(),), line)
         if kw in _RESERVED_END:
             raise self.error(f"unexpected '{kw}'")
         return self._simple(line)
+
+    def _op(self, *texts: str, k: int = 0) -> bool:
+        """Whether the token ``k`` ahead is an operator, one of ``texts``."""
+        tok = self._at(k)
+        return isinstance(tok, Op) and tok.text in texts
 
     def _at(self, k: int) -> Token | None:
         j = self.i + k
@@ -293,17 +297,17 @@ class _Parser:
             raise self.error("'case' needs a word")
         self.i += 1
         self._expect_word("in")
-        arms = []
+        arms: list[tuple[tuple[Word, ...], tuple[Node, ...]]] = []
         while True:
-            while isinstance(self.peek(), Op) and self.peek().text == "\n":  # type: ignore[union-attr]
+            while self._op("\n"):
                 self.i += 1
             if self._kw(self.peek()) == "esac":
                 self.i += 1
                 return Case(subject, tuple(arms), line)
-            if isinstance(self.peek(), Op) and self.peek().text == "(":  # type: ignore[union-attr]
+            if self._op("("):
                 self.i += 1
             patterns: list[Word] = []
-            while not (isinstance(self.peek(), Op) and self.peek().text == ")"):  # type: ignore[union-attr]
+            while not self._op(")"):
                 tok = self.peek()
                 if tok is None:
                     raise self.error("'case' is never closed by 'esac'")
@@ -312,7 +316,7 @@ class _Parser:
                 self.i += 1
             self.i += 1
             body = self.parse_list(_Stop(words=frozenset({"esac"}), ops=frozenset({";;"})))
-            if isinstance(self.peek(), Op) and self.peek().text == ";;":  # type: ignore[union-attr]
+            if self._op(";;"):
                 self.i += 1
             arms.append((tuple(patterns), body))
 

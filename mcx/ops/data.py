@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from attrs import frozen
+
 from mcx.data.corpus import text_corpus
 from mcx.data.dataset import check_dataset, read_manifest
 from mcx.data.dvc_hash import verify_against_dvc
@@ -322,13 +324,27 @@ def tracked_outputs(project: Path, data: DataSpec, data_id: dict[str, Any]) -> d
     return outs
 
 
-def data_versions(project: Path, data: DataSpec, data_id: dict[str, Any]) -> list[dict[str, Any]]:
-    """The DVC-tracked data versions a run trains on, as its checkpoint pointers record them:
-    ``[{"spec": "data.path", "path": "data/quickstart", "output": "data", "md5": "....dir"}]``
-    (not "key": records are redacted by name, and "key" reads as a secret)."""
+@frozen
+class DataVersion:
+    """One DVC-tracked data version a run trains on: the spec key naming it, its path there, the DVC output
+    holding it (project-relative) and that output's md5."""
+
+    spec: str
+    path: str
+    output: str
+    md5: str
+
+    def to_dict(self) -> dict[str, str]:
+        """As a checkpoint pointer records it: ``{"spec": "data.path", "path": "data/quickstart", "output": "data",
+        "md5": "....dir"}`` (not "key": records are redacted by name, and "key" reads as a secret)."""
+        return {"spec": self.spec, "path": self.path, "output": self.output, "md5": self.md5}
+
+
+def data_versions(project: Path, data: DataSpec, data_id: dict[str, Any]) -> tuple[DataVersion, ...]:
+    """The DVC-tracked data versions a run trains on, as its checkpoint pointers record them."""
     values = dict(data_paths(data).values())
-    return [{"spec": key, "path": values[key], "output": rel.as_posix(), "md5": md5}
-            for rel, (md5, key) in tracked_outputs(project, data, data_id).items()]
+    return tuple(DataVersion(spec=key, path=values[key], output=rel.as_posix(), md5=md5)
+                 for rel, (md5, key) in tracked_outputs(project, data, data_id).items())
 
 
 def keep_dataset(project: Path, data: DataSpec, data_id: dict[str, Any], *, remote: str | None,

@@ -8,9 +8,12 @@ also what a result carries for the CLI to print beside it (``RunResult.notes``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from attrs import frozen
+
+if TYPE_CHECKING:
+    from mcx.ops.plan import PlanResult
 
 
 @frozen(kw_only=True)
@@ -25,10 +28,10 @@ class Note:
 
 @frozen(kw_only=True)
 class PlanShown:
-    """The plan, shown before the user is asked to confirm a run over its budget."""
+    """The plan, shown before the user is asked to confirm a run over its budget (its JSON, ``plan_json()``, is
+    what the renderer reads, as it reads a run's plan.json)."""
 
-    plan: dict[str, Any]
-    run_id: str | None
+    planned: PlanResult
 
 
 Event = Note | PlanShown

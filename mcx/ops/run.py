@@ -154,7 +154,7 @@ def _budget_gate(planned: PlanResult, options: RunOptions, progress: Progress, *
     or the user's confirmation; else BudgetError (exit 2), before anything is written or submitted."""
     if not planned.plan.cost.over_budget:
         return
-    progress(PlanShown(plan=planned.plan_json(), run_id=planned.run_id))
+    progress(PlanShown(planned=planned))
     try:
         check_budget(planned.plan, confirmed=options.yes)
     except BudgetError as exc:

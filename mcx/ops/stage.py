@@ -144,7 +144,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
         checkpoint = _track_checkpoint(project, stage_path, planned, progress)
     if stage == "smoke" and result.status == Status.FINISHED:
         result = evolve(result, control_checks={**result.control_checks,
-                                                "memory_prediction": memory_prediction(planned.plan, result)})
+                                                "memory_prediction": memory_prediction(planned.plan, result).to_dict()})
     if outcome.interrupted_by:  # the user stopped `mcx run` (Ctrl-C, SIGTERM): not a preemption, the run ends (D47)
         stopped_by_user = result.status != Status.FINISHED
         result = evolve(result, status=Status.INTERRUPTED,
@@ -204,7 +204,7 @@ def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, prog
     own = stage_path.parent == paths.run_dir(project, run_id)
     pointer = paths.pointer_file(project, run_id, stage_path.name) if own else None
     meta = {"run_id": run_id, "stage": stage_path.name,
-            "data": data_versions(project, planned.spec.data, planned.record.data.id)} if own else None
+            "data": [v.to_dict() for v in data_versions(project, planned.spec.data, planned.record.data.id)]} if own else None
     try:
         tracked = track_checkpoint(project, ckpt_dir, remote=planned.spec.tracking.dvc_remote, dvc_file=pointer, meta=meta)
         if own:
@@ -216,7 +216,30 @@ def _track_checkpoint(project: Path, stage_path: Path, planned: PlanResult, prog
         return None
 
 
-def memory_prediction(plan: Plan, smoke_result: StageResult) -> dict[str, Any]:
+@frozen(kw_only=True)
+class MemoryPrediction:
+    """The smoke stage's memory check: the full stage's peak per GPU predicted from the smoke stage's measurement.
+    The figures are None where the device's memory is not comparable (CPU memory is not GPU memory)."""
+
+    passed: bool
+    detail: str
+    measured_smoke_bytes: float | None = None  # as the worker's summary holds it
+    planned_smoke_bytes: int | None = None
+    planned_full_bytes: int | None = None
+    predicted_full_bytes: float | None = None
+    capacity_bytes: int | None = None  # the GPU's; None where the plan knows none
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the smoke stage's control checks record it (only passed and detail where not comparable)."""
+        if self.predicted_full_bytes is None:
+            return {"passed": self.passed, "detail": self.detail}
+        return {"passed": self.passed, "measured_smoke_bytes": self.measured_smoke_bytes,
+                "planned_smoke_bytes": self.planned_smoke_bytes, "planned_full_bytes": self.planned_full_bytes,
+                "predicted_full_bytes": self.predicted_full_bytes, "capacity_bytes": self.capacity_bytes,
+                "detail": self.detail}
+
+
+def memory_prediction(plan: Plan, smoke_result: StageResult) -> MemoryPrediction:
     """Full-model peak memory predicted from the smoke stage's measurement and the planner's model.
 
     The planner's error on the smoke model (measured - planned) is mostly what no model of
@@ -228,16 +251,16 @@ def memory_prediction(plan: Plan, smoke_result: StageResult) -> dict[str, Any]:
     full_plan = plan.memory.total
     on_cpu = smoke_result.details.get("device", smoke_result.extra.get("device")) == "cpu"
     if on_cpu or not measured or not smoke_plan or not full_plan:
-        return {"passed": True, "detail": "not comparable on this device (CPU memory is not GPU memory)"}
-    assert smoke_plan is not None  # checked above: a smoke stage was planned
+        return MemoryPrediction(passed=True, detail="not comparable on this device (CPU memory is not GPU memory)")
     predicted = full_plan + (measured - smoke_plan)
     capacity = plan.memory.capacity
     fits = capacity is None or predicted <= capacity
-    return {"passed": bool(fits), "measured_smoke_bytes": measured, "planned_smoke_bytes": smoke_plan,
-            "planned_full_bytes": full_plan, "predicted_full_bytes": predicted, "capacity_bytes": capacity,
-            "detail": f"full stage predicted at {predicted / 2**30:.1f} GiB per GPU (planner: {full_plan / 2**30:.1f} "
-                      f"GiB; smoke measured {measured / 2**30:.2f} GiB against {smoke_plan / 2**30:.2f} GiB planned)"
-                      + ("" if fits or capacity is None else f", over the {capacity / 2**30:.0f} GiB of the GPU")}
+    return MemoryPrediction(
+        passed=bool(fits), measured_smoke_bytes=measured, planned_smoke_bytes=smoke_plan, planned_full_bytes=full_plan,
+        predicted_full_bytes=predicted, capacity_bytes=capacity,
+        detail=f"full stage predicted at {predicted / 2**30:.1f} GiB per GPU (planner: {full_plan / 2**30:.1f} "
+               f"GiB; smoke measured {measured / 2**30:.2f} GiB against {smoke_plan / 2**30:.2f} GiB planned)"
+               + ("" if fits or capacity is None else f", over the {capacity / 2**30:.0f} GiB of the GPU"))
 
 
 def explain_failure(stage: str, result: StageResult, planned: PlanResult) -> str:

@@ -34,6 +34,7 @@ from mcx.ops.progress import Note, Progress
 from mcx.ops.stage import stage_job
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
 from mcx.plan.smoketime import STARTUP_S as SLURM_STARTUP_S
+from mcx.report.tune_results import MEASURED_KEYS, Measured, MicroBatchTrial, Trial, TuneResult
 from mcx.spec import ExperimentSpec, load_spec
 from mcx.track.runcache import acquire
 
@@ -96,19 +97,15 @@ def _records(metrics: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _trial(spec: Any, mbs: int, steps: int, project: Path, work: Path) -> dict[str, Any]:
+def _trial(spec: ExperimentSpec, mbs: int, steps: int, project: Path, work: Path) -> MicroBatchTrial:
     """One micro-batch trial of the sweep."""
-    from attrs import evolve
-
-    trial = _measure(evolve(spec, train=evolve(spec.train, micro_batch_size=mbs)), steps, project, work / f"mbs{mbs}",
+    trial = measure_trial(evolve(spec, train=evolve(spec.train, micro_batch_size=mbs)), steps, project, work / f"mbs{mbs}",
                      f"micro_batch_size={mbs}")
-    return {"micro_batch_size": mbs, **trial}
+    return MicroBatchTrial(micro_batch_size=mbs, trial=trial)
 
 
-def _measure(spec: Any, steps: int, project: Path, stage_path: Path, label: str) -> dict[str, Any]:
+def measure_trial(spec: ExperimentSpec, steps: int, project: Path, stage_path: Path, label: str) -> Trial:
     """A few real optimizer steps of ``spec`` through its own launcher: its figures, or that it ran out of memory."""
-    from attrs import evolve
-
     tspec = evolve(spec, train=evolve(spec.train, train_iters=steps + 1, eval_interval=10**9,
                                       lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
                    checkpoint=evolve(spec.checkpoint, interval=0, async_save=False))
@@ -132,8 +129,7 @@ def _measure(spec: Any, steps: int, project: Path, stage_path: Path, label: str)
     if len(recs) < steps + 1:
         facts = _out_of_memory(stage_path)
         if facts is not None or _log_says_out_of_memory(stage_path):
-            return {"fits": False, "reason": "out of memory", "expandable_segments": spec.train.expandable_segments,
-                    "out_of_memory": facts}
+            return Trial(expandable_segments=spec.train.expandable_segments, measured=None, out_of_memory=facts)
         # The trials' directory goes when tune ends: the log's last lines travel in the error instead.
         raise TrainingFailed(f"the trial at {label} stopped after {len(recs)} steps "
                              f"({outcome.state}: {outcome.detail}); the last lines of its worker.log:\n"
@@ -142,8 +138,8 @@ def _measure(spec: Any, steps: int, project: Path, stage_path: Path, label: str)
     def summary(key: str) -> float | None:
         return reduce_values(BY_KEY[key].reduce, [r[key] for r in recs if r.get(key) is not None])
 
-    return {"fits": True, "expandable_segments": spec.train.expandable_segments,
-            **{key: summary(key) for key in ("tokens_per_s_per_gpu", "mfu", "mem_peak_bytes", "step_time_s")}}
+    return Trial(expandable_segments=spec.train.expandable_segments,
+                 measured=Measured(**{key: summary(key) for key in MEASURED_KEYS}))
 
 
 def _log_tail(stage_dir: Path, lines: int = 15) -> str:
@@ -200,7 +196,7 @@ def _log_says_out_of_memory(stage_dir: Path) -> bool:
 
 
 def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None, max_mbs: int, steps: int,
-         progress: Progress, yes: bool = False, confirm: Callable[[str], bool] | None = None) -> dict[str, Any]:
+         progress: Progress, yes: bool = False, confirm: Callable[[str], bool] | None = None) -> TuneResult:
     if steps < 2 or max_mbs < 1:
         raise InputError("--steps must be at least 2 and --max-micro-batch at least 1;", "e.g. --steps 6.")
     spec = original = load_spec(spec_path, overrides)
@@ -215,14 +211,14 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
     # A global batch's step takes about as long at any micro-batch size: the plan's step for each trial.
     hours = trials_gate(spec, [planned.plan.cost.step_time_s] * len(candidates), steps, yes=yes, confirm=confirm,
                         progress=progress)
-    trials: list[dict[str, Any]] = []
+    trials: list[MicroBatchTrial] = []
     work = trials_dir(project)
     lock = acquire(work)  # held while the trials run: `mcx gc` removes only a work directory nobody holds
     try:
         for mbs in candidates:
             progress(Note(lead="tune", text=f": micro_batch_size={mbs}, {steps} measured steps"))
             trial = _trial(spec, mbs, steps, project, work)
-            unused = None if trial["fits"] else fragments(trial.get("out_of_memory") or {})
+            unused = None if trial.trial.fits else fragments(trial.trial.out_of_memory or {})
             if unused is not None:
                 progress(Note(text=f"  micro_batch_size={mbs}: out of memory with {unused / 2**30:.1f} GiB reserved but "
                                    f"unallocated; again with {ALLOCATOR_SETTING}"))
@@ -230,22 +226,24 @@ def tune(spec_path: str, overrides: list[str], *, project: Path, out: str | None
                 spec = evolve(spec, train=evolve(spec.train, expandable_segments=True))
                 trial = _trial(spec, mbs, steps, project, work / "expandable")
             trials.append(trial)
-            if not trial["fits"]:
+            measured = trial.trial.measured
+            if measured is None:
                 progress(Note(text=f"  micro_batch_size={mbs}: out of memory; stopping the sweep"))
                 break
-            progress(Note(text=f"  {trial['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, "
-                               f"peak {trial['mem_peak_bytes'] / 2**30:.1f} GiB"))
+            progress(Note(text=f"  {measured.tokens_per_s_per_gpu or 0:,.0f} tokens/s/GPU, "
+                               f"peak {(measured.mem_peak_bytes or 0) / 2**30:.1f} GiB"))
     finally:
         lock.release()
         shutil.rmtree(work, ignore_errors=True)
-    fitting = [t for t in trials if t["fits"]]
+    fitting = [t for t in trials if t.trial.fits]
     if not fitting:
         raise TrainingFailed("even micro_batch_size=1 ran out of memory;",
                              "raise parallel.tensor or parallel.pipeline, or set train.recompute_granularity = \"full\".")
-    best = max(fitting, key=lambda t: t["tokens_per_s_per_gpu"])
-    allocator = "expandable_segments = true\n" if best["expandable_segments"] and not original.train.expandable_segments else ""
-    head = (f"# Written by `mcx tune` on {time.strftime('%Y-%m-%d')}: micro_batch_size={best['micro_batch_size']} "
-            f"gave {best['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU.\n")
+    best = max(fitting, key=lambda t: t.trial.tokens_per_s_per_gpu)
+    allocator = ("expandable_segments = true\n" if best.trial.expandable_segments and not original.train.expandable_segments
+                 else "")
+    head = (f"# Written by `mcx tune` on {time.strftime('%Y-%m-%d')}: micro_batch_size={best.micro_batch_size} "
+            f"gave {best.trial.tokens_per_s_per_gpu:,.0f} tokens/s/GPU.\n")
     write_text(dest, head + extends_lines(spec_path, dest, overrides)
-               + f"[train]\nmicro_batch_size = {best['micro_batch_size']}\n{allocator}", "-o")
-    return {"trials": trials, "best": best, "spec": str(dest), "trials_gpu_hours": hours}
+               + f"[train]\nmicro_batch_size = {best.micro_batch_size}\n{allocator}", "-o")
+    return TuneResult(trials=tuple(trials), best=best, spec=str(dest), trials_gpu_hours=hours)

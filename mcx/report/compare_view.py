@@ -201,12 +201,12 @@ def judge(metric: Metric, base: float | None, value: float | None, tolerance: fl
 
 
 def _fingerprint_diff(runs: Sequence[RunData]) -> tuple[dict[str, tuple[DiffRow, ...]], tuple[str, ...]]:
-    names = {n for r in runs for n in r.fingerprint if n != "config"}
+    names = {n for r in runs for n in r.fingerprint.names() if n != "config"}
     ordered = [n for n in COMPONENT_ORDER if n in names] + sorted(names - set(COMPONENT_ORDER))
     diff: dict[str, tuple[DiffRow, ...]] = {}
     same: list[str] = []
     for name in ordered:
-        tables = [flatten(c) if isinstance(c := r.fingerprint.get(name), dict) else {} for r in runs]
+        tables = [flatten(dict(t)) if (t := r.fingerprint.table(name)) is not None else {} for r in runs]
         rows = diff_rows(tables)
         if rows:
             diff[name] = rows

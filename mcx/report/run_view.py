@@ -1,6 +1,6 @@
 """What `mcx run`, `mcx reproduce` and `mcx tune` print on stdout when they end: the result, from what the
-library returned (`mcx run`'s typed summary, whose ``to_dict()`` `--json` prints; the others' dicts), never
-the progress."""
+library returned (typed: `mcx run`'s summary, `mcx reproduce`'s verdict, `mcx tune`'s trials, whose ``to_dict()``
+`--json` prints), never the progress."""
 
 from __future__ import annotations
 
@@ -16,7 +16,10 @@ from mcx.report.plan_view import render_plan
 from mcx.report.titled import titled_table
 
 if TYPE_CHECKING:
+    from mcx.plan.steptime import StepTime
+    from mcx.plan.tuning import Candidate
     from mcx.report.reproduction import Reproduction
+    from mcx.report.tune_results import TuneLayoutsResult, TuneResult
     from mcx.track.run_summary import DryRun, RunSummary
 
 
@@ -91,72 +94,70 @@ def render_verdict(rep: Reproduction) -> RenderableType:
     return Group(title, _where(rows))
 
 
-def render_tune(result: dict[str, Any]) -> RenderableType:
+def render_tune(result: TuneResult) -> RenderableType:
     """`mcx tune`: every trial, the best and the spec written."""
     t = titled_table("micro-batch sweep", style="bold")
     for col in ("micro-batch", "fits", "tokens/s/GPU", "MFU", "peak memory", "expandable segments"):
         t.add_column(col, no_wrap=True)
-    for trial in result.get("trials") or []:
-        peak = trial.get("mem_peak_bytes")
-        t.add_row(str(trial["micro_batch_size"]), "yes" if trial.get("fits") else str(trial.get("reason", "no")),
-                  metric("tokens_per_s_per_gpu", trial.get("tokens_per_s_per_gpu")),
-                  metric("mfu", trial.get("mfu")) if trial.get("fits") else "-", metric("mem_peak_bytes", peak),
-                  "on" if trial.get("expandable_segments") else "off")
-    best = result["best"]
-    return Group(t, _where([("best", f"micro_batch_size={best['micro_batch_size']}"),
-                            ("tuned spec", str(result["spec"]))]))
+    for row in result.trials:
+        m = row.trial.measured
+        t.add_row(str(row.micro_batch_size), "yes" if m is not None else "out of memory",
+                  metric("tokens_per_s_per_gpu", None if m is None else m.tokens_per_s_per_gpu),
+                  "-" if m is None else metric("mfu", m.mfu), metric("mem_peak_bytes", None if m is None else m.mem_peak_bytes),
+                  "on" if row.trial.expandable_segments else "off")
+    return Group(t, _where([("best", f"micro_batch_size={result.best.micro_batch_size}"), ("tuned spec", result.spec)]))
 
 
-def _layout_cells(row: dict[str, Any]) -> list[str]:
-    lay, st = row["layout"], row["settings"]
+def _layout_cells(c: Candidate) -> list[str]:
+    lay, st = c.layout, c.settings
     recompute = st.get("train.recompute_granularity", "none")
-    return [str(lay["tp"]), str(lay["pp"]), str(lay["vpp"] or "-"), str(lay["cp"]), str(lay["ep"]), str(lay["dp"]),
+    return [str(lay.tp), str(lay.pp), str(lay.vpp or "-"), str(lay.cp), str(lay.ep), str(lay.dp),
             str(st["train.micro_batch_size"]), "-" if recompute == "none" else recompute]
 
 
-def _overheads(predicted: dict[str, Any]) -> str:
+def _overheads(step: StepTime) -> str:
     """The two largest shares of the predicted step beside compute (exposed communication, bubble, ...)."""
-    step, parts = predicted["step_time_s"], predicted["breakdown_s"]
-    top = sorted(((v, k) for k, v in parts.items() if k != "compute" and v > 0), reverse=True)[:2]
-    return ", ".join(f"{k} {v / step:.0%}" for v, k in top) or "-"
+    top = sorted(((v, k) for k, v in step.breakdown().items() if k != "compute" and v > 0), reverse=True)[:2]
+    return ", ".join(f"{k} {v / step.step_s:.0%}" for v, k in top) or "-"
 
 
-def render_tune_layouts(result: dict[str, Any]) -> RenderableType:
+def render_tune_layouts(result: TuneLayoutsResult) -> RenderableType:
     """`mcx tune --layouts`: the model's ranking, the measured trials beside their predictions, the spec written."""
-    t = titled_table(f"layouts ranked by the step-time model ({result['fitting']:,} of {result['considered']:,} valid "
+    t = titled_table(f"layouts ranked by the step-time model ({result.fitting:,} of {result.considered:,} valid "
                      "layouts fit)", style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("#", "TP", "PP", "VPP", "CP", "EP", "DP", "mbs", "recompute", "memory", "step", "tokens/s/GPU", "MFU",
                 "beside compute"):
         t.add_column(col, no_wrap=True, justify="left" if col in ("recompute", "beside compute") else "right")
-    current = result.get("current")
-    rows = list(result["ranking"])
-    if current and (current["rank"] is None or current["rank"] > len(rows)):
+    current = result.current
+    rows = list(result.ranking)
+    if current and (current.rank is None or current.rank > len(rows)):
         rows.append(current)
     for row in rows:
-        p = row["predicted"]
-        mark = " (spec)" if current and row["settings"] == current["settings"] else ""
-        memory = metric("mem_peak_bytes", row["memory_bytes"]) + (" tight" if row["memory_verdict"] == "tight" else "")
-        t.add_row(f"{row['rank'] or '-'}{mark}", *_layout_cells(row), memory, f"{p['step_time_s']:.3g} s",
-                  f"{p['tokens_per_s_per_gpu']:,.0f}", f"{p['mfu']:.0%}", _overheads(p))
+        c, p = row.candidate, row.candidate.step
+        mark = " (spec)" if current and c.settings == current.candidate.settings else ""
+        memory = metric("mem_peak_bytes", c.memory_bytes) + (" tight" if c.verdict == "tight" else "")
+        t.add_row(f"{row.rank or '-'}{mark}", *_layout_cells(c), memory, f"{p.step_s:.3g} s",
+                  f"{p.tokens_per_s_per_gpu:,.0f}", f"{p.mfu:.0%}", _overheads(p))
     parts: list[RenderableType] = [t]
-    if result.get("trials"):
+    if result.trials:
         m = titled_table("measured", style="bold")
         for col in ("#", "fits", "tokens/s/GPU", "predicted", "model error", "peak memory", "expandable segments"):
             m.add_column(col, no_wrap=True)
-        for trial in result["trials"]:
-            predicted = trial["predicted"]["tokens_per_s_per_gpu"]
-            measured = trial.get("tokens_per_s_per_gpu")
-            m.add_row(str(trial["rank"]), "yes" if trial["fits"] else str(trial.get("reason", "no")),
-                      metric("tokens_per_s_per_gpu", measured), f"{predicted:,.0f}",
-                      f"{measured / predicted - 1:+.1%}" if measured else "-",  # the step's, as mcx show
-                      metric("mem_peak_bytes", trial.get("mem_peak_bytes")),
-                      "on" if trial.get("expandable_segments") else "off")
+        for trial in result.trials:
+            predicted = trial.candidate.step.tokens_per_s_per_gpu
+            measured = trial.trial.measured
+            speed = None if measured is None else measured.tokens_per_s_per_gpu
+            m.add_row(str(trial.rank), "yes" if measured is not None else "out of memory",
+                      metric("tokens_per_s_per_gpu", speed), f"{predicted:,.0f}",
+                      f"{speed / predicted - 1:+.1%}" if speed else "-",  # the step's, as mcx show
+                      metric("mem_peak_bytes", None if measured is None else measured.mem_peak_bytes),
+                      "on" if trial.trial.expandable_segments else "off")
         parts.append(m)
-    if result.get("best"):
-        best = result["best"]
-        parts.append(_where([("best", f"layout {best['rank']}: {best['measured']['tokens_per_s_per_gpu']:,.0f} "
-                                      "tokens/s/GPU measured"), ("tuned spec", str(result["spec"]))]))
+    if result.best is not None:
+        best = result.best
+        parts.append(_where([("best", f"layout {best.rank}: {best.trial.tokens_per_s_per_gpu:,.0f} "
+                                      "tokens/s/GPU measured"), ("tuned spec", str(result.spec))]))
     else:
-        parts.append(Text(f"not measured: {result.get('not_measured')}; run mcx tune --layouts where the spec's GPUs "
+        parts.append(Text(f"not measured: {result.not_measured}; run mcx tune --layouts where the spec's GPUs "
                           "are (or with launch.kind = \"slurm\") to measure the top ones and write the tuned spec"))
     return Group(*parts)

@@ -16,6 +16,9 @@ from attrs import field, frozen
 
 from mcx.contract.status import Status
 from mcx.errors import InputError
+from mcx.fingerprint.components import (CodeComponent, Component, ConfigComponent, DataComponent, EnvironmentComponent,
+                                        HardwareComponent, InitComponent)
+from mcx.fingerprint.record import INIT
 from mcx.metrics.curves import Curve, read_metrics
 from mcx.metrics.summary import spreads, summarize
 
@@ -65,7 +68,7 @@ class RunData:
 
     ``spec`` is the resolved spec flattened to dotted keys (``train.lr``); ``fingerprint`` the
     fingerprint record's components (``code``, ``environment``, ``config``, ``data``, ``hardware``),
-    each as recorded. ``curves`` and ``final`` are the main stage's (full, else smoke). Reports
+    typed, each as recorded. ``curves`` and ``final`` are the main stage's (full, else smoke). Reports
     summarise curves; ``final`` (result.json's, or a loader's) is read only for a metric whose curve
     is absent, by its key in ``mcx.metrics.summary.METRICS``. ``wall_time_s`` and ``gpu_hours`` add
     up every stage: what the run cost.
@@ -74,7 +77,7 @@ class RunData:
     run_id: str
     name: str
     spec: dict[str, Any] = field(factory=dict)
-    fingerprint: dict[str, Any] = field(factory=dict)
+    fingerprint: RecordedFingerprint = field(factory=lambda: RecordedFingerprint())
     stages: dict[str, StageData] = field(factory=dict)
     final: dict[str, Any] = field(factory=dict)
     curves: dict[str, Curve] = field(factory=dict)
@@ -98,12 +101,47 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def fingerprint_components(record: dict[str, Any]) -> dict[str, Any]:
-    """The components of a fingerprint record, whether nested under ``components`` or at the top."""
-    comps = record.get("components")
-    if isinstance(comps, dict):
-        return comps
-    return {k: v for k, v in record.items() if isinstance(v, dict)}
+# Each component's typed class (mcx.fingerprint.components); a component of another name reads as a Component.
+COMPONENT_TYPES: dict[str, type[Component]] = {
+    "code": CodeComponent, "environment": EnvironmentComponent, "config": ConfigComponent, "data": DataComponent,
+    "hardware": HardwareComponent, INIT: InitComponent}
+
+
+@frozen(kw_only=True)
+class RecordedFingerprint:
+    """A run's fingerprint.json as reports read it: each component (``code``, ``environment``, ``config``, ``data``,
+    ``hardware``, ``init``) typed, its ``id`` and ``info`` as recorded, and the tables kept beside them (the
+    component hashes, the side data), which a comparison shows too. Read leniently, whatever mcx wrote it: a
+    table that is not a component's ``{"id": {...}, "info": {...}}`` stays a table beside."""
+
+    components: Mapping[str, Component] = field(factory=dict)
+    beside: Mapping[str, Mapping[str, Any]] = field(factory=dict)
+
+    @classmethod
+    def read(cls, record: object) -> RecordedFingerprint:
+        """From the record's JSON, its components nested under ``components`` (older records) or at the top."""
+        if not isinstance(record, dict):
+            return cls()
+        nested = record.get("components")
+        tables = nested if isinstance(nested, dict) else record
+        components: dict[str, Component] = {}
+        beside: dict[str, Mapping[str, Any]] = {}
+        for name, table in tables.items():
+            if not isinstance(table, dict):
+                continue
+            if set(table) == {"id", "info"} and isinstance(table["id"], dict) and isinstance(table["info"], dict):
+                components[name] = COMPONENT_TYPES.get(name, Component)(id=table["id"], info=table["info"])
+            else:
+                beside[name] = table
+        return cls(components=components, beside=beside)
+
+    def names(self) -> set[str]:
+        return {*self.components, *self.beside}
+
+    def table(self, name: str) -> Mapping[str, Any] | None:
+        """The table called ``name`` as the record holds it; None where it holds none."""
+        component = self.components.get(name)
+        return component.to_dict() if component is not None else self.beside.get(name)
 
 
 def _read_json(path: Path, what: str) -> Any:
@@ -199,7 +237,7 @@ def load_run_dir(path: str | Path) -> RunData:
         run_id=root.name,
         name=str(spec_tree.get("name", root.name)),
         spec=spec,
-        fingerprint=fingerprint_components(record),
+        fingerprint=RecordedFingerprint.read(record),
         stages=stages,
         final=dict(main.final) if main is not None else {},
         curves=dict(main.curves) if main is not None else {},

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import typing
+from collections.abc import Callable
 from functools import cache
 from typing import Any, Literal, get_args, get_origin
 
@@ -90,7 +91,7 @@ def _renames(cl: type) -> dict[str, Any]:
 
 def _table_hook_factory(c: cattrs.Converter):
     def factory(cl: type):
-        inner = cattrs.gen.make_dict_structure_fn(cl, c, _cattrs_forbid_extra_keys=True,
+        inner: Callable[[Any, Any], Any] = cattrs.gen.make_dict_structure_fn(cl, c, _cattrs_forbid_extra_keys=True,
                                                   _cattrs_detailed_validation=True, **_renames(cl))
 
         def hook(v: Any, t: type) -> Any:
@@ -227,11 +228,11 @@ def flatten_errors(exc: BaseException, path: str = "") -> list[tuple[str, str]]:
         for sub in without:
             out.extend(flatten_errors(sub, path))
     elif isinstance(exc, IterableValidationError):
-        with_notes, without = exc.group_exceptions()
-        for sub, note in with_notes:
-            out.extend(flatten_errors(sub, _join(path, note.index)))
-        for sub in without:
-            out.extend(flatten_errors(sub, path))
+        indexed, unindexed = exc.group_exceptions()
+        for item, at in indexed:
+            out.extend(flatten_errors(item, _join(path, at.index)))
+        for item in unindexed:
+            out.extend(flatten_errors(item, path))
     elif isinstance(exc, ForbiddenExtraKeysError):
         known = _field_names(exc.cl)
         for key in sorted(exc.extra_fields):
@@ -240,8 +241,8 @@ def flatten_errors(exc: BaseException, path: str = "") -> list[tuple[str, str]]:
             hint = f"did you mean '{near[0]}'?" if near else f"known keys: {', '.join(known)}"
             out.append((_join(path, key), f"unknown key; {hint}"))
     elif isinstance(exc, BaseExceptionGroup):
-        for sub in exc.exceptions:
-            out.extend(flatten_errors(sub, path))
+        for member in exc.exceptions:
+            out.extend(flatten_errors(member, path))
     elif isinstance(exc, (_WrongType, ValueError)):
         out.append((path, str(exc)))
     elif isinstance(exc, (TypeError, AttributeError)):

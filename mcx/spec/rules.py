@@ -211,7 +211,8 @@ def _init_rules(spec: ExperimentSpec) -> Problems:
 
 def _sweep_rules(spec: ExperimentSpec) -> Problems:
     """The [sweep] table's own shape (mcx.plan.sweep_trials checks its keys and values against the spec)."""
-    sw, out = spec.sweep, []
+    sw = spec.sweep
+    out: Problems = []
     if sw is None:
         return out
     if not sw.parameters:

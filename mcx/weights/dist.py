@@ -157,7 +157,11 @@ class _SlicePlanner(LoadPlanner):
         piece = self.piece
         chunk = ChunkStorageMetadata(offsets=torch.Size((*piece.index, *(0,) * len(piece.shape))),
                                      sizes=self.target.size())
-        return LoadPlan(create_read_items_for_chunk_list(piece.key, self.metadata.state_dict_metadata[piece.key], [chunk]))
+        # set_up_planner gave the checkpoint's metadata, whose tensors _slices read the piece from
+        assert self.metadata is not None
+        stored = self.metadata.state_dict_metadata[piece.key]
+        assert isinstance(stored, TensorStorageMetadata), piece.key
+        return LoadPlan(create_read_items_for_chunk_list(piece.key, stored, [chunk]))
 
     def create_global_plan(self, global_plan: list[LoadPlan]) -> list[LoadPlan]:
         return global_plan

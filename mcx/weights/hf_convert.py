@@ -91,7 +91,8 @@ def hf_weights(directory: Path) -> Weights:
         if link.join == "same":
             return parts[0]
         if link.join == "qkv":
-            return join_qkv(*parts, s)
+            q, k, v = parts
+            return join_qkv(q, k, v, s)
         return torch.cat(parts, dim=0)
 
     return Weights(shapes, read, f"hf:{directory}")
