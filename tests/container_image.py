@@ -6,8 +6,9 @@ and every shared library that the interpreter and the environment's compiled ext
 when ``launch.container.python`` is unset. So the quickstart really trains inside the image, on the image's
 libc and libstdc++.
 
-Built once per content: the tag holds a hash of every file that goes in (path, size, mtime), so a session
-finds the image an earlier one built and a changed library builds a new one.
+Built once per content: the tag holds a hash of what goes in (path, size and mtime of the interpreter's files
+and the extensions, the system's package database), so a session finds the image an earlier one built, and a
+changed interpreter, extension or system library builds a new one.
 """
 
 from __future__ import annotations
@@ -43,21 +44,24 @@ def _libraries(binaries: list[Path]) -> set[Path]:
     return {p for p in libs if p.exists() and not any(p.is_relative_to(top) for top in inside)}
 
 
-def _members() -> list[Path]:
-    """Every file and link of the image's root filesystem, as host paths."""
+def _sources() -> tuple[list[Path], list[Path]]:
+    """(the interpreter's own files, the compiled extensions whose libraries the image needs)."""
     base = Path(sys.base_prefix)
     stdlib = base / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     files: list[Path] = [Path(os.path.realpath(sys._base_executable)), Path("/bin/sh"), Path("/bin/dash")]
     files += sorted((base / "lib").glob("libpython*"))
     for top, dirs, names in os.walk(stdlib):
-        rel = Path(top).relative_to(stdlib)
-        if rel == Path("."):
+        if Path(top) == stdlib:
             dirs[:] = [d for d in dirs if d not in _SKIP and not d.startswith("config-")]
         files += [Path(top) / n for n in names]
     extensions = [p for p in files if p.suffix == ".so"] + [p for p in Path(sys.prefix).rglob("*.so*") if p.is_file()]
-    files += _libraries([files[0], Path("/bin/dash"), *extensions])
+    return files, extensions
+
+
+def _members(files: list[Path], extensions: list[Path]) -> list[Path]:
+    """Every file and link of the image's root filesystem, as host paths."""
     found: set[Path] = set()
-    for path in files:
+    for path in [*files, *_libraries([files[0], Path("/bin/dash"), *extensions])]:
         _with_links(path, found)
     return sorted(found)
 
@@ -96,17 +100,21 @@ def _tar(members: list[Path]) -> bytes:
 
 
 def python_image() -> str:
-    """The image's tag, built now unless an image of the same content is in Podman's storage."""
-    members = _members()
-    key = hashlib.sha256()
-    for path in members:
-        st = path.lstat()
-        key.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    """The image's tag, built now unless an image of the same sources is in Podman's storage. The key: the
+    interpreter's files, the extensions and the system's package database (the libraries change only through
+    it), each by path, size and mtime, and this module's text; ldd runs only to build."""
+    files, extensions = _sources()
+    key = hashlib.sha256(Path(__file__).read_bytes())
+    for path in [*files, *extensions, Path("/var/lib/dpkg/status")]:
+        if path.exists():
+            st = path.lstat()
+            key.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     tag = f"{REPO}:{key.hexdigest()[:16]}"
     if _podman("image", "exists", tag).returncode == 0:
         return tag
     done = subprocess.run(["podman", "import", "--change", f"ENV PATH={Path(sys.base_prefix) / 'bin'}:/bin", "-",
-                           tag], input=_tar(members), capture_output=True, timeout=600, check=False)
+                           tag], input=_tar(_members(files, extensions)), capture_output=True, timeout=600,
+                          check=False)
     if done.returncode != 0:
         raise RuntimeError(f"podman import failed: {done.stderr.decode()[-2000:]}")
     return tag
