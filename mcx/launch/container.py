@@ -144,10 +144,11 @@ class ContainerHandle(ProcessHandle):
     """A ``podman run`` child: stops go to the worker processes inside by their host PIDs, and the container
     is removed once the launch ends, whatever ended it."""
 
-    def __init__(self, argv: Sequence[str], *, name: str, depth: int, **kwargs: object) -> None:
+    def __init__(self, argv: Sequence[str], *, name: str, depth: int, stage_dir: Path, env: Mapping[str, str],
+                 log: Path | None, what: str) -> None:
         self._name = name
         self._depth = depth  # 1: the worker is init's child; 2: torchrun's workers are the agent's children
-        super().__init__(argv, workers=self._inside, **kwargs)  # type: ignore[arg-type]
+        super().__init__(argv, stage_dir=stage_dir, env=env, log=log, workers=self._inside, what=what)
 
     def _inside(self, podman_pid: int) -> list[int]:
         try:
