@@ -96,7 +96,7 @@ def worker_python(container: ContainerSpec, python: str) -> str:
 def pyxis_options(container: ContainerSpec, stage_dir: Path, env: Mapping[str, str], exported: Sequence[str]) -> list[str]:
     """srun's pyxis options for the stage (``exported``: the variables the script exports)."""
     if checked(container, "slurm").image is None:
-        raise InputError("launch.container.image is not set", "Name the image the worker runs in.")
+        raise InputError("launch.container.image is not set", "name the image the worker runs in.")
     mounts = ",".join(m.text for m in job_mounts(stage_dir, container, env))
     names = sorted({*exported, *container.env})
     return [
@@ -179,11 +179,11 @@ def start_in_podman(argv: Sequence[str], *, stage_dir: Path, where: Placement, c
                     env: Mapping[str, str], log: Path | None, what: str, depth: int) -> ContainerHandle:
     """Start ``argv`` (the worker or the torchrun agent, ``env``: its variables) in the spec's image."""
     if checked(container, "local").image is None:
-        raise InputError("launch.container.image is not set", "Name the image the worker runs in.")
+        raise InputError("launch.container.image is not set", "name the image the worker runs in.")
     podman = shutil.which("podman")
     if podman is None:
         raise EnvironmentProblem("launch.container needs podman for launch.kind = 'local' or 'torchrun', and it is "
-                                 "not installed here", "Install Podman (apt-get install podman), or run under Slurm "
+                                 "not installed here", "install Podman (apt-get install podman), or run under Slurm "
                                  "with pyxis.")
     image = recorded_image(stage_dir, container)
     name = f"mcx-{stage_dir.parent.name}-{stage_dir.name}-{uuid.uuid4().hex[:8]}"
