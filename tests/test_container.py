@@ -130,14 +130,14 @@ def test_the_podman_command_mounts_the_job_and_passes_only_the_workers_variables
     stage.mkdir(parents=True)
     container = ContainerSpec(image=PINNED, python="/usr/bin/python3", env=("HF_TOKEN",),
                               mounts=("/scratch/cache:/cache:ro",))
-    mounts = job_mounts(stage, container, {"PYTHONPATH": "/work/rebuilt-tree"})
+    mounts = job_mounts(stage, container, {"PYTHONPATH": "/srv/rebuilt-tree"})
     argv = podman_argv(["/usr/bin/python3", "-m", "mcx.train", str(stage)], name="mcx-x", image=PINNED,
                        mounts=mounts, workdir=str(stage), env={"PYTHONHASHSEED": "0"}, passthrough=("HF_TOKEN",),
                        device="cuda")
     assert argv[:3] == ["podman", "run", "--rm"] and "--init" in argv and "--network=host" in argv
     volumes = [a.removeprefix("--volume=") for a in argv if a.startswith("--volume=")]
     assert f"{tmp_path / 'proj'}:{tmp_path / 'proj'}" in volumes  # the project, which holds the stage
-    assert "/work/rebuilt-tree:/work/rebuilt-tree" in volumes  # a reproduction's tree on PYTHONPATH
+    assert "/srv/rebuilt-tree:/srv/rebuilt-tree" in volumes  # a reproduction's tree on PYTHONPATH
     assert volumes[-1] == "/scratch/cache:/cache:ro"
     assert [a for a in argv if a.startswith("--env=")] == ["--env=PYTHONHASHSEED=0", "--env=HF_TOKEN"]
     assert "--device=nvidia.com/gpu=all" in argv  # a GPU placement, through CDI
