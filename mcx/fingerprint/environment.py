@@ -6,6 +6,9 @@ in the project), the Python version, the installed versions of the packages that
 the torch wheel brings, and whether ``transformer_engine`` is importable (with
 ``model.transformer_impl = "auto"`` that decides the layer spec, so it changes the numbers).
 
+With ``[launch.container]``, also the image's content (``container_image``: ``sha256:<hex>``, D67): the same
+spec in another image is another run. Without one the key is absent, so such runs keep their IDs.
+
 Recorded only (``info``): the lockfile's name and where that name came from, the record keepers'
 versions (``mlflow``, ``dvc``: they cannot change a result, and a lockfile bump already changes the
 hash), and where the CUDA version was read.
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from mcx.errors import InputError
+from mcx.fingerprint.image import image_identity
+from mcx.spec.schema import ContainerSpec
 
 LOCKFILE_ENV = "MCX_LOCKFILE"
 DEFAULT_LOCKFILE = "cpu"
@@ -89,8 +94,10 @@ def choose_lockfile(lockfile: str | None) -> tuple[str, str]:
     return DEFAULT_LOCKFILE, "default"
 
 
-def collect_environment(project_root: Path, lockfile: str | None = None) -> dict[str, Any]:
-    """The environment component: ``{"id": ..., "info": ..., "warnings": [...]}``."""
+def collect_environment(project_root: Path, lockfile: str | None = None, container: ContainerSpec | None = None,
+                        rehash: bool = False) -> dict[str, Any]:
+    """The environment component: ``{"id": ..., "info": ..., "warnings": [...]}``. ``container``: the spec's
+    ``[launch.container]``, whose image is identified by content (``rehash``: an image file read again)."""
     name, source = choose_lockfile(lockfile)
     where = "--lockfile" if source == "argument" else source
     if not _LOCKFILE_NAME.fullmatch(name):
@@ -125,4 +132,9 @@ def collect_environment(project_root: Path, lockfile: str | None = None) -> dict
         "cuda_source": cuda_source,
         **{key: dist_version(*names) for key, names in RECORDED_PACKAGES.items()},
     }
+    if container is not None and container.image is not None:
+        image = image_identity(container.image, project_root, rehash=rehash)
+        ident["container_image"] = image.digest
+        info["container_image"] = image.reference
+        info["container_image_kind"] = image.kind
     return {"id": ident, "info": info, "warnings": warnings}

@@ -152,7 +152,7 @@ def collect(
     root = Path(project_root).resolve()
     parts: dict[str, dict[str, Any]] = {
         "code": collect_code(root, code_path),
-        "environment": collect_environment(root, lockfile),
+        "environment": collect_environment(root, lockfile, spec.launch.container, rehash_data),
         "config": collect_config(spec),
         "data": collect_data(spec, root, require_data, allow_absent, rehash_data),
         "hardware": collect_hardware(spec, probe_hardware),

@@ -339,6 +339,20 @@ FLAGS: tuple[Row, ...] = (
        "Requeue the job after preemption or a timeout."),
     _r("launch.slurm.extra_sbatch", "launcher", "#SBATCH (others)", NA, "Further #SBATCH options, verbatim.",
        "every #SBATCH option the other keys do not cover"),
+    _r("launch.container.image", "launcher", ("srun --container-image", "podman run IMAGE"), NA,
+       "The image the worker runs in: a squashfs file (pyxis, Slurm), a local Podman image (local, torchrun) or "
+       "name@sha256:<digest>; its content is in the run ID (D67). Unset: the host's environment.",
+       "pyxis on Slurm, Podman for local and torchrun launches"),
+    _r("launch.container.mounts", "launcher", ("srun --container-mounts", "podman run --volume"), NA,
+       "Further mounts, \"HOST:CONTAINER[:ro]\"; the project, the job's data and init source, and the Python "
+       "environment are mounted at their own paths already."),
+    _r("launch.container.workdir", "launcher", ("srun --container-workdir", "podman run --workdir"), NA,
+       "Working directory inside the container; unset means the stage directory."),
+    _r("launch.container.env", "launcher", ("srun --container-env", "podman run --env"), NA,
+       "Names of host variables the worker sees inside the container, with their host values."),
+    _r("launch.container.python", "launcher", (), NA,
+       "The interpreter inside the image; unset means this interpreter's path (the image holds it, or it is "
+       "mounted with its environment)."),
     # ---- init
     _r("init.from", "mcx", (), NA, "Where the weights start: \"run:<run-id>\" (that run's final checkpoint, or "
        "init.step's), \"hf:<dir>\" (a Hugging Face model directory) or \"megatron:<dir>\" (a Megatron-Core "

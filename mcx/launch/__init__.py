@@ -6,9 +6,9 @@ reads it); ``site.py`` (what a job needs of the machine it starts on: Transforme
 tokenizer files, writable directories; warnings in ``mcx plan``, problems at ``mcx run`` where the job
 starts here, and the worker's first check on its node); ``env.py`` (the one environment every worker gets:
 a fixed hash seed, MKL's GEMMs in strict reproducible mode so their bits do not follow the threads MKL uses,
-D46, Megatron's deterministic variables when ``train.deterministic``); local; torchrun (``process.py``: the
+D46, Megatron's deterministic variables when ``train.deterministic``); ``container.py`` (the worker in ``[launch.container]``'s image: Podman for local and torchrun, pyxis' srun options for Slurm, D67); local; torchrun (``process.py``: the
 child in its own session; SIGTERM forwarded once; its process group emptied once it exits, so a crashed
-worker's helpers such as the checkpoint writer do not outlive it); slurm. Side effects: subprocess, sbatch.
+worker's helpers such as the checkpoint writer do not outlive it); slurm. Side effects: subprocess, sbatch, podman.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from attrs import frozen
 
 from mcx.errors import InputError
 from mcx.launch.base import Placement
+from mcx.launch.container import start_in_podman, worker_python
 from mcx.launch.env import check_env
 from mcx.launch.process import ProcessHandle
 from mcx.spec.schema import LaunchSpec
@@ -48,6 +49,11 @@ class LocalLauncher:
                 "Set launch.kind = 'torchrun' (one node) or 'slurm' (several nodes).",
             )
         stage_dir = Path(stage_dir).resolve()
+        container = launch_spec.container
+        if container.image is not None:  # the worker in the spec's image (mcx.launch.container)
+            argv = worker_argv(worker_python(container, self.python), self.module, stage_dir)
+            return start_in_podman(argv, stage_dir=stage_dir, where=where, container=container, env=check_env(env),
+                                   log=self.log, what="the worker", depth=1)
         child_env = {**os.environ, **check_env(env)}
         return ProcessHandle(
             worker_argv(self.python, self.module, stage_dir),

@@ -15,6 +15,10 @@ Signals and requeue, as rendered:
   process of the job, then SIGKILL after the cluster's KillWait; the workers checkpoint in between,
   and a requeued job resumes. ``--requeue`` also lets Slurm requeue the job after a node failure.
 
+With ``[launch.container]`` the srun line starts the agents in the image through pyxis
+(``--container-image``, ``--container-mounts``, ``--container-workdir``, ``--container-env``;
+mcx.launch.container says what is mounted and passed).
+
 Every value that reaches the script is quoted with shlex.quote, both in ``#SBATCH`` lines (sbatch
 parses those with shell quoting rules) and in the body; newlines are rejected.
 """
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from mcx.errors import InputError
 from mcx.launch.base import Placement
+from mcx.launch.container import pyxis_options, worker_python
 from mcx.launch.env import check_env, reject_control
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.torchrun import torchrun_argv
@@ -156,8 +161,9 @@ def render_sbatch(
     q = shlex.quote
     procs = where.procs_per_node
     port = str(launch_spec.master_port) if launch_spec.master_port else "$(( 20000 + SLURM_JOB_ID % 20000 ))"
+    container = launch_spec.container
     agent = torchrun_argv(
-        python=python,
+        python=worker_python(container, python),
         nnodes=where.nodes,
         nproc_per_node=procs,
         endpoint="@ENDPOINT@",
@@ -165,9 +171,10 @@ def render_sbatch(
         module=module,
         stage_dir="@STAGE@",
     )
+    pyxis = [] if container.image is None else pyxis_options(container, stage_dir, env, [*env, "OMP_NUM_THREADS"])
     srun = [
         "srun", "--nodes=@NODES@", "--ntasks-per-node=1", "--cpus-per-task=@CPUS@",
-        "--kill-on-bad-exit=1", *agent,
+        "--kill-on-bad-exit=1", *pyxis, *agent,
     ]  # fmt: skip
     raw = {
         "@ENDPOINT@": '"$head:$port"',

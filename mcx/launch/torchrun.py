@@ -20,6 +20,7 @@ from attrs import frozen
 
 from mcx.errors import InputError
 from mcx.launch.base import Placement
+from mcx.launch.container import start_in_podman, worker_python
 from mcx.launch.env import check_env, omp_threads
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.process import ProcessHandle, child_pids
@@ -107,8 +108,9 @@ class TorchrunLauncher:
         child_env = {**os.environ, **check_env(env)}
         # An equal share of this machine's CPUs per process, unless the caller chose.
         child_env.setdefault("OMP_NUM_THREADS", omp_threads(where.procs_per_node))
+        container = launch_spec.container
         argv = torchrun_argv(
-            python=self.python,
+            python=worker_python(container, self.python),
             nnodes=1,
             nproc_per_node=where.procs_per_node,
             endpoint=f"127.0.0.1:{port}",
@@ -116,6 +118,10 @@ class TorchrunLauncher:
             module=self.module,
             stage_dir=stage_dir,
         )
+        if container.image is not None:  # the agent and its workers in the spec's image (mcx.launch.container)
+            inside = {**check_env(env), "OMP_NUM_THREADS": child_env["OMP_NUM_THREADS"]}
+            return start_in_podman(argv, stage_dir=stage_dir, where=where, container=container, env=inside,
+                                   log=self.log, what=f"torchrun ({where.procs_per_node} processes)", depth=2)
         return ProcessHandle(
             argv,
             stage_dir=stage_dir,

@@ -220,7 +220,8 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
     if debug:
         spec = with_debug(spec, debug, str(run_path / "spec.toml"))
         progress(Note(level="warning", text="fault injection: " + ", ".join(debug) + " (the rerun must depart there)"))
-    env_drift = _drift(record.environment, collect_environment(project, record.environment.lockfile))
+    env_drift = _drift(record.environment, collect_environment(project, record.environment.lockfile,
+                                                                    spec.launch.container))
     hw_drift = _drift(record.hardware, collect_hardware(spec))
     changes = data_changes(project, spec, record)
     parent = restore_parent(project, spec, record, progress)

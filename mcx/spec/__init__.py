@@ -2,7 +2,7 @@
 
 Modules: ``schema.py`` the frozen attrs classes; ``convert.py`` the strict cattrs converter and its error
 flattening; ``load.py`` TOML, ``extends``, presets, ``--set``; ``presets.py`` model shapes as data;
-``rules.py`` single-spec cross-field rules; ``keys.py`` every spec key as a dotted path with its type and
+``rules.py`` single-spec cross-field rules; ``container.py`` ``[launch.container]`` read as an image kind and mounts, and its rules (D67); ``keys.py`` every spec key as a dotted path with its type and
 default, from the schema. Side effects: reads files.
 """
 

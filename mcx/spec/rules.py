@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 
+from mcx.spec.container import container_problems
 from mcx.spec.schema import ExperimentSpec
 
 Problems = list[tuple[str, str]]
@@ -296,7 +297,7 @@ def _data_rules(spec: ExperimentSpec) -> Problems:
 
 def check_spec(spec: ExperimentSpec) -> Problems:
     return (_range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _data_rules(spec) + _init_rules(spec)
-            + _sweep_rules(spec) + _debug_rules(spec))
+            + _sweep_rules(spec) + _debug_rules(spec) + container_problems(spec))
 
 
 def divisors(n: int) -> list[int]:

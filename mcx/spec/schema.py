@@ -228,10 +228,23 @@ class SlurmSpec:
 
 
 @frozen(kw_only=True)
+class ContainerSpec:
+    """The image the worker runs in: pyxis (srun --container-image) under Slurm, Podman for local and torchrun
+    launches. Unset (no image), the worker runs on the host and the run ID is as it was (D67)."""
+
+    image: str | None = None  # a .sqsh file (pyxis), a local Podman image, or name@sha256:<digest>
+    mounts: tuple[str, ...] = ()  # "HOST:CONTAINER[:ro]", beside the directories the job reads (mounted by mcx)
+    workdir: str | None = None  # None: the stage directory
+    env: tuple[str, ...] = ()  # names of host variables the worker sees inside (their host values)
+    python: str | None = None  # the interpreter inside the image; None: this one's path (sys.executable)
+
+
+@frozen(kw_only=True)
 class LaunchSpec:
     kind: LauncherKind = "local"
     master_port: int | None = None  # None: a free port
     slurm: SlurmSpec = field(factory=SlurmSpec)
+    container: ContainerSpec = field(factory=ContainerSpec)
 
 
 @frozen(kw_only=True)
