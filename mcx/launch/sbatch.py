@@ -32,6 +32,7 @@ from mcx.launch.base import Placement
 from mcx.launch.env import check_env, reject_control
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.torchrun import torchrun_argv
+from mcx.launch.watchdog import watchdog_argv
 from mcx.spec.schema import LaunchSpec, SlurmSpec
 from mcx.spec.slurmtime import time_limit_seconds as slurm_time_seconds
 
@@ -165,6 +166,9 @@ def render_sbatch(
         module=module,
         stage_dir="@STAGE@",
     )
+    policy = launch_spec.watchdog
+    if policy.enabled:  # one watchdog a node starts the node's agent; a hang requeues the job (below)
+        agent = watchdog_argv(python, "@STAGE@", policy, agent, predicted_step_s=where.predicted_step_s, in_place=False)
     srun = [
         "srun", "--nodes=@NODES@", "--ntasks-per-node=1", "--cpus-per-task=@CPUS@",
         "--kill-on-bad-exit=1", *agent,
@@ -234,6 +238,24 @@ def render_sbatch(
             '    echo "mcx: scontrol requeue failed; resubmit the stage to resume"',
             "  else",
             '    echo "mcx: no new checkpoint in this attempt: not requeueing (it would make no progress)"',
+            "  fi",
+            "fi",
+        ]
+    if policy.enabled:
+        most = policy.max_restarts
+        lines += [
+            "# A hang: the watchdog wrote the ranks' stacks there and ended the attempt; requeue to resume.",
+            'hung="hangs/job$SLURM_JOB_ID-$attempt"',
+            'if [[ -d $hung ]]; then',
+            '  hangs=$(ls -d hangs/job"$SLURM_JOB_ID"-* | wc -l)',
+            f"  if (( hangs <= {most} )); then",
+            '    echo "mcx: the watchdog ended a hung attempt (stacks in $stage/$hung); requeueing job $SLURM_JOB_ID to '
+            f'resume from its newest checkpoint (restart $hangs of {most})"',
+            '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            '    echo "mcx: scontrol requeue failed; resubmit the stage to resume"',
+            "  else",
+            '    echo "mcx: the watchdog ended a hung attempt (stacks in $stage/$hung); no restart left '
+            f'(launch.watchdog.max_restarts = {most})"',
             "  fi",
             "fi",
         ]

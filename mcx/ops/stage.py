@@ -119,7 +119,8 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
             if code_path is not None:  # a reproduction: the worker imports the recorded mcx first
                 path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
                 env = {**env, "PYTHONPATH": os.pathsep.join(path)}
-            handle = launcher.start(stage_path, placement(job_layout, sp.device), job_spec.launch, env)
+            predicted = planned.plan.cost.step_time_s if stage == "full" else None  # the watchdog's reference
+            handle = launcher.start(stage_path, placement(job_layout, sp.device, predicted), job_spec.launch, env)
             forwarding = getattr(handle, "forwarding_signals", None)
             if forwarding is not None:
                 with forwarding():
