@@ -112,3 +112,30 @@ def test_a_rank_stopped_under_torchrun_is_found_dumped_and_the_stage_restarted_f
     assert outcome.state == "finished", (outcome.detail, text[-4000:])
     assert "restarting the agent (1 of 1)" in text, text[-4000:]
     assert_hung_once_and_finished(stage, "local-1", outcome.result, text)
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_rank_stopped_in_a_slurm_job_is_found_dumped_and_the_job_requeued_from_its_checkpoint(tmp_path):
+    """The same on the real local Slurm cluster: srun starts the node's watchdog, which starts the agent; the
+    watchdog ends the hung attempt and the batch script requeues the job, which resumes from the checkpoint."""
+    from test_slurm import CLUSTER_UP
+
+    from mcx.launch import SlurmLauncher
+
+    if not CLUSTER_UP:
+        pytest.skip("no Slurm cluster answers `sinfo`: start the local one with `bash .ci/slurm.sh` (as root)")
+    launch = LaunchSpec(kind="slurm", slurm=SlurmSpec(time="00:20:00"), watchdog=POLICY)
+    stage, spec = make_stage(tmp_path, launch)
+    handle = SlurmLauncher(python=sys.executable, poll_interval=1.0).start(stage, Placement(world_size=2), launch,
+                                                                           worker_env(spec))
+    try:
+        stop_a_rank_after_a_checkpoint(stage, handle, handle.log, timeout=600)
+        outcome = handle.wait(900)
+    finally:
+        if handle.poll() in ("pending", "running"):
+            handle.cancel()
+    text = handle.log.read_text()
+    assert outcome.state == "finished" and outcome.restarts == 1, (outcome.detail, text[-4000:])
+    assert f"requeueing job {handle.job_id} to resume from its newest checkpoint (restart 1 of 1)" in text, text[-4000:]
+    assert_hung_once_and_finished(stage, f"job{handle.job_id}-1", outcome.result, text)

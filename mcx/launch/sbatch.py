@@ -241,7 +241,7 @@ def render_sbatch(
             "  fi",
             "fi",
         ]
-    if policy.enabled:
+    if policy.enabled and slurm.requeue:  # launch.slurm.requeue = false: a hang ends the job, its stacks kept
         most = policy.max_restarts
         lines += [
             "# A hang: the watchdog wrote the ranks' stacks there and ended the attempt; requeue to resume.",
