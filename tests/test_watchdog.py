@@ -139,3 +139,39 @@ def test_a_rank_stopped_in_a_slurm_job_is_found_dumped_and_the_job_requeued_from
     assert outcome.state == "finished" and outcome.restarts == 1, (outcome.detail, text[-4000:])
     assert f"requeueing job {handle.job_id} to resume from its newest checkpoint (restart 1 of 1)" in text, text[-4000:]
     assert_hung_once_and_finished(stage, f"job{handle.job_id}-1", outcome.result, text)
+
+
+def write_rank_times(stage: Path, medians: dict[int, float], steps: int = 30) -> None:
+    (stage / "ranks").mkdir(parents=True, exist_ok=True)
+    for rank, seconds in medians.items():
+        lines = [json.dumps({"kind": "train", "step": s, "step_time_s": seconds * (1 + 0.01 * (s % 3)), "time": s})
+                 for s in range(1, steps + 1)]
+        (stage / "ranks" / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_the_slowest_rank_is_named_only_when_an_outlier_in_mcx_show_and_its_json(tmp_path):
+    """Four ranks' step files: the slowest rank 20% above the others' median is an outlier, and `mcx show` names
+    it (text and --json); 5% above is noise, and the show is as before."""
+    from rich.console import Console
+    from test_track import RID, make_run_dir
+
+    from mcx.ops.records import show_run
+    from mcx.report.records_view import render_run
+
+    rdir = make_run_dir(tmp_path)
+    (rdir / "run.json").write_text(json.dumps({"status": "finished"}))
+    write_rank_times(rdir / "full", {0: 1.0, 1: 1.01, 2: 1.2, 3: 0.99})
+    slow = slowest_rank(rdir / "full")
+    assert slow is not None and (slow.rank, slow.ranks, slow.last_step, slow.outlier) == (2, 4, 30, True)
+    assert slow.ratio == pytest.approx(1.2 / 1.0, rel=0.02)
+    shown = show_run(RID, project=tmp_path)
+    console = Console(width=200, record=True, force_terminal=False)
+    console.print(render_run(shown))
+    text = " ".join(console.export_text().split())
+    assert "full slowest rank rank 2: 1.21 s a step, 20% slower than the median of the other 3 ranks (1.01 s)" in text
+    assert shown.to_dict()["slowest_ranks"]["full"]["rank"] == 2
+    write_rank_times(rdir / "full", {0: 1.0, 1: 1.01, 2: 1.05, 3: 0.99})
+    assert slowest_rank(rdir / "full").outlier is False
+    shown = show_run(RID, project=tmp_path)
+    assert shown.slowest_ranks == {} and "slowest_ranks" not in shown.to_dict()
+    assert slowest_rank(rdir / "smoke") is None  # no rank wrote a step there
