@@ -175,3 +175,26 @@ def test_the_slowest_rank_is_named_only_when_an_outlier_in_mcx_show_and_its_json
     shown = show_run(RID, project=tmp_path)
     assert shown.slowest_ranks == {} and "slowest_ranks" not in shown.to_dict()
     assert slowest_rank(rdir / "smoke") is None  # no rank wrote a step there
+
+
+def test_without_py_spy_the_stacks_come_from_the_ranks_own_faulthandler(tmp_path, monkeypatch):
+    """A stopped process that opened its rank files (SIGUSR2 -> faulthandler): with py-spy unavailable the
+    watchdog's dump signals it, lets it run, and takes what its faulthandler wrote."""
+    import subprocess
+
+    from mcx.launch import stacks
+
+    code = ("import sys, time; from pathlib import Path; from mcx.train.rankfiles import RankFiles\n"
+            "def waiting_in_a_collective():\n    time.sleep(120)\n"
+            "RankFiles(Path(sys.argv[1]), 3, 1); print('ready', flush=True); waiting_in_a_collective()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        os.kill(proc.pid, signal.SIGSTOP)
+        monkeypatch.setattr(stacks, "py_spy", lambda: None)
+        how = stacks.dump_stacks(proc.pid, 3, tmp_path, tmp_path / "out.txt")
+        assert how == "faulthandler (py-spy is not installed)"
+        assert "waiting_in_a_collective" in (tmp_path / "out.txt").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
