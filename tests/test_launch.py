@@ -23,6 +23,7 @@ from mcx.launch import LocalLauncher, Placement, TorchrunLauncher, launcher_for,
 from mcx.launch.env import DETERMINISTIC_ENV, check_env, omp_threads
 from mcx.launch.process import child_pids
 from mcx.launch.sbatch import time_limit_seconds
+from mcx.launch.torchrun import grandchildren
 from mcx.spec.schema import (
     DataSpec,
     ExperimentSpec,
@@ -482,7 +483,7 @@ def test_torchrun_interrupt_reaches_every_worker_and_they_checkpoint(tmp_path: P
     launcher = TorchrunLauncher(module="launch_probe", log=tmp_path / "launch.log")
     handle = launcher.start(stage_dir, Placement(world_size=2), LaunchSpec(kind="torchrun"), PROBE_ENV)
     wait_for_step(stage_dir, 2, timeout=90)
-    assert len(child_pids(handle.pid)) == 2
+    assert len(grandchildren(handle.pid)) == 2  # the watchdog's agent's workers
     handle.interrupt()
     outcome = handle.wait(60)
     assert outcome.state == "cancelled", outcome.detail

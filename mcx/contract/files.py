@@ -13,8 +13,25 @@ SYSTEM_FILE = "system.jsonl"  # node 0's system metrics; node n writes system.<n
 SYSTEM_FILES = re.compile(r"system(\.[0-9]+)?\.jsonl")  # every node's
 CHECKPOINTS_DIR = "checkpoints"  # the checkpoints, unless checkpoint.dir puts them elsewhere (job.checkpoint_dir)
 CACHE_DIR = "cache"  # Megatron-Core's dataset index cache
+RANKS_DIR = "ranks"  # each rank's own files: rank<R>.jsonl (step times), rank<R>.json (pid, host), stacks.rank<R>.txt
+HANGS_DIR = "hangs"  # what a node's watchdog found on a hang: one directory an attempt (mcx.launch.watchdog)
 
 
 def system_file(node: int) -> str:
     """The system-metrics file of ``node``."""
     return SYSTEM_FILE if node == 0 else f"system.{node}.jsonl"
+
+
+def rank_steps_file(rank: int) -> str:
+    """A rank's step times under RANKS_DIR: one ``{"kind": "train", "step", "step_time_s", "time"}`` a step."""
+    return f"rank{rank}.jsonl"
+
+
+def rank_info_file(rank: int) -> str:
+    """A rank's ``{"rank", "local_rank", "pid", "host"}`` under RANKS_DIR, written as it starts."""
+    return f"rank{rank}.json"
+
+
+def rank_stacks_file(rank: int) -> str:
+    """Where a rank's faulthandler writes every thread's stack on SIGUSR2, under RANKS_DIR."""
+    return f"stacks.rank{rank}.txt"

@@ -42,6 +42,7 @@ NOT_HASHED: dict[str, str] = {
     "launch.slurm.requeue": "whether a preempted job comes back; resumption is exact either way",
     "launch.container": "how the worker enters its image; the environment component hashes the image's content "
                         "(D67); mounts, workdir and env say where the files and variables the job reads are",
+    "launch.watchdog": "when a hung stage is stopped and restarted; it resumes from its checkpoint, exactly",
     "smoke.time_limit": "the wall-clock limit of the smoke stage's job",
     "sweep": "how a sweep chooses its trials; each trial's values are in its own spec, which has no [sweep]",
     "init.from": "where the starting weights lie; the init component hashes their identity (run ID and "

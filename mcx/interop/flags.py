@@ -353,6 +353,20 @@ FLAGS: tuple[Row, ...] = (
     _r("launch.container.python", "launcher", (), NA,
        "The interpreter inside the image; unset means this interpreter's path (the image holds it, or it is "
        "mounted with its environment)."),
+    _r("launch.watchdog.enabled", "mcx", (), NA,
+       "A watchdog beside each node's torchrun agent (launch.kind torchrun or slurm) ends a hung stage, with every "
+       "rank's Python stacks in hangs/, and restarts it from its newest checkpoint (docs/runs.md, Hangs).",
+       "Megatron-LM's --exit-duration-in-mins and NCCL timeouts end a job; they neither dump stacks nor restart it"),
+    _r("launch.watchdog.max_restarts", "mcx", (), NA,
+       "Hangs after which the stage is restarted; one more ends it failed, its stacks kept.", "the watchdog's"),
+    _r("launch.watchdog.step_factor", "mcx", (), NA,
+       "No finished step for this many times the step time (the largest of the ranks' recent steps, or the plan's "
+       "prediction) is a hang.", "the watchdog's"),
+    _r("launch.watchdog.min_seconds", "mcx", (), NA,
+       "The least time without a step that counts as a hang: it must cover a checkpoint save and an evaluation.",
+       "the watchdog's"),
+    _r("launch.watchdog.startup_seconds", "mcx", (), NA,
+       "The bound before an attempt's first step: imports, model, data and loading the checkpoint.", "the watchdog's"),
     # ---- init
     _r("init.from", "mcx", (), NA, "Where the weights start: \"run:<run-id>\" (that run's final checkpoint, or "
        "init.step's), \"hf:<dir>\" (a Hugging Face model directory) or \"megatron:<dir>\" (a Megatron-Core "

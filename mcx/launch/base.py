@@ -94,12 +94,14 @@ class Launcher(Protocol):
 class Placement:
     """Where a stage's worker processes go: ``nodes`` x ``procs_per_node`` processes on ``device``
     (one per GPU on GPU machines, ``world_size`` processes on CPU). ``layout``: the degrees those
-    ranks train with, for what a launcher shows of them (the sbatch script's ``# layout:`` line)."""
+    ranks train with, for what a launcher shows of them (the sbatch script's ``# layout:`` line).
+    ``predicted_step_s``: the plan's step time, one of the hang watchdog's references (mcx.launch.watchdog)."""
 
     world_size: int
     nodes: int = 1
     device: Literal["cpu", "cuda"] = "cpu"
     layout: Layout | None = None
+    predicted_step_s: float | None = None
 
     def __attrs_post_init__(self) -> None:
         world_size, nodes = self.world_size, self.nodes
@@ -120,9 +122,10 @@ class Placement:
         return self.world_size // self.nodes
 
 
-def placement(layout: Layout, device: Literal["cpu", "cuda"]) -> Placement:
+def placement(layout: Layout, device: Literal["cpu", "cuda"], predicted_step_s: float | None = None) -> Placement:
     """The placement of a stage the planner laid out (the one place the control plane builds one)."""
-    return Placement(world_size=layout.world_size, nodes=layout.nodes, device=device, layout=layout)
+    return Placement(world_size=layout.world_size, nodes=layout.nodes, device=device, layout=layout,
+                     predicted_step_s=predicted_step_s)
 
 
 def resume_note(stage_dir: Path) -> str:

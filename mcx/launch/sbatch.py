@@ -37,6 +37,7 @@ from mcx.launch.container import pyxis_options, worker_python
 from mcx.launch.env import check_env, reject_control
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.torchrun import torchrun_argv
+from mcx.launch.watchdog import watchdog_argv
 from mcx.spec.schema import LaunchSpec, SlurmSpec
 from mcx.spec.slurmtime import time_limit_seconds as slurm_time_seconds
 
@@ -172,6 +173,10 @@ def render_sbatch(
         stage_dir="@STAGE@",
     )
     pyxis = [] if container.image is None else pyxis_options(container, stage_dir, env, [*env, "OMP_NUM_THREADS"])
+    policy = launch_spec.watchdog
+    if policy.enabled:  # one watchdog a node starts the node's agent; a hang requeues the job (below)
+        agent = watchdog_argv(worker_python(container, python), "@STAGE@", policy, agent,
+                              predicted_step_s=where.predicted_step_s, in_place=False)  # in the image too, if any
     srun = [
         "srun", "--nodes=@NODES@", "--ntasks-per-node=1", "--cpus-per-task=@CPUS@",
         "--kill-on-bad-exit=1", *pyxis, *agent,
@@ -241,6 +246,24 @@ def render_sbatch(
             '    echo "mcx: scontrol requeue failed; resubmit the stage to resume"',
             "  else",
             '    echo "mcx: no new checkpoint in this attempt: not requeueing (it would make no progress)"',
+            "  fi",
+            "fi",
+        ]
+    if policy.enabled and slurm.requeue:  # launch.slurm.requeue = false: a hang ends the job, its stacks kept
+        most = policy.max_restarts
+        lines += [
+            "# A hang: the watchdog wrote the ranks' stacks there and ended the attempt; requeue to resume.",
+            'hung="hangs/job$SLURM_JOB_ID-$attempt"',
+            'if [[ -d $hung ]]; then',
+            '  hangs=$(ls -d hangs/job"$SLURM_JOB_ID"-* | wc -l)',
+            f"  if (( hangs <= {most} )); then",
+            '    echo "mcx: the watchdog ended a hung attempt (stacks in $stage/$hung); requeueing job $SLURM_JOB_ID to '
+            f'resume from its newest checkpoint (restart $hangs of {most})"',
+            '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            '    echo "mcx: scontrol requeue failed; resubmit the stage to resume"',
+            "  else",
+            '    echo "mcx: the watchdog ended a hung attempt (stacks in $stage/$hung); no restart left '
+            f'(launch.watchdog.max_restarts = {most})"',
             "  fi",
             "fi",
         ]

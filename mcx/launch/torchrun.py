@@ -24,6 +24,7 @@ from mcx.launch.container import start_in_podman, worker_python
 from mcx.launch.env import check_env, omp_threads
 from mcx.launch.local import WORKER_MODULE
 from mcx.launch.process import ProcessHandle, child_pids
+from mcx.launch.watchdog import watchdog_argv
 from mcx.spec.schema import LaunchSpec
 
 # ``python -c AGENT -- TORCHRUN ARGS``: torchrun whose SIGTERM does nothing (see the module doc).
@@ -118,15 +119,27 @@ class TorchrunLauncher:
             module=self.module,
             stage_dir=stage_dir,
         )
-        if container.image is not None:  # the agent and its workers in the spec's image (mcx.launch.container)
+        if container.image is not None:  # the agent and its workers in the spec's image (mcx.launch.container);
+            # no watchdog there yet: it would run inside the image, and its process tree differs (D66)
             inside = {**check_env(env), "OMP_NUM_THREADS": child_env["OMP_NUM_THREADS"]}
             return start_in_podman(argv, stage_dir=stage_dir, where=where, container=container, env=inside,
                                    log=self.log, what=f"torchrun ({where.procs_per_node} processes)", depth=2)
+        workers = child_pids
+        policy = launch_spec.watchdog
+        if policy.enabled:  # the watchdog starts the agent, again after a hang (one node: in place)
+            argv = watchdog_argv(self.python, stage_dir, policy, argv, predicted_step_s=where.predicted_step_s,
+                                 in_place=True)
+            workers = grandchildren
         return ProcessHandle(
             argv,
             stage_dir=stage_dir,
             env=child_env,
             log=self.log,
-            workers=child_pids,
+            workers=workers,
             what=f"torchrun ({where.procs_per_node} processes)",
         )
+
+
+def grandchildren(pid: int) -> list[int]:
+    """The workers of a watchdog's agent: the children of ``pid``'s children."""
+    return [g for c in child_pids(pid) for g in child_pids(c)]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
-from attrs import frozen
+from attrs import evolve, frozen
 
 from mcx.contract.status import Status
 from mcx.errors import InputError, RunIdError
+from mcx.metrics.ranks import SlowestRank, slowest_rank
 from mcx.track import runrecord
 from mcx.track.baseline import Baseline, list_baselines, set_baseline
 from mcx.track.errors import TrackingUnavailable
@@ -52,7 +54,14 @@ def list_runs(*, project: Path, experiment: str | None = None, all_runs: bool = 
 def show_run(run_id: str, *, project: Path) -> ShownRun:
     from mcx.track.query import show_run as query
 
-    return query(project, _require_known(project, run_id), _uri(project), include_tracking=False)
+    shown = query(project, _require_known(project, run_id), _uri(project), include_tracking=False)
+    return evolve(shown, slowest_ranks=slowest_ranks(run_dir(project, run_id), shown.entry.stages))
+
+
+def slowest_ranks(run_path: Path, stages: Iterable[str]) -> dict[str, SlowestRank]:
+    """Each stage's slowest rank, where it is an outlier (mcx.metrics.ranks; docs/metrics.md)."""
+    found = {stage: slowest_rank(run_path / stage) for stage in stages}
+    return {stage: r for stage, r in found.items() if r is not None and r.outlier}
 
 
 def lineage(run_id: str, *, project: Path) -> Lineage:

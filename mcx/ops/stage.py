@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from attrs import evolve, frozen
 
 from mcx.contract.checkpoints import latest_checkpoint
-from mcx.contract.files import CHECKPOINTS_DIR, JOB_FILE, RESULT_FILE
+from mcx.contract.files import CHECKPOINTS_DIR, HANGS_DIR, JOB_FILE, RESULT_FILE
 from mcx.contract.job import INIT_KINDS, Checks, InitFrom, Job, Output, job_to_dict
 from mcx.contract.result import StageResult, clear_result, read_result, read_stage_result
 from mcx.contract.status import Status
@@ -110,6 +110,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
                   f"TP{job_layout.tp} PP{job_layout.pp} CP{job_layout.cp} EP{job_layout.ep} DP{job_layout.dp} "
                   f"({job_spec.launch.kind})" + (f"; resuming from {resume}" if resume else "")))
     recorder.start_stage(stage)
+    hangs_before = _hangs(stage_path)
     launcher = launcher_for(job_spec.launch)
     try:
         with recorder.forwarder(stage):
@@ -119,7 +120,8 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
             if code_path is not None:  # a reproduction: the worker imports the recorded mcx first
                 path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
                 env = {**env, "PYTHONPATH": os.pathsep.join(path)}
-            handle = launcher.start(stage_path, placement(job_layout, sp.device), job_spec.launch, env)
+            predicted = planned.plan.cost.step_time_s if stage == "full" else None  # the watchdog's reference
+            handle = launcher.start(stage_path, placement(job_layout, sp.device, predicted), job_spec.launch, env)
             forwarding = getattr(handle, "forwarding_signals", None)
             if forwarding is not None:
                 with forwarding():
@@ -129,8 +131,16 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     except BaseException:  # not started (sbatch refused it...) or interrupted: the stage's record ends too
         recorder.finish_stage(stage)
         raise
-    result = read_stage_result(stage_path) or StageResult(
-        status=Status.FAILED, passed=False, error=f"the worker wrote no result ({outcome.state}: {outcome.detail})")
+    hangs = sorted(_hangs(stage_path) - hangs_before)
+    for name in hangs:  # the watchdog ended a hung attempt (mcx.launch.watchdog); a restart resumed it, or none was left
+        progress(Note(level="warning", text=f"{stage} stage: no progress within the watchdog's bound: the attempt was "
+                      f"ended, every rank's stacks are in {stage_path / HANGS_DIR / name}"))
+    said = f"the worker wrote no result ({outcome.state}: {outcome.detail})"
+    if hangs:
+        said = (f"the stage hung {len(hangs)} time(s), more than launch.watchdog.max_restarts = "
+                f"{job_spec.launch.watchdog.max_restarts} allows; the ranks' stacks are in {stage_path / HANGS_DIR}; "
+                f"{said}")
+    result = read_stage_result(stage_path) or StageResult(status=Status.FAILED, passed=False, error=said)
     if stopped is not None and result.status != Status.FINISHED:  # it ended because it was asked to
         result = evolve(result, status=stopped.status, error=stopped.detail)
     if outcome.state not in ("finished", "failed") and result.status == Status.FINISHED and not outcome.interrupted_by:
@@ -153,6 +163,12 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
             _mark_interrupted(stage_path, result.error)
     recorder.finish_stage(stage, checkpoint=checkpoint)
     return result
+
+
+def _hangs(stage_path: Path) -> set[str]:
+    """The attempts the watchdog found hung (STAGE_DIR/hangs/<job>-<attempt>/)."""
+    where = stage_path / HANGS_DIR
+    return {p.name for p in where.iterdir()} if where.is_dir() else set()
 
 
 def _mark_interrupted(stage_path: Path, error: str | None) -> None:

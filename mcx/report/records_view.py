@@ -86,6 +86,8 @@ def render_run(shown: ShownRun) -> Group:
         head.add_row("step time", f"{check.measured_s:.4g} s measured (median step), {check.predicted_s:.4g} s "
                                   f"predicted on {check.gpu}: the model is {check.error:+.1%} off"
                                   + (f"; {note}" if note else ""))
+    for stage, slow in shown.slowest_ranks.items():
+        head.add_row(f"{stage} slowest rank", slow.describe())
     if tracking.pending_ops:
         head.add_row("unsent", f"{tracking.pending_ops} records (send with `mcx sync`)")
     if shown.checkpoints_error is not None:

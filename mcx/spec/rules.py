@@ -163,6 +163,13 @@ def _train_rules(spec: ExperimentSpec) -> Problems:
         out.append(("launch.master_port", f"{spec.launch.master_port} must be in 1024..65535"))
     if not re.fullmatch(r"(\d+-)?\d{1,3}:\d{2}(:\d{2})?", spec.launch.slurm.time):
         out.append(("launch.slurm.time", f"{spec.launch.slurm.time!r} is not a Slurm time such as \"04:00:00\" or \"1-00:00:00\""))
+    wd = spec.launch.watchdog
+    for key, value, least in (("max_restarts", wd.max_restarts, 0), ("min_seconds", wd.min_seconds, 0),
+                              ("startup_seconds", wd.startup_seconds, 1)):
+        if value < least:
+            out.append((f"launch.watchdog.{key}", f"must be {least} or more, got {value}"))
+    if not wd.step_factor >= 1:  # NaN too
+        out.append(("launch.watchdog.step_factor", f"must be 1 or more (a multiple of the step time), got {wd.step_factor}"))
     for metric, tol in spec.baseline.tolerances.items():
         if tol < 0:
             out.append((f"baseline.tolerances.{metric}", f"must not be negative, got {tol}"))

@@ -240,11 +240,23 @@ class ContainerSpec:
 
 
 @frozen(kw_only=True)
+class WatchdogSpec:
+    """The hang watchdog beside each node's torchrun agent (mcx.launch.watchdog, docs/runs.md "Hangs")."""
+
+    enabled: bool = True
+    max_restarts: int = 2  # hangs a stage is restarted after (from its newest checkpoint) before it fails
+    step_factor: float = 10.0  # no step for step_factor x the step time (measured, or the plan's) is a hang
+    min_seconds: int = 900  # ... and never less than this (a checkpoint save, an evaluation)
+    startup_seconds: int = 1800  # the bound before an attempt's first step (imports, model, data, resume)
+
+
+@frozen(kw_only=True)
 class LaunchSpec:
     kind: LauncherKind = "local"
     master_port: int | None = None  # None: a free port
     slurm: SlurmSpec = field(factory=SlurmSpec)
     container: ContainerSpec = field(factory=ContainerSpec)
+    watchdog: WatchdogSpec = field(factory=WatchdogSpec)
 
 
 @frozen(kw_only=True)

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from attrs import evolve, field, frozen
 
+from mcx.metrics.ranks import SlowestRank
+
 
 Json = dict[str, Any]
 Metrics = dict[str, Any]  # a metric's key -> its value as result.json or MLflow holds it (a number, or null)
@@ -205,6 +207,7 @@ class ShownRun:
     spec_path: str | None = None
     checkpoints: dict[str, CheckpointEntry] = field(factory=dict)
     checkpoints_error: str | None = None
+    slowest_ranks: dict[str, SlowestRank] = field(factory=dict)  # stage -> its slowest rank, where an outlier
 
     def to_dict(self) -> Json:
         out = {**self.entry.to_dict(), "params": self.params, "tags": self.tags}
@@ -212,5 +215,7 @@ class ShownRun:
             return out
         checkpoints: Json = {} if self.checkpoints_error is None else {"error": {"detail": self.checkpoints_error}}
         checkpoints.update((stage, c.to_dict()) for stage, c in self.checkpoints.items())
+        slowest = {"slowest_ranks": {stage: r.to_dict() for stage, r in self.slowest_ranks.items()}} \
+            if self.slowest_ranks else {}
         return {**out, "code": None if self.code is None else self.code.to_dict(), "run": self.run,
-                "spec_path": self.spec_path, "checkpoints": checkpoints}
+                "spec_path": self.spec_path, "checkpoints": checkpoints, **slowest}

@@ -51,6 +51,7 @@ from mcx.train.console import Progress
 from mcx.train.datasets import Datasets, iterate_batches
 from mcx.train.guard import DivergenceGuard, advice
 from mcx.train.metrics import MetricsFile
+from mcx.train.rankfiles import RankFiles
 from mcx.train.runtime import World
 
 log = logging.getLogger("mcx.train")
@@ -116,10 +117,11 @@ class Outcome:
 class Trainer:
     def __init__(self, job: Job, world: World, backend: Backend, data: Datasets, stage_dir: Path,
                  metrics: MetricsFile, progress: Progress, *, padded_vocab: int, peak_flops: float | None,
-                 pinned_steps: AbstractSet[int] = frozenset()) -> None:
+                 pinned_steps: AbstractSet[int] = frozenset(), rank_files: RankFiles | None = None) -> None:
         self.job, self.world, self.backend, self.data = job, world, backend, data
         self.spec = job.spec
         self.metrics, self.progress = metrics, progress
+        self.rank_files = rank_files  # this rank's step times (every rank's own file)
         self.store = ckpt.CheckpointStore(Path(job.checkpoint_dir), job.spec.checkpoint.keep)
         self.pinned = set(pinned_steps)
         self.num_micro = num_microbatches(job)
@@ -248,6 +250,8 @@ class Trainer:
         latest = self.store.latest()
         if latest is None:
             self.metrics.truncate_after(0, final=False)
+            if self.rank_files is not None:
+                self.rank_files.truncate_after(0)
             self.step = 0
             if self.job.init is None:
                 return 0, 0
@@ -269,6 +273,8 @@ class Trainer:
         self.saved_step = self.step = step
         # Evaluations at the last step run after its checkpoint: a resume there runs them again.
         self.metrics.truncate_after(step, final=step >= self.spec.train.train_iters)
+        if self.rank_files is not None:
+            self.rank_files.truncate_after(step)
         if self.world.is_main:
             self.store.discard_after(step)
         log.info("resumed from %s (step %d, %d samples consumed)", latest.name, step, consumed)
@@ -330,6 +336,8 @@ class Trainer:
             self.step = step
             record = self.step_record(step, out, step_time)
             self.metrics.append(record)
+            if self.rank_files is not None:
+                self.rank_files.step(step, step_time)
             self.progress.record(record)
             outcome.measured.append(record)
             reason = guard.check(step, out.loss, out.grad_norm, out.skipped)

@@ -28,6 +28,7 @@ from mcx.plan.gpus import gpu_from_name, mfu_peak_flops
 from mcx.plan.memory import ALLOCATOR_ENV, ALLOCATOR_VALUE, OOM_TEXTS, allocator_items
 from mcx.train.console import make_progress
 from mcx.train.metrics import MetricsFile
+from mcx.train.rankfiles import RankFiles
 from mcx.train.result_writer import make_result, write_result
 from mcx.train.worklog import start_logging, stop_logging
 
@@ -114,9 +115,10 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     metrics = MetricsFile(stage_dir / METRICS_FILE, enabled=world.is_main)
     progress = make_progress(job.output, world.is_main)
     is_smoke = job.stage == "smoke"
+    rank_files = RankFiles(stage_dir, world.rank, world.local_rank)
     trainer = Trainer(job, world, backend, data, stage_dir, metrics, progress,
                       padded_vocab=backend.details["padded_vocab_size"], peak_flops=peak,
-                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else set())
+                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else set(), rank_files=rank_files)
     if sampler is not None:
         sampler.step_of = lambda: trainer.step
     try:
@@ -124,6 +126,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     finally:
         progress.close()
         metrics.close()
+        rank_files.close()
     world.barrier()
     train_records = metrics.history("train")
     checks: dict[str, Any] = {}
