@@ -51,7 +51,7 @@ daemon() {  # daemon CMD...: run CMD (which daemonises itself) without this scri
   (
     for fd in /proc/$BASHPID/fd/*; do
       fd=${fd##*/}
-      (( fd > 2 )) && eval "exec $fd>&-"
+      if (( fd > 2 )); then eval "exec $fd>&-"; fi
     done
     exec "$@"
   )

@@ -510,7 +510,9 @@ TWO_NODES = [
 
 
 def train_metrics(stage_dir: Path) -> list[dict]:
-    lines = (stage_dir / "metrics.jsonl").read_text().splitlines()
+    """The train records of metrics.jsonl so far (a line the worker is still writing is left out)."""
+    text = (stage_dir / "metrics.jsonl").read_text()
+    lines = text[: text.rfind("\n") + 1].splitlines()
     return [m for m in map(json.loads, lines) if m["kind"] == "train"]
 
 
