@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
-# A real single-node Slurm cluster on this machine, for mcx's launcher tests and CI.
+# A real Slurm cluster of two nodes on this machine, for mcx's launcher tests and CI.
 #
 #   .ci/slurm.sh [start]   install (once) slurm-wlm + munge, write the config, start munged,
-#                          slurmctld and slurmd, wait until the node is idle
+#                          slurmctld and one slurmd per node, wait until every node is idle
 #   .ci/slurm.sh stop      stop the daemons this script started (by their pid files)
 #   .ci/slurm.sh status    print sinfo / scontrol ping
 #
 # Runs as root without systemd (CI containers): the daemons are started directly and
 # daemonise themselves. No accounting daemon (slurmdbd): followers use squeue and
 # `scontrol show job` (finished jobs stay visible for MinJobAge seconds).
-# Idempotent: a second `start` with everything up only checks the node.
+# Idempotent: a second `start` with everything up only checks the nodes.
+#
+# Nodes: the first is this machine's short hostname (jobs of one node land there as before), the
+# others <hostname>-2, ... (MCX_SLURM_NODES, default 2). Each has its own slurmd (`slurmd -N NAME`,
+# Slurm's multiple-slurmd mode, which Debian's build has), its own port, spool, pid and log file,
+# and all of this machine's CPUs: a job of two nodes gets one srun task on each, as on a real
+# cluster, through the same slurmctld, munge credentials and slurmstepd (docs/decisions.md D65).
 set -euo pipefail
 
 MARKER="# written by mcx .ci/slurm.sh"
@@ -19,9 +25,16 @@ STATE=/var/spool/slurmctld
 SPOOL=/var/spool/slurmd
 LOGS=/var/log/slurm
 CTLD_PID=/run/slurmctld.pid
-SLURMD_PID=/run/slurmd.pid
+# %n: the node's name (one slurmd per node).
+SLURMD_PID_PATTERN=/run/slurmd-%n.pid
+OLD_SLURMD_PID=/run/slurmd.pid  # the one slurmd of the single-node cluster this script wrote before
 MUNGE_PID=/run/munge/munged.pid
 NODE="$(hostname -s)"
+NODE_COUNT="${MCX_SLURM_NODES:-2}"
+[[ $NODE_COUNT =~ ^[1-9][0-9]?$ ]] || { echo "slurm.sh: error: MCX_SLURM_NODES=$NODE_COUNT is not 1-99" >&2; exit 1; }
+NODES=("$NODE")
+for ((i = 2; i <= NODE_COUNT; i++)); do NODES+=("$NODE-$i"); done
+FIRST_PORT=6818  # slurmd's default port, for the first node; the next ones count up from it
 
 say() { printf 'slurm.sh: %s\n' "$*"; }
 die() { printf 'slurm.sh: error: %s\n' "$*" >&2; exit 1; }
@@ -31,6 +44,20 @@ die() { printf 'slurm.sh: error: %s\n' "$*" >&2; exit 1; }
 alive() {  # alive PIDFILE: the process named in PIDFILE runs
   [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
+
+daemon() {  # daemon CMD...: run CMD (which daemonises itself) without this script's open files
+  # A lock the caller holds for this script (`flock LOCK .ci/slurm.sh start`) must not pass to a daemon,
+  # which would hold it for as long as it runs.
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      if (( fd > 2 )); then eval "exec $fd>&-"; fi
+    done
+    exec "$@"
+  )
+}
+
+slurmd_pid() { printf '%s' "${SLURMD_PID_PATTERN//%n/$1}"; }  # slurmd_pid NODE: its pid file
 
 install_packages() {
   if command -v slurmctld >/dev/null && command -v slurmd >/dev/null \
@@ -60,7 +87,7 @@ start_munge() {
     say "munged already running (pid $(cat "$MUNGE_PID"))"
     return
   fi
-  runuser -u munge -- munged --pid-file="$MUNGE_PID"
+  daemon runuser -u munge -- munged --pid-file="$MUNGE_PID"
   for _ in $(seq 50); do munge -n | unmunge >/dev/null 2>&1 && break; sleep 0.1; done
   munge -n | unmunge >/dev/null || die "munged does not answer (see /var/log/munge/munged.log)"
   say "started munged (pid $(cat "$MUNGE_PID"))"
@@ -70,16 +97,22 @@ write_config() {
   if [[ -e $CONF ]] && ! grep -qF "$MARKER" "$CONF"; then
     die "$CONF exists and was not written by this script; refusing to replace a real cluster's config"
   fi
-  # The node line as slurmd itself detects this machine (CPUs, sockets, cores, RealMemory).
-  local node_line
+  # The node's hardware as slurmd itself detects this machine (CPUs, sockets, cores, RealMemory).
+  local node_line hardware nodes="" i=0 name
   node_line="$(slurmd -C | head -n1)"
   [[ $node_line == "NodeName=$NODE "* ]] || die "unexpected 'slurmd -C' output: $node_line"
+  hardware="${node_line#"NodeName=$NODE "}"
+  # Every node lives on this machine (NodeHostname), reached on loopback at its own port.
+  for name in "${NODES[@]}"; do
+    nodes+="NodeName=$name NodeHostname=$NODE NodeAddr=127.0.0.1 Port=$((FIRST_PORT + i)) $hardware State=UNKNOWN"$'\n'
+    i=$((i + 1))
+  done
   install -d -m 0755 "$CONF_DIR" "$STATE" "$SPOOL" "$LOGS"
   local tmp
   tmp="$(mktemp "$CONF_DIR/.slurm.conf.XXXXXX")"
   cat >"$tmp" <<EOF
 $MARKER
-# One node, no accounting daemon, no cgroups (containers rarely allow them).
+# ${#NODES[@]} node(s) on one machine, no accounting daemon, no cgroups (containers rarely allow them).
 ClusterName=mcx
 SlurmctldHost=$NODE
 SlurmUser=root
@@ -106,15 +139,14 @@ MinJobAge=600
 # Seconds between SIGTERM and SIGKILL on cancel, requeue and time limit.
 KillWait=30
 SlurmctldPidFile=$CTLD_PID
-SlurmdPidFile=$SLURMD_PID
+SlurmdPidFile=$SLURMD_PID_PATTERN
 StateSaveLocation=$STATE
-SlurmdSpoolDir=$SPOOL
+SlurmdSpoolDir=$SPOOL/%n
 SlurmctldLogFile=$LOGS/slurmctld.log
-SlurmdLogFile=$LOGS/slurmd.log
+SlurmdLogFile=$LOGS/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
-$node_line NodeAddr=127.0.0.1 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+${nodes}PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
   chmod 0644 "$tmp"
   if [[ -e $CONF ]] && cmp -s "$tmp" "$CONF"; then
@@ -122,49 +154,70 @@ EOF
     say "$CONF unchanged"
   else
     mv -f "$tmp" "$CONF"
-    say "wrote $CONF: $node_line"
+    say "wrote $CONF: ${NODES[*]}, each $hardware"
     CONFIG_CHANGED=1
   fi
 }
 
+slurmd_alive() {  # slurmd_alive: some slurmd this script started runs
+  local name
+  alive "$OLD_SLURMD_PID" && return 0
+  for name in "${NODES[@]}"; do alive "$(slurmd_pid "$name")" && return 0; done
+  return 1
+}
+
+stop_slurmds() {
+  local name
+  stop_daemon slurmd "$OLD_SLURMD_PID"
+  for name in "${NODES[@]}"; do stop_daemon "slurmd $name" "$(slurmd_pid "$name")"; done
+}
+
 start_daemons() {
-  if [[ ${CONFIG_CHANGED:-0} == 1 ]] && { alive "$CTLD_PID" || alive "$SLURMD_PID"; }; then
+  local name
+  if [[ ${CONFIG_CHANGED:-0} == 1 ]] && { alive "$CTLD_PID" || slurmd_alive; }; then
     say "configuration changed: restarting the Slurm daemons"
-    stop_daemon slurmd "$SLURMD_PID"
+    stop_slurmds
     stop_daemon slurmctld "$CTLD_PID"
   fi
   if alive "$CTLD_PID"; then
     say "slurmctld already running (pid $(cat "$CTLD_PID"))"
   else
     # -c: start with no jobs; a test cluster must not replay jobs left by an earlier session.
-    slurmctld -c
+    daemon slurmctld -c
     say "started slurmctld (empty queue)"
   fi
-  if alive "$SLURMD_PID"; then
-    say "slurmd already running (pid $(cat "$SLURMD_PID"))"
-  else
-    slurmd
-    say "started slurmd"
-  fi
+  for name in "${NODES[@]}"; do
+    if alive "$(slurmd_pid "$name")"; then
+      say "slurmd $name already running (pid $(cat "$(slurmd_pid "$name")"))"
+    else
+      install -d -m 0755 "$SPOOL/$name"
+      daemon slurmd -N "$name"
+      say "started slurmd $name"
+    fi
+  done
 }
 
-wait_idle() {
-  local state=""
+wait_idle() {  # every node idle (or busy with jobs): a node left down or drained is resumed
+  local state="" name pending
   for _ in $(seq 120); do
-    state="$(sinfo -h -N -n "$NODE" -o %T 2>/dev/null | head -n1 || true)"
-    case $state in
-      idle|mixed|allocated) break ;;
-      down*|drain*) scontrol update NodeName="$NODE" State=RESUME 2>/dev/null || true ;;
-    esac
+    pending=()
+    for name in "${NODES[@]}"; do
+      state="$(sinfo -h -N -n "$name" -o %T 2>/dev/null | head -n1 || true)"
+      case $state in
+        idle|mixed|allocated) ;;
+        down*|drain*) scontrol update NodeName="$name" State=RESUME 2>/dev/null || true; pending+=("$name=$state") ;;
+        *) pending+=("$name=${state:-unknown}") ;;
+      esac
+    done
+    (( ${#pending[@]} == 0 )) && break
     sleep 0.5
   done
-  case $state in
-    idle|mixed|allocated) ;;
-    *) tail -n 20 "$LOGS/slurmctld.log" "$LOGS/slurmd.log" >&2 || true
-       die "node $NODE is '${state:-unknown}' after 60 s" ;;
-  esac
-  say "cluster up: node $NODE is $state"
-  sinfo
+  if (( ${#pending[@]} )); then
+    tail -n 20 "$LOGS/slurmctld.log" "$LOGS"/slurmd-*.log >&2 || true
+    die "not up after 60 s: ${pending[*]}"
+  fi
+  say "cluster up: ${#NODES[@]} node(s): ${NODES[*]}"
+  sinfo -N
 }
 
 start() {
@@ -188,7 +241,7 @@ stop_daemon() {  # stop_daemon NAME PIDFILE: SIGTERM the pid in PIDFILE and wait
 }
 
 stop() {
-  stop_daemon slurmd "$SLURMD_PID"
+  stop_slurmds
   stop_daemon slurmctld "$CTLD_PID"
   stop_daemon munged "$MUNGE_PID"
 }

@@ -71,8 +71,8 @@ def machine_lock(name: str) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _one_test_on_the_slurm_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Tests marked slurm use the one local cluster (one node, 2 CPUs) one at a time: a job of another
-    worker's test would hold the CPUs that a test's jobs wait on or must share (two sweep trials at once)."""
+    """Tests marked slurm use the one local cluster (two nodes of 2 CPUs, on this machine) one at a time: a job of
+    another worker's test would hold the CPUs that a test's jobs wait on or must share (two sweep trials at once)."""
     if request.node.get_closest_marker("slurm") is None:
         yield
         return

@@ -272,7 +272,7 @@ def test_quickstart_worker_trains_through_sbatch_with_two_cpu_processes(tmp_path
 # --- the 405B recipe from a login node (issue 6's design card example) ------------------------------
 # `mcx run experiments/llama405b.toml` as written plans 16 nodes x 8 H200 and asks to confirm its
 # GPU-hours; confirmed, the smoke stage goes through sbatch first and the 16-node job only after it
-# passed. The test cluster has one partition ("debug"), one node, 2 CPUs and no GPUs: the smoke stage
+# passed. The test cluster has one partition ("debug"), two nodes of 2 CPUs and no GPUs: the smoke stage
 # runs there as 2 CPU processes (smoke.gpu = "cpu") with a CPU-sized model; the full stage is the
 # recipe as written, rendered for 16 x 8 GPUs, and sbatch refuses it (no such nodes).
 
@@ -449,7 +449,7 @@ def test_405b_confirmed_smokes_on_cpu_through_sbatch_then_submits_the_16_node_jo
 
 
 def test_jobs_the_cluster_cannot_place_are_refused_with_the_key_that_decides_them(tmp_path: Path, handles):
-    """Real answers of the test cluster (one node, 2 CPUs, no GPUs, partition "debug"). GPUs: sbatch
+    """Real answers of the test cluster (two nodes of 2 CPUs, no GPUs, partition "debug"). GPUs: sbatch
     refuses the job. Too many nodes or CPUs: sbatch accepts it and Slurm keeps it pending for ever
     (reason PartitionConfig, as on any cluster with EnforcePartLimits=NO, Slurm's default): mcx
     cancels it and refuses the stage, instead of waiting for ever."""
@@ -489,3 +489,115 @@ def test_jobs_the_cluster_cannot_place_are_refused_with_the_key_that_decides_the
         else:
             assert message.startswith(f"sbatch refused the job {stage_dir / 'sbatch.sh'}")
         assert (stage_dir / "sbatch.sh").exists() and not list(stage_dir.glob("slurm-*.out"))
+
+
+# --- two nodes: DP across the local cluster's two slurmd (.ci/slurm.sh), preempted and requeued -----------
+# The quickstart as DP 2 over 2 nodes x 1 CPU process, through `mcx run` (no smoke stage): sbatch, one
+# torchrun agent per node under srun, c10d rendezvous on the first node, gloo between the nodes. Once the
+# job has trained 3 steps it is requeued from outside (`scontrol requeue`: what a preemption does); the
+# workers checkpoint on Slurm's SIGTERM, the next attempt resumes from that checkpoint, and `mcx run`,
+# following the job throughout, records the finished run. One run serves every assertion below.
+
+TWO_NODE_STEPS = 30
+TWO_NODES = [
+    "--set", "launch.kind=slurm", "--set", 'launch.slurm.time="00:15:00"',
+    "--set", "hardware.nodes=2", "--set", "hardware.gpus_per_node=1", "--set", "hardware.gpu=cpu",
+    "--set", "smoke.enabled=false", "--set", "model.num_layers=2", "--set", "model.hidden_size=64",
+    "--set", "model.seq_length=64", "--set", "model.max_position_embeddings=64",
+    "--set", f"train.train_iters={TWO_NODE_STEPS}", "--set", "train.lr_warmup_iters=2",
+    "--set", f"train.eval_interval={TWO_NODE_STEPS}", "--set", "train.eval_iters=1",
+]  # fmt: skip
+
+
+def train_metrics(stage_dir: Path) -> list[dict]:
+    """The train records of metrics.jsonl so far (a line the worker is still writing is left out)."""
+    text = (stage_dir / "metrics.jsonl").read_text()
+    lines = text[: text.rfind("\n") + 1].splitlines()
+    return [m for m in map(json.loads, lines) if m["kind"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def two_node_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The finished `mcx run` (its --json summary, its stage directory, the job ID), requeued once."""
+    from conftest import e2e_env, machine_lock, make_e2e_project
+
+    project = make_e2e_project(tmp_path_factory.mktemp("two-nodes") / "project")
+    out, err = project / "mcx.out", project / "mcx.err"
+    argv = [sys.executable, "-m", "mcx", "--project", str(project), "run", "experiments/tiny.toml", *TWO_NODES,
+            "--json"]
+    # Module-scoped, so it runs before the per-test lock: it holds the cluster itself while it submits.
+    with machine_lock("slurm"), open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen(argv, cwd=project, env=e2e_env(), stdout=stdout, stderr=stderr)
+        job_id = None
+        try:
+            deadline = time.monotonic() + 600
+            while job_id is None and proc.poll() is None and time.monotonic() < deadline:
+                stages = list((project / ".mcx" / "runs").glob("*/full"))
+                if stages and (stages[0] / "metrics.jsonl").exists() and len(train_metrics(stages[0])) >= 3:
+                    (log,) = stages[0].glob("slurm-*.out")
+                    job_id = log.name.removeprefix("slurm-").removesuffix(".out")
+                    subprocess.run(["scontrol", "requeue", job_id], check=True)
+                time.sleep(0.1)
+            assert job_id is not None, f"the job trained no 3 steps: {err.read_text()[-3000:]}"
+            proc.wait(600)
+            # Read now: Slurm forgets a finished job MinJobAge (10 min) after it ended.
+            info = query_job(job_id)
+            nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, check=True)
+            held = subprocess.run(["scontrol", "show", "hostnames", info.nodes], capture_output=True, text=True)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if job_id is not None and (info := query_job(job_id)) is not None and info.state in (
+                "PENDING", "RUNNING", "REQUEUED", "CONFIGURING"
+            ):
+                subprocess.run(["scancel", job_id], check=False)
+    from conftest import CliResult
+
+    res = CliResult(proc.returncode, out.read_text(), err.read_text())
+    assert res.code == 0, res
+    summary = res.json()
+    return {"summary": summary, "job_id": job_id, "job": info, "cluster_nodes": sorted(set(nodes.stdout.split())),
+            "job_nodes": held.stdout.split(), "stage_dir": Path(summary["run_dir"]) / "full"}  # fmt: skip
+
+
+def test_two_node_dp_run_trains_through_torchrun_rendezvous(two_node_run: dict):
+    summary, stage_dir, job_id = two_node_run["summary"], two_node_run["stage_dir"], two_node_run["job_id"]
+    assert summary["status"] == "finished" and summary["tracking"]["state"] == "synced", summary
+    full = summary["stages"]["full"]
+    assert full["status"] == "finished" and full["passed"] and full["steps"] == TWO_NODE_STEPS, full
+    script = (stage_dir / "sbatch.sh").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=1",
+                 "# layout: TP 1 x PP 1 x CP 1 x EP 1 x DP 2 = 2 ranks",
+                 "--nnodes 2 --nproc-per-node 1 --rdzv-backend c10d"):  # fmt: skip
+        assert line in script, line
+    # Both of the cluster's nodes held the job: one agent each, the rendezvous on the first.
+    names, info = two_node_run["cluster_nodes"], two_node_run["job"]
+    assert len(names) >= 2, f"the local cluster has one node ({names}): restart it with `bash .ci/slurm.sh start`"
+    assert len(two_node_run["job_nodes"]) == 2 and set(two_node_run["job_nodes"]) <= set(names), info.nodes
+    log = (stage_dir / f"slurm-{job_id}.out").read_text()
+    assert f"attempt 1 on {info.nodes} " in log and ", 2 node(s) x 1 process(es)" in log
+    result = json.loads((stage_dir / "result.json").read_text())
+    assert result["details"]["world_size"] == 2 and result["status"] == "finished"
+    # Each node's worker reported its system metrics: group ranks 0 and 1 of 2.
+    for node, name in ((0, "system.jsonl"), (1, "system.1.jsonl")):
+        sample = json.loads((stage_dir / name).read_text().splitlines()[-1])
+        assert (sample["node"], sample["nodes"]) == (node, 2)
+    losses = [m["loss"] for m in train_metrics(stage_dir)]
+    assert losses[-1] < losses[0] - 1.0, losses  # it learned
+
+
+def test_two_node_job_requeued_resumes_from_its_checkpoint_with_every_step_once(two_node_run: dict):
+    stage_dir, job_id = two_node_run["stage_dir"], two_node_run["job_id"]
+    assert [m["step"] for m in train_metrics(stage_dir)] == list(range(1, TWO_NODE_STEPS + 1))
+    info = two_node_run["job"]
+    assert info.state == "COMPLETED" and info.restarts == 1, info
+    log = (stage_dir / f"slurm-{job_id}.out").read_text()
+    assert "attempt 1 on" in log and "attempt 2 on" in log and "SIGTERM (cancel, preemption or requeue)" in log
+    # The first attempt saved a checkpoint on Slurm's SIGTERM, before the last step; the second resumed from it.
+    saved = sorted(int(p.name.removeprefix("iter_")) for p in (stage_dir / "checkpoints").glob("iter_*"))
+    assert saved[0] < TWO_NODE_STEPS and saved[-1] == TWO_NODE_STEPS, saved
+    worker_log = (stage_dir / "worker.log").read_text()
+    assert f"resumed from iter_{saved[0]:07d} (step {saved[0]}," in worker_log
+    run_json = json.loads((stage_dir.parent / "run.json").read_text())
+    assert run_json["status"] == "finished"
