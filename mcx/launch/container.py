@@ -95,12 +95,13 @@ def worker_python(container: ContainerSpec, python: str) -> str:
 
 def pyxis_options(container: ContainerSpec, stage_dir: Path, env: Mapping[str, str], exported: Sequence[str]) -> list[str]:
     """srun's pyxis options for the stage (``exported``: the variables the script exports)."""
-    if checked(container, "slurm").image is None:
+    image = checked(container, "slurm").image
+    if image is None:
         raise InputError("launch.container.image is not set", "name the image the worker runs in.")
     mounts = ",".join(m.text for m in job_mounts(stage_dir, container, env))
     names = sorted({*exported, *container.env})
     return [
-        f"--container-image={pyxis_image(container.image)}",
+        f"--container-image={pyxis_image(image)}",
         f"--container-mounts={mounts}",
         f"--container-workdir={container.workdir or stage_dir}",
         *([f"--container-env={','.join(names)}"] if names else []),
