@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from attrs import frozen
@@ -62,7 +62,8 @@ def _stage_over(rdir: Path, stage: str, later: list[str]) -> bool:
                                                                             "COMPLETING", "REQUEUED"))
 
 
-def _lines(stage_path: Path, rank: int | None, *, follow: bool, poll_s: float, until) -> Iterator[LogLine]:
+def _lines(stage_path: Path, rank: int | None, *, follow: bool, poll_s: float,
+           until: Callable[[], bool]) -> Iterator[LogLine]:
     path = stage_path / LOG_FILE
     offset, partial, current = 0, b"", None
     while True:

@@ -128,10 +128,9 @@ def _stage(stage_path: Path) -> StageNow:
     result = read_json(stage_path / RESULT_FILE)
     status = result.get("status") if isinstance(result, dict) else None
     queue, reason = _queue(launch, finished=status is not None)
-    job = read_json(stage_path / JOB_FILE) or {}
-    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
-    train_iters = (spec.get("train") or {}).get("train_iters") if isinstance(spec.get("train"), dict) else None
-    world = (job.get("layout") or {}).get("world_size") if isinstance(job.get("layout"), dict) else None
+    job = _obj(read_json(stage_path / JOB_FILE))
+    train_iters = _obj(_obj(job.get("spec")).get("train")).get("train_iters")
+    world = _obj(job.get("layout")).get("world_size")
     steps = [r for r in _tail(stage_path / METRICS_FILE) if r.get("kind") == "train"]
     last = steps[-1] if steps else {}
     times = [float(r["step_time_s"]) for r in steps[-ETA_STEPS:] if isinstance(r.get("step_time_s"), (int, float))]
@@ -150,6 +149,10 @@ def _stage(stage_path: Path) -> StageNow:
                     loss=float(loss) if isinstance(loss, (int, float)) else None, tokens_per_s=tokens,
                     step_time_s=step_time, eta_s=eta,
                     last_checkpoint=None if latest is None else str(checkpoint_root(stage_path) / latest))
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _queue(launch: LaunchRecord | None, *, finished: bool) -> tuple[str, str | None]:
