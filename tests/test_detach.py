@@ -121,7 +121,7 @@ def test_cancel_keeps_a_checkpoint_and_the_run_resumes_from_it(project: Path):
         stage = mcx_json(project, "status", run_id)["stages"]["full"]
         return stage if stage["last_checkpoint"] else None
 
-    running = wait_until(saved, 300)
+    running = wait_until(saved, 600)
     assert running["job_id"] == job["job_id"] and running["queue"] == "RUNNING" and running["eta_s"] is not None
     listed = mcx_subprocess(project, "ls", "--json")
     assert {r["run_id"]: r["status"] for r in listed.json()}[run_id] == "running"
