@@ -136,7 +136,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     except BaseException:  # not started (sbatch refused it...) or interrupted: the stage's record ends too
         recorder.finish_stage(stage)
         raise
-    if outcome.interrupted_by is None and not outcome.ok and cancel_requested(run_path):  # the user's stop, not a preemption
+    if not outcome.ok and cancel_requested(run_path):  # the user's stop (scancel, or SIGTERM forwarded), not a preemption
         outcome = evolve(outcome, interrupted_by="mcx cancel")
     result = read_stage_result(stage_path) or StageResult(
         status=Status.FAILED, passed=False, error=f"the worker wrote no result ({outcome.state}: {outcome.detail})")
