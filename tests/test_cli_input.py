@@ -160,7 +160,7 @@ def test_explain_refuses_a_malformed_run_id(project, run_id):
     assert not (project / "PWNED").exists() and not (project.parent / "PWNED").exists()
 
 
-@pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "baseline", "pull"])
+@pytest.mark.parametrize("verb", ["show", "reproduce", "compare", "baseline", "pull", "status", "logs", "cancel"])
 def test_run_id_verbs_refuse_malformed_ids(project, verb):
     for run_id in ["../../etc/passwd", "abc;rm -rf /", "$(touch PWNED)", "0123456789AB"]:
         args = ["baseline", "set", "main", run_id] if verb == "baseline" else [verb, run_id]

@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     _training_verbs(sub)
     _record_verbs(sub)
+    _live_verbs(sub)
     _report_verbs(sub)
     _interop_verbs(sub)
     _sweep_verbs(sub)
@@ -95,6 +96,9 @@ def _training_verbs(sub: argparse._SubParsersAction) -> None:
                    help="read every data file again instead of trusting hashes kept for files whose inode, mtime "
                         "and size are unchanged")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--detach", action="store_true",
+                   help="return once the first stage is submitted (run ID and job on stdout); a supervisor process "
+                        "runs the rest and records it (`mcx status`, `logs`, `cancel`)")
     s.add_argument("--json", action="store_true", help="last stdout line: one JSON summary")
     s.set_defaults(func=verbs.cmd_run)
 
@@ -159,6 +163,29 @@ def _record_verbs(sub: argparse._SubParsersAction) -> None:
                    help="inject a fault into the rerun (repeatable; [debug] keys only, docs/spec.md), "
                         "e.g. --set debug.perturb_params.step=11")
     s.set_defaults(func=verbs.cmd_reproduce)
+
+
+def _live_verbs(sub: argparse._SubParsersAction) -> None:
+    """Status, logs, cancel: runs still training (`mcx run --detach`, or another terminal's `mcx run`)."""
+    s = sub.add_parser("status", help="a run's queue state, stage, step, loss, tokens/s, ETA and last checkpoint "
+                       "(no RUN_ID: every running or queued run)")
+    s.add_argument("run_id", nargs="?")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=verbs.cmd_status)
+
+    s = sub.add_parser("logs", help="a run's worker log, every rank's lines (-f: follow until the run ends)")
+    s.add_argument("run_id")
+    s.add_argument("-f", "--follow", action="store_true", help="keep reading until the run is no longer active")
+    s.add_argument("--rank", type=int, help="this rank's lines only")
+    s.add_argument("--stage", choices=["smoke", "full"], help="this stage's log only (default: each stage's in turn)")
+    s.add_argument("--json", action="store_true", help="one JSON object a line: stage, rank, line")
+    s.set_defaults(func=verbs.cmd_logs)
+
+    s = sub.add_parser("cancel", help="stop a running or queued run: its job cancelled, a checkpoint kept; "
+                       "`mcx run` of its spec resumes it")
+    s.add_argument("run_id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=verbs.cmd_cancel)
 
 
 def _report_verbs(sub: argparse._SubParsersAction) -> None:

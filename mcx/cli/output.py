@@ -60,8 +60,10 @@ def children_to_stderr() -> Iterator[None]:
 
 def show_progress(event: Event) -> None:
     """Render an op's progress event (mcx.ops.progress) on the stderr console, as it happens."""
-    from mcx.ops.progress import PlanShown
+    from mcx.ops.progress import Launched, PlanShown
 
+    if isinstance(event, Launched):  # the stage header said it; `mcx run --detach` and `mcx status` show the job
+        return
     if isinstance(event, PlanShown):
         from mcx.report.plan_view import render_plan
 

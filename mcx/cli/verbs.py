@@ -82,7 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
     opts = RunOptions(stage=args.stage, force=args.force, yes=args.yes, dry_run=args.dry_run,
                       skip_smoke=args.skip_smoke, output="json" if args.json else ("quiet" if args.quiet else "bar"),
-                      wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data)
+                      wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data,
+                      detach=args.detach)
     project = project_root(args)
     # SIGTERM stops it as Ctrl-C does (exit 130, resumable): forwarded to the workers while a stage trains
     with children_to_stderr(), term_interrupts():  # the worker's lines (--json: its metrics as JSON lines) are progress
@@ -92,7 +93,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(summary.to_dict())
     else:
+        from mcx.ops.detach import Detached
         from mcx.track.run_summary import DryRun
+
+        if isinstance(summary, Detached):
+            from mcx.cli.status_view import detached_text
+
+            sys.stdout.write(detached_text(summary))
+            return summary.exit_code
         from mcx.report.run_view import render_dry_run, render_run_result
 
         _console().print(render_dry_run(summary) if isinstance(summary, DryRun) else render_run_result(summary))
@@ -181,6 +189,41 @@ def cmd_ls(args: argparse.Namespace) -> int:
         _console().print(render_runs(rows))
     else:  # a pipe or a file: a header line, then one run a line, tab-separated (mcx ls | cut -f1)
         sys.stdout.write(runs_text(rows))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from mcx.ops.status import run_status
+
+    runs = run_status(project_root(args), args.run_id)
+    if args.json:
+        _emit_json(runs[0].to_dict() if args.run_id else [r.to_dict() for r in runs])
+        return 0
+    from mcx.cli.status_view import status_text
+
+    sys.stdout.write(status_text(runs, one=args.run_id is not None))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from mcx.ops.logs import run_logs
+
+    for line in run_logs(project_root(args), args.run_id, stage=args.stage, rank=args.rank, follow=args.follow):
+        sys.stdout.write(json.dumps(line.to_dict()) + "\n" if args.json else line.text + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from mcx.ops.cancel import cancel_run
+
+    done = cancel_run(project_root(args), args.run_id)
+    if args.json:
+        _emit_json(done.to_dict())
+    else:
+        from mcx.cli.status_view import cancelled_text
+
+        sys.stdout.write(cancelled_text(done))
     return 0
 
 

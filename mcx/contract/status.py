@@ -23,6 +23,7 @@ class Status(StrEnum):
     INCOMPLETE = "incomplete"  # a stage directory with metrics but no result.json (read, never written)
     PENDING = "pending"  # a stage not started yet (read, never written)
     DAMAGED = "damaged"  # `mcx ls` of a run whose record files do not parse (read, never written)
+    QUEUED = "queued"  # `mcx ls` of a running run whose stage's job waits in the cluster's queue (read, never written)
 
 
 # What a worker's result.json can say; the control plane adds INTERRUPTED and PRUNED to a stage's result.

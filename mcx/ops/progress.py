@@ -34,7 +34,17 @@ class PlanShown:
     planned: PlanResult
 
 
-Event = Note | PlanShown
+@frozen(kw_only=True)
+class Launched:
+    """A stage's workers were started (a Slurm job submitted): what `mcx run --detach` waits for before it returns."""
+
+    stage: str
+    kind: str  # launch.kind: local | torchrun | slurm
+    job_id: str | None  # the Slurm job ID; the launcher's process ID for local and torchrun
+    log: str | None = None
+
+
+Event = Note | PlanShown | Launched
 Progress = Callable[[Event], None]
 
 

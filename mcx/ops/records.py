@@ -48,7 +48,18 @@ def list_runs(*, project: Path, experiment: str | None = None, all_runs: bool = 
         rows = query(project, _uri(project), include_tracking=all_runs and _store_exists(project))
     except TrackingUnavailable:
         rows = query(project, _uri(project), include_tracking=False)
-    return [r for r in rows if experiment is None or r.name == experiment]
+    return [_queued(project, r) for r in rows if experiment is None or r.name == experiment]
+
+
+def _queued(project: Path, row: RunEntry) -> RunEntry:
+    """A running run whose current stage's job waits in the cluster's queue is listed "queued" (D64)."""
+    if row.state != "running" or row.run_id is None:
+        return row
+    from attrs import evolve
+
+    from mcx.ops.status import status_of
+
+    return evolve(row, status=Status.QUEUED) if status_of(run_dir(project, row.run_id)).state == Status.QUEUED else row
 
 
 def show_run(run_id: str, *, project: Path) -> ShownRun:

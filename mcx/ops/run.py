@@ -25,6 +25,7 @@ from mcx.jsonfile import write_json_atomic
 from mcx.launch import placement, render_sbatch, worker_env
 from mcx.metrics.curves import read_metrics
 from mcx.metrics.summary import steady
+from mcx.ops.cancel import clear_cancel
 from mcx.ops.data import ensure_dataset, keep_dataset, with_fetched_data
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, PlanShown, Progress
@@ -43,6 +44,7 @@ from mcx.track.target import resolve_target
 
 if TYPE_CHECKING:
     from mcx.contract.result import StageResult
+    from mcx.ops.detach import Detached
 
 STAGES = ("smoke", "full")
 # A stage that ended early without failing ends its run so: the run's exit code for each.
@@ -68,6 +70,11 @@ class RunOptions:
     # The GPUs of this machine the stages' workers see (CUDA_VISIBLE_DEVICES; a sweep's concurrent trials
     # each get their own). None: what the environment shows. Slurm jobs get theirs from the scheduler.
     devices: tuple[str, ...] | None = None
+    # --detach: return once the first stage's workers are started; a supervisor process runs the chain (D64)
+    detach: bool = False
+    # The run ID the caller planned (a detached run's supervisor): another ID here means the spec, its data or
+    # the code changed in between, and the run is refused rather than training something else under its name.
+    expect_run_id: str | None = None
 
 
 @frozen(kw_only=True)
@@ -75,7 +82,7 @@ class RunResult:
     """What `mcx run` returns: ``summary`` is the result (run.json's summary; its ``to_dict()`` is the object
     `--json` prints)."""
 
-    summary: RunSummary | DryRun
+    summary: RunSummary | DryRun | Detached
     notes: tuple[Note, ...] = ()
 
 
@@ -85,7 +92,7 @@ def run(spec_path: str, overrides: list[str], *, project: Path, options: RunOpti
         progress(Note(lead="note", text=f": {spec_path} has a [sweep] table; `mcx run` trains its base point, "
                       "`mcx sweep` runs the sweep"))
         spec = evolve(spec, sweep=None)
-    return run_spec(spec, project=project, options=options, progress=progress)
+    return run_spec(spec, project=project, options=options, progress=progress, source=(spec_path, tuple(overrides)))
 
 
 def stages_for(options: RunOptions, spec: ExperimentSpec) -> list[str]:
@@ -98,13 +105,15 @@ def stages_for(options: RunOptions, spec: ExperimentSpec) -> list[str]:
 
 def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progress: Progress,
              run_dir: Path | None = None, reproduces: str | None = None, reproduction: str | None = None,
-             code_path: Path | None = None, data_root: Path | None = None) -> RunResult:
+             code_path: Path | None = None, data_root: Path | None = None,
+             source: tuple[str, tuple[str, ...]] | None = None) -> RunResult:
     """Train ``spec`` (or find it already trained). ``progress`` gets events as they happen (mcx.ops.progress).
 
     ``run_dir``, ``reproduces``, ``reproduction``, ``code_path`` and ``data_root`` are for
     reproductions: the fingerprint is taken over ``code_path`` (the recorded code state) and the
     worker runs from there; ``data_root`` (the worktree, where the recorded data was restored) is
-    where ``data.path`` is read, instead of the project.
+    where ``data.path`` is read, instead of the project. ``source`` (the spec's path and ``--set`` overrides)
+    is what a detached run's supervisor loads again (``options.detach``).
     """
     try:
         planned = plan_loaded(spec, code_path or project, require_data=False, at_launch=not options.dry_run,
@@ -116,6 +125,10 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
     if options.dry_run:
         return _dry_run(planned, run_dir or paths.run_dir(project, planned.run_id or "0" * 12), stages, progress)
     assert planned.run_id is not None  # at launch, data missing here is a problem plan_loaded raised
+    if options.expect_run_id is not None and planned.run_id != options.expect_run_id:
+        raise InputError(f"the run ID is {planned.run_id} here, not {options.expect_run_id} as when `mcx run --detach` "
+                         "planned it: the spec, its data or the code changed in between;",
+                         "run `mcx run --detach` again.")
     run_path = run_dir or paths.run_dir(project, planned.run_id)
     if "full" in stages:
         _budget_gate(planned, options, progress, smoke_first="smoke" in stages)
@@ -138,6 +151,8 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
     if reproduces is None:  # kept by hash for `mcx reproduce` (a reproduction's data came from there)
         keep_dataset(project, spec.data, planned.record.data.id, remote=spec.tracking.dvc_remote,
                      progress=progress)
+    if options.detach:
+        return _detach(planned, project=project, run_path=run_path, options=options, source=source)
     with acquire(run_path, wait=options.wait):  # RunLocked (exit 1) when another process trains it
         if reproduces is None:
             cached = _cached(project, planned, options, progress, locked=True)  # it may have finished while we waited
@@ -147,6 +162,38 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
                 _archive(project, run_path)
         return _train(planned, project=project, run_path=run_path, data_dir=data_dir, stages=stages, options=options,
                       progress=progress, reproduces=reproduces, reproduction=reproduction, code_path=code_path)
+
+
+def _detach(planned: PlanResult, *, project: Path, run_path: Path, options: RunOptions,
+            source: tuple[str, tuple[str, ...]] | None) -> RunResult:
+    """The chain handed to a supervisor process (mcx.ops.detach); returns once its first stage is started."""
+    from mcx.ops.detach import Detached, DetachedJob, Request, SupervisorEnded, SUPERVISOR_LOG, start_supervisor
+
+    assert planned.run_id is not None
+    if source is None:
+        raise InputError("--detach needs the spec's path: only `mcx run SPEC --detach` runs detached;",
+                         "run it from the command line.")
+    request = Request(spec=source[0], overrides=source[1], project=str(project), run_id=planned.run_id,
+                      stage=options.stage, force=options.force, skip_smoke=options.skip_smoke,
+                      verify_data=options.verify_data)
+    message = start_supervisor(request, run_path)
+    log = run_path / SUPERVISOR_LOG
+    if message is None:
+        raise SupervisorEnded(f"the supervisor of run {planned.run_id} ended before it started a stage;",
+                              f"its output is in {log}.")
+    if "launched" in message:
+        job = message["launched"]
+        first = DetachedJob(stage=str(job["stage"]), kind=str(job["kind"]), job_id=job.get("job_id"), log=job.get("log"))
+        return RunResult(summary=Detached(run_id=planned.run_id, run_dir=str(run_path), jobs=(first,),
+                                          supervisor_pid=int(message["pid"]), log=str(log)))
+    if "ended" in message:
+        ended = message["ended"]
+        summary = RunSummary.from_dict(ended["summary"])
+        notes = tuple(Note(**n) for n in ended.get("notes", ()))
+        return RunResult(summary=summary, notes=notes)
+    err = message.get("error") or {}
+    raise SupervisorEnded(str(err.get("message") or "the supervisor failed"), err.get("hint"),
+                          exit_code=int(err.get("exit_code") or 1))
 
 
 def _budget_gate(planned: PlanResult, options: RunOptions, progress: Progress, *, smoke_first: bool) -> None:
@@ -282,6 +329,7 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
            progress: Progress, reproduces: str | None, reproduction: str | None, code_path: Path | None = None
            ) -> RunResult:
     _write_run_files(planned, run_path, stages, options)
+    clear_cancel(run_path)  # a `mcx cancel` of an earlier attempt; this one runs until it ends or is cancelled
     recorder = RunRecorder.for_run(project, run_path, reproduces=reproduces, reproduction=reproduction)
     tags = {"mcx.skip_smoke": "true"} if "smoke" not in stages else {}
     recorder.start(launcher=planned.spec.launch.kind, tags=tags)

@@ -22,7 +22,9 @@ from mcx.jsonfile import read_json, write_json_atomic
 from mcx.launch import launcher_for, placement, worker_env
 from mcx.ops.data import data_versions
 from mcx.ops.plan import PlanResult
-from mcx.ops.progress import Note, Progress
+from mcx.ops.cancel import cancel_requested
+from mcx.ops.launch_record import read_launch, record_launch
+from mcx.ops.progress import Launched, Note, Progress
 from mcx.plan.memory import memory_fixes, oom_advice
 from mcx.plan.planner import Plan, StagePlan
 from mcx.spec import ExperimentSpec
@@ -121,7 +123,12 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
                 path = [str(code_path), *filter(None, [os.environ.get("PYTHONPATH")])]
                 env = {**env, "PYTHONPATH": os.pathsep.join(path)}
             predicted = planned.plan.cost.step_time_s if stage == "full" else None  # the watchdog's reference
-            handle = launcher.start(stage_path, placement(job_layout, sp.device, predicted), job_spec.launch, env)
+            handle = _still_queued(stage_path, job_spec, progress) or launcher.start(
+                stage_path, placement(job_layout, sp.device, predicted), job_spec.launch, env)
+            log = getattr(handle, "log", None)
+            record_launch(stage_path, job_spec.launch.kind, handle.job_id, log)
+            progress(Launched(stage=stage, kind=job_spec.launch.kind, job_id=handle.job_id,
+                              log=None if log is None else str(log)))
             forwarding = getattr(handle, "forwarding_signals", None)
             if forwarding is not None:
                 with forwarding():
@@ -140,6 +147,8 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
         said = (f"the stage hung {len(hangs)} time(s), more than launch.watchdog.max_restarts = "
                 f"{job_spec.launch.watchdog.max_restarts} allows; the ranks' stacks are in {stage_path / HANGS_DIR}; "
                 f"{said}")
+    if not outcome.ok and cancel_requested(run_path):  # the user's stop (scancel, or SIGTERM forwarded), not a preemption
+        outcome = evolve(outcome, interrupted_by="mcx cancel")
     result = read_stage_result(stage_path) or StageResult(status=Status.FAILED, passed=False, error=said)
     if stopped is not None and result.status != Status.FINISHED:  # it ended because it was asked to
         result = evolve(result, status=stopped.status, error=stopped.detail)
@@ -169,6 +178,23 @@ def _hangs(stage_path: Path) -> set[str]:
     """The attempts the watchdog found hung (STAGE_DIR/hangs/<job>-<attempt>/)."""
     where = stage_path / HANGS_DIR
     return {p.name for p in where.iterdir()} if where.is_dir() else set()
+
+
+def _still_queued(stage_path: Path, job_spec: ExperimentSpec, progress: Progress) -> Handle | None:
+    """The stage's Slurm job when an earlier `mcx run` submitted it and it is still queued or running (that
+    run's supervisor died, D64): followed, not submitted a second time. None: launch it."""
+    record = read_launch(stage_path)
+    if record is None or record.kind != "slurm" or job_spec.launch.kind != "slurm" or record.job_id is None:
+        return None
+    from mcx.launch.slurm import SLURM_STATES, SlurmHandle, query_job
+
+    info = query_job(record.job_id)
+    if info is None or SLURM_STATES.get(info.state, "running") not in ("pending", "running"):
+        return None
+    progress(Note(lead=f"{stage_path.name} stage", text=f": Slurm job {record.job_id} submitted earlier is "
+                  f"{info.state}; following it"))
+    return SlurmHandle(record.job_id, stage_path.resolve(), time_limit=job_spec.launch.slurm.time,
+                       partition=job_spec.launch.slurm.partition)
 
 
 def _mark_interrupted(stage_path: Path, error: str | None) -> None:
