@@ -41,6 +41,7 @@ NOT_HASHED: dict[str, str] = {
     "launch.slurm.signal_grace_seconds": "how early before the limit the worker checkpoints",
     "launch.slurm.requeue": "whether a preempted job comes back; resumption is exact either way",
     "smoke.time_limit": "the wall-clock limit of the smoke stage's job",
+    "eval": "how the finished weights are judged (lm-evaluation-harness tasks); the weights do not depend on it",
     "sweep": "how a sweep chooses its trials; each trial's values are in its own spec, which has no [sweep]",
     "init.from": "where the starting weights lie; the init component hashes their identity (run ID and "
                  "checkpoint content, or the model directory's content)",

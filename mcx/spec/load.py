@@ -17,7 +17,7 @@ from mcx.errors import SpecError
 from mcx.spec import convert
 from mcx.spec.presets import PRESETS
 from mcx.spec.rules import check_spec
-from mcx.spec.schema import DebugSpec, ExperimentSpec
+from mcx.spec.schema import DebugSpec, EvalSpec, ExperimentSpec
 
 MIXTURE_TABLES = ("mix", "valid", "test")
 
@@ -204,11 +204,14 @@ def _drop_none(obj: Any) -> Any:
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     """The resolved spec as plain data (None kept: it means "let mcx decide"). A [debug] table that
-    injects nothing is left out, so a spec without one hashes, records and dumps as before it existed; so are
+    injects nothing is left out, so a spec without one hashes, records and dumps as before it existed; so are an
+    [eval] table that evaluates nothing and
     empty mixture tables ([data.mix], [data.valid], [data.test])."""
     tree: dict[str, Any] = convert.unstructure(spec)
     if spec.debug == DebugSpec():
         del tree["debug"]
+    if spec.eval == EvalSpec():  # likewise no [eval]: a spec without one records as before it existed (D68)
+        del tree["eval"]
     for table in MIXTURE_TABLES:  # likewise a single dataset's spec: no empty mixture tables (D60)
         if not tree["data"][table]:
             del tree["data"][table]
