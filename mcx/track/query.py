@@ -22,6 +22,7 @@ from attrs import evolve
 
 from mcx.contract.status import Status
 from mcx.errors import McxError, RunIdError, SpecError
+from mcx.eval.scores import RUN_FILE as EVAL_FILE, read_evaluation
 from mcx.spec.load import loads_spec, spec_to_dict
 from mcx.track import paths, runrecord
 from mcx.track.errors import TrackingUnavailable
@@ -237,7 +238,8 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
         out = ShownRun(entry=entry, params=spec_params(spec) if spec else {},
                        tags=fingerprint_tags(fp) if isinstance(fp, dict) else {}, code=code_provenance(fp),
                        run=paths.read_json(run_path / "run.json", {}), spec_path=str(run_path / "spec.toml"),
-                       checkpoints=checkpoints, checkpoints_error=checkpoints_error)
+                       checkpoints=checkpoints, checkpoints_error=checkpoints_error,
+                       evaluation=read_evaluation(run_path / EVAL_FILE))
         if not include_tracking:
             return out
     else:

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from attrs import evolve, field, frozen
 
+from mcx.eval.scores import Evaluation
+
 
 Json = dict[str, Any]
 Metrics = dict[str, Any]  # a metric's key -> its value as result.json or MLflow holds it (a number, or null)
@@ -205,9 +207,12 @@ class ShownRun:
     spec_path: str | None = None
     checkpoints: dict[str, CheckpointEntry] = field(factory=dict)
     checkpoints_error: str | None = None
+    evaluation: Evaluation | None = None  # the run's downstream evaluation (eval.json, D68); None: not evaluated
 
     def to_dict(self) -> Json:
         out = {**self.entry.to_dict(), "params": self.params, "tags": self.tags}
+        if self.evaluation is not None:
+            out["eval"] = self.evaluation.to_dict()
         if self.run is None:
             return out
         checkpoints: Json = {} if self.checkpoints_error is None else {"error": {"detail": self.checkpoints_error}}
