@@ -16,6 +16,21 @@ STDERR = "_stderr"
 RUN_FILE = "eval.json"  # a run directory's evaluation: the last one `mcx run` or `mcx eval RUN` made
 
 
+_LOWER = ("perplexity", "ppl", "loss", "bits_per_byte", "ter")  # harness metrics where less is better
+
+
+def is_eval_metric(name: str) -> bool:
+    """``eval/<task>/<metric>``: a score (not its standard error)."""
+    parts = name.split("/")
+    return len(parts) == 3 and parts[0] + "/" == PREFIX and all(parts) and not name.endswith(STDERR)
+
+
+def eval_better(name: str) -> str:
+    """Which way an evaluation metric improves, by the harness's metric name: "lower" or "higher"."""
+    last = name.rsplit("/", 1)[-1].lower()
+    return "lower" if any(word in last for word in _LOWER) else "higher"
+
+
 @frozen
 class Score:
     task: str
