@@ -17,24 +17,45 @@ pytestmark = pytest.mark.slow
 
 TASK = "mcx_quickstart_next_line"
 ACC = f"eval/{TASK}/acc"
-SHORT = ["--skip-smoke", "--set", "train.lr_warmup_iters=2", "--set", "train.eval_interval=10", "--set",
-         "train.eval_iters=1"]
-EVAL = ["--set", 'eval.tasks=["evals/quickstart_next_line"]', "--set", "eval.limit=24"]
+# The quickstart spec, 20 steps, evaluated on 24 items after its full stage; its [sweep] (the sweep test's) tries
+# 2 and 20 steps, the two runs the module trains, so the sweep finds both finished. Written and committed before
+# any run: the project's files are part of every run ID.
+SPEC = {"extends": "tiny.toml", "name": "evaluated",
+        "train": {"train_iters": 20, "lr_warmup_iters": 2, "eval_interval": 10, "eval_iters": 1},
+        "smoke": {"enabled": False},
+        "eval": {"tasks": ["evals/quickstart_next_line"], "limit": 24},
+        "sweep": {"method": "grid", "objective": ACC, "parameters": {"train.train_iters": [2, 20]}}}
 
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory, e2e_clean_env) -> Path:
+    import subprocess
+
+    import tomli_w
+
     root = make_e2e_project(tmp_path_factory.mktemp("eval"))
-    shutil.copytree(E2E_ROOT / "evals", root / "evals")
+    shutil.copytree(E2E_ROOT / "evals", root / "evals", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "experiments" / "evaluated.toml").write_text(tomli_w.dumps(SPEC))
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "evaluated"], cwd=root, check=True)
     return root
 
 
 @pytest.fixture(scope="module")
 def trained(project):
-    """The quickstart spec, 20 steps, with [eval]: trained, exported and evaluated by one `mcx run`."""
-    run = mcx_inprocess(project, "run", "experiments/tiny.toml", *SHORT, "--set", "train.train_iters=20", *EVAL,
-                        "--json")
+    """Trained, exported and evaluated by one `mcx run` (the spec's base point: 20 steps)."""
+    run = mcx_inprocess(project, "run", "experiments/evaluated.toml", "--json")
     assert run.code == 0, run
+    return run.json()
+
+
+@pytest.fixture(scope="module")
+def worse(project, trained):
+    """Two steps, gated against the 20-step run with no tolerance on the next-line accuracy."""
+    run = mcx_inprocess(project, "run", "experiments/evaluated.toml", "--set", "train.train_iters=2", "--set",
+                        f'baseline.run="{trained["run_id"]}"', "--set", f'baseline.tolerances={{"{ACC}" = 0.0}}',
+                        "--json")
+    assert run.code in (0, 1), run
     return run.json()
 
 
@@ -45,13 +66,42 @@ def test_the_run_is_evaluated_after_its_full_stage_and_its_id_does_not_change(pr
     recorded = json.loads((Path(trained["run_dir"]) / "eval.json").read_text())
     assert recorded["tasks"][TASK]["samples"] == 24 and recorded["model"] == {"run": trained["run_id"]}
     # [eval] is not part of the run ID: the spec without it plans to the same run
-    plain = mcx_inprocess(project, "plan", "experiments/tiny.toml", *SHORT, "--set", "train.train_iters=20", "--json")
+    plain = mcx_inprocess(project, "plan", "experiments/evaluated.toml", "--set", "eval.tasks=[]", "--json")
     assert plain.json()["run_id"] == trained["run_id"]
     from mcx.track.mlflow_store import MlflowStore
     from mcx.track.target import resolve_target
 
     metrics = MlflowStore(resolve_target(project, None)).find_parent_run(trained["run_id"]).data.metrics
     assert metrics[ACC] == final[ACC] and metrics[ACC + "_stderr"] == final[ACC + "_stderr"]
+    shown = mcx_inprocess(project, "show", trained["run_id"])
+    assert "evaluation (lm-evaluation-harness" in shown.out and f"{final[ACC]:.4f} ± " in shown.out
+
+
+def test_the_baseline_gate_and_compare_read_the_scores(project, trained, worse):
+    base, value = trained["final"][ACC], worse["final"][ACC]
+    gate = worse["baseline"]
+    entry = gate["metrics"][ACC]
+    assert (entry["baseline"], entry["value"], entry["tolerance"]) == (base, value, 0.0)
+    assert gate["verdict"] == ("regress" if value < base else "pass")
+    assert (ACC in gate["regressed"]) == (value < base) and (worse["exit_code"] != 0) == (value < base)
+    both = mcx_inprocess(project, "compare", trained["run_id"], worse["run_id"], "--format", "json")
+    scores = json.loads(both.out)["eval"][f"{TASK}/acc"]
+    assert scores[trained["run_id"]]["value"] == base and scores[worse["run_id"]]["value"] == value
+    noise = scores[worse["run_id"]]["within_noise_of_first"]
+    first, second = scores[trained["run_id"]], scores[worse["run_id"]]
+    assert noise == (abs(base - value) <= (first["stderr"] ** 2 + second["stderr"] ** 2) ** 0.5)
+    table = mcx_inprocess(project, "compare", trained["run_id"], worse["run_id"])
+    assert "Evaluation: score ± standard error" in table.out and f"{value:.4f} ± " in table.out
+
+
+def test_a_sweep_on_an_eval_objective_picks_its_best_trial(project, trained, worse):
+    swept = mcx_inprocess(project, "sweep", "experiments/evaluated.toml", "--json")
+    assert swept.code == 0, swept
+    result = swept.json()
+    assert result["direction"] == "maximize"
+    best = max((trained, worse), key=lambda r: r["final"][ACC])
+    assert result["best"]["value"] == best["final"][ACC]
+    assert result["best"]["run_id"] in {r["run_id"] for r in (trained, worse) if r["final"][ACC] == best["final"][ACC]}
 
 
 def test_a_repeated_evaluation_comes_from_its_cache_and_a_fresh_one_scores_the_same(project, trained):
