@@ -25,8 +25,8 @@ def evaluate(directory: Path) -> Path:
         os.environ.setdefault(name, value)
     job = read_job(directory)
     started = time.monotonic()
-    import lm_eval
-    from lm_eval.tasks import TaskManager
+    import lm_eval  # type: ignore[import-untyped]
+    from lm_eval.tasks import TaskManager  # type: ignore[import-untyped]
 
     registry = any(t.directory is None for t in job.tasks)  # the built-in index is read only when a task needs it
     manager = TaskManager(include_path=job.include_paths() or None, include_defaults=registry)
