@@ -18,13 +18,13 @@ pytestmark = pytest.mark.slow
 TASK = "mcx_quickstart_next_line"
 ACC = f"eval/{TASK}/acc"
 # The quickstart spec, 20 steps, evaluated on 24 items after its full stage; its [sweep] (the sweep test's) tries
-# 2 and 20 steps, the two runs the module trains, so the sweep finds both finished. Written and committed before
+# 3 and 20 steps, the two runs the module trains, so the sweep finds both finished. Written and committed before
 # any run: the project's files are part of every run ID.
 SPEC = {"extends": "tiny.toml", "name": "evaluated",
         "train": {"train_iters": 20, "lr_warmup_iters": 2, "eval_interval": 10, "eval_iters": 1},
         "smoke": {"enabled": False},
         "eval": {"tasks": ["evals/quickstart_next_line"], "limit": 24},
-        "sweep": {"method": "grid", "objective": ACC, "parameters": {"train.train_iters": [2, 20]}}}
+        "sweep": {"method": "grid", "objective": ACC, "parameters": {"train.train_iters": [3, 20]}}}
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,8 @@ def trained(project):
 
 @pytest.fixture(scope="module")
 def worse(project, trained):
-    """Two steps, gated against the 20-step run with no tolerance on the next-line accuracy."""
-    run = mcx_inprocess(project, "run", "experiments/evaluated.toml", "--set", "train.train_iters=2", "--set",
+    """Three steps, gated against the 20-step run with no tolerance on the next-line accuracy."""
+    run = mcx_inprocess(project, "run", "experiments/evaluated.toml", "--set", "train.train_iters=3", "--set",
                         f'baseline.run="{trained["run_id"]}"', "--set", f'baseline.tolerances={{"{ACC}" = 0.0}}',
                         "--json")
     assert run.code in (0, 1), run
