@@ -120,9 +120,10 @@ def _job(model: dict[str, str], model_dir: str, device: str, table: EvalSpec, ov
     if not given:
         raise InputError(f"no evaluation tasks for {what};", "give --tasks NAME|DIR,... (or [eval] tasks in the run's "
                          "spec), e.g. --tasks evals/quickstart_next_line.")
-    pick = lambda flag, own: own if flag is None else flag  # noqa: E731
-    settings = EvalSettings(num_fewshot=pick(overrides.num_fewshot, table.num_fewshot),
-                            limit=pick(overrides.limit, table.limit), batch_size=pick(overrides.batch_size, table.batch_size))
+    settings = EvalSettings(
+        num_fewshot=table.num_fewshot if overrides.num_fewshot is None else overrides.num_fewshot,
+        limit=table.limit if overrides.limit is None else overrides.limit,
+        batch_size=table.batch_size if overrides.batch_size is None else overrides.batch_size)
     for flag, value, least in (("--num-fewshot", settings.num_fewshot, 0), ("--limit", settings.limit, 1),
                                ("--batch-size", settings.batch_size, 1)):
         if value is not None and value < least:

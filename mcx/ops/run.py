@@ -20,6 +20,7 @@ from mcx.contract.files import METRICS_FILE
 from mcx.contract.job import Output
 from mcx.contract.status import RUN_ENDINGS, Status
 from mcx.errors import BudgetError, InputError, McxError, SpecError, TrainingFailed
+from mcx.eval.scores import run_eval_metrics
 from mcx.fingerprint.record import record_to_dict
 from mcx.jsonfile import write_json_atomic
 from mcx.launch import placement, render_sbatch, worker_env
@@ -225,7 +226,7 @@ def _cached(project: Path, planned: PlanResult, options: RunOptions, progress: P
         from mcx.contract.result import StageResult, read_stage_result
 
         full = read_stage_result(state.run_dir / "full") or StageResult(final=summary.final)
-        summary = summary.judge(_baseline(project, planned, full))
+        summary = summary.judge(_baseline(project, planned, full, run_eval_metrics(state.run_dir)))
         if summary.error:
             notes.append(Note(level="error", text=f"mcx: {summary.error}"))
     return RunResult(summary=summary, notes=tuple(notes))

@@ -116,7 +116,7 @@ def render_run(shown: ShownRun) -> Group:
         tags.add_row(k, str(v))
     if shown.evaluation is None:
         return Group(head, stages, tags)
-    ev = titled_table("evaluation (" + evaluation_lines(record.run_id, shown.evaluation)[0].split(": ", 1)[1] + ")")
+    ev = titled_table("evaluation (" + evaluation_lines(record.run_id or "", shown.evaluation)[0].split(": ", 1)[1] + ")")
     for column in ("task", "metric", "score ± stderr"):
         ev.add_column(column, overflow="fold")
     for score in shown.evaluation.scores:
