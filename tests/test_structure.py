@@ -33,7 +33,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # The contract's names and statuses are plain data: below everything that reads or writes a stage directory.
     ("mcx", "mcx.errors", "mcx.hashing", "mcx.jsonfile", "mcx.contract.files", "mcx.contract.status"),
     ("mcx.spec",),
-    ("mcx.plan", "mcx.contract", "mcx.launch", "mcx.track", "mcx.data", "mcx.fingerprint", "mcx.metrics", "mcx.weights"),
+    ("mcx.plan", "mcx.contract", "mcx.launch", "mcx.track", "mcx.data", "mcx.fingerprint", "mcx.metrics", "mcx.weights",
+     "mcx.eval"),
     ("mcx.train", "mcx.report", "mcx.interop"),
     ("mcx.ops",),
     ("mcx.cli",),

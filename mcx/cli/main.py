@@ -249,6 +249,18 @@ def _interop_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=verbs.cmd_export_hf)
 
+    s = sub.add_parser("eval", help="lm-evaluation-harness on a run's weights or a Hugging Face model directory "
+                       "(content-addressed: a repeated evaluation is read from its cache)")
+    s.add_argument("target", help="a run ID (its final checkpoint, exported once) or hf:DIR")
+    s.add_argument("--tasks", help="comma-separated registry names or task directories (default: the run's [eval] "
+                   "tasks), e.g. evals/quickstart_next_line")
+    s.add_argument("--num-fewshot", type=int, help="examples before each item (default: [eval]'s, else 0)")
+    s.add_argument("--limit", type=int, help="items per task (default: [eval]'s, else every item)")
+    s.add_argument("--batch-size", type=int, help="requests per forward pass (default: [eval]'s, else 8)")
+    s.add_argument("--fresh", action="store_true", help="compute again even when the cache holds this evaluation")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.set_defaults(func=verbs.cmd_eval)
+
 
 def _sweep_verbs(sub: argparse._SubParsersAction) -> None:
     """Sweep: many runs as one experiment."""

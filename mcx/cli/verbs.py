@@ -367,6 +367,24 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from mcx.ops.evaluate import EvalOverrides, evaluate
+    from mcx.report.eval_view import evaluation_lines
+
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks is not None else None
+    overrides = EvalOverrides(tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size,
+                              fresh=args.fresh)
+    with children_to_stderr():
+        result = evaluate(args.target, project_root(args), overrides=overrides, progress=show_progress)
+    if args.json:
+        _emit_json(result.to_dict())
+    else:
+        out = _console()
+        for line in evaluation_lines(result.target, result.evaluation):
+            out.print(line, markup=False, soft_wrap=True)
+    return 0
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from mcx.ops import sweep as sweeps
 

@@ -44,6 +44,7 @@ NOT_HASHED: dict[str, str] = {
                         "(D67); mounts, workdir and env say where the files and variables the job reads are",
     "launch.watchdog": "when a hung stage is stopped and restarted; it resumes from its checkpoint, exactly",
     "smoke.time_limit": "the wall-clock limit of the smoke stage's job",
+    "eval": "how the finished weights are judged (lm-evaluation-harness tasks); the weights do not depend on it",
     "sweep": "how a sweep chooses its trials; each trial's values are in its own spec, which has no [sweep]",
     "init.from": "where the starting weights lie; the init component hashes their identity (run ID and "
                  "checkpoint content, or the model directory's content)",

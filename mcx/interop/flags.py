@@ -90,6 +90,7 @@ def _r(key: str, kind: Kind, args: str | tuple[str, ...], absent: Any, doc: str,
 _SMOKE = "the smoke stage is mcx's own short run before the full one"
 _INIT = "the source's identity is part of the run ID (docs/lineage.md)"
 _TRACK = "mcx records runs to MLflow and DVC"
+_EVAL = "evaluation is mcx's (lm-evaluation-harness on the Hugging Face export); not part of the run ID"
 
 FLAGS: tuple[Row, ...] = (
     # ---- top level
@@ -398,6 +399,13 @@ FLAGS: tuple[Row, ...] = (
        "(spec key -> values or a range), objective, direction, max_trials, parallel, seed, prune, "
        "prune_startup_trials, prune_warmup_evals, name (docs/sweeps.md). Unset: not a sweep.",
        "sweeps are mcx's; each trial is the spec with its values and no [sweep], not part of any run's ID"),
+    # ---- eval (downstream evaluation, D68)
+    _r("eval.tasks", "mcx", (), NA, "lm-evaluation-harness tasks run on the run's weights after its full stage: "
+       "registry names (read from a local datasets cache) or task directories (YAML and local data, relative to "
+       "the project), e.g. `[\"evals/quickstart_next_line\"]`. Empty: no evaluation.", _EVAL),
+    _r("eval.num_fewshot", "mcx", (), NA, "Examples put before each item.", _EVAL),
+    _r("eval.limit", "mcx", (), NA, "Items per task (the first N); unset: every item.", _EVAL),
+    _r("eval.batch_size", "mcx", (), NA, "Requests per forward pass of the Hugging Face model.", _EVAL),
     # ---- debug (fault injection)
     _r("debug.perturb_params", "mcx", (), NA, "Fault injection: `{step = N, amount = 1e-2}` adds amount to every "
        "floating-point model weight just before step N of each stage that reaches it, so the run departs there "

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 import attrs
 
 from mcx.errors import InputError
+from mcx.eval.scores import RUN_FILE, read_evaluation
 from mcx.ops.outputs import check_output_file, write_text
 from mcx.ops.records import run_dirs
 from mcx.ops.sweep import show
 from mcx.report.compare_view import Comparison, compare as build
+from mcx.report.eval_view import EvalRow, eval_rows
 from mcx.report.rundata import RunData, load_run_dir
 from mcx.report.seeds import seed_runs
 from mcx.report.sweep_report import SweepSection, SweepTrial
@@ -57,6 +59,8 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
         cmp = attrs.evolve(cmp, lineage=chains)
     if section is not None:
         cmp = attrs.evolve(cmp, sweep=section)
+    if evals := _evals(cmp, [*dirs, *run_dirs(project, [base.run_id], None)] if base is not None else dirs):
+        cmp = attrs.evolve(cmp, evals=evals)
     if fmt == "table":
         from mcx.report.table import to_table, to_table_text
 
@@ -78,6 +82,13 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
         write_text(Path(out), rendered, "-o")
         return None
     return rendered
+
+
+def _evals(cmp: Comparison, dirs: list[Path]) -> tuple[EvalRow, ...]:
+    """The runs' downstream scores (eval.json), in the comparison's order; none when no run was evaluated."""
+    where = {d.name: d for d in dirs}
+    found = [read_evaluation(where[h.run_id] / RUN_FILE) if h.run_id in where else None for h in cmp.runs]
+    return eval_rows(found) if any(found) else ()
 
 
 def _seed_groups(project: Path, cmp: Comparison) -> dict[str, list[RunData]]:

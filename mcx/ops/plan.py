@@ -18,6 +18,7 @@ from attrs import frozen
 from mcx.data import mixture
 from mcx.data.vocab import tokenizer_vocab_size
 from mcx.errors import DataError, SpecError
+from mcx.eval.scores import is_eval_metric
 from mcx.fingerprint.data import data_paths
 from mcx.fingerprint.record import FingerprintRecord, collect, component_hashes, run_id
 from mcx.launch import preflight
@@ -150,8 +151,11 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
     notes: list[str] = []
     te = te_for_plan(spec, at_launch, notes)
     vocab = None if effective_vocab_size(spec) is not None else tokenizer_vocab_size(spec.data, project)
-    problems: Problems = [(f"baseline.tolerances.{metric}", f"unknown metric; use one of {', '.join(METRIC_KEYS)}")
-                          for metric in spec.baseline.tolerances if metric not in METRIC_KEYS]
+    problems: Problems = [(f"baseline.tolerances.{metric}", f"unknown metric; use one of {', '.join(METRIC_KEYS)}, "
+                           "or an [eval] score eval/<task>/<metric>")
+                          for metric in spec.baseline.tolerances if metric not in METRIC_KEYS and not is_eval_metric(metric)]
+    problems += [(f"baseline.tolerances.{metric}", "an evaluation score, and this spec evaluates nothing; add [eval] tasks")
+                 for metric in spec.baseline.tolerances if is_eval_metric(metric) and not spec.eval.tasks]
     record, data_error = None, None
     try:  # first: the stages' device is planned from its hardware probe
         record = collect(spec, project, probe_hardware=probe_hardware, require_data=require_data, allow_absent=True,

@@ -20,6 +20,7 @@ from mcx.contract.files import METRICS_FILE
 from mcx.contract.job import Output
 from mcx.contract.status import RUN_ENDINGS, Status
 from mcx.errors import BudgetError, InputError, McxError, SpecError, TrainingFailed
+from mcx.eval.scores import run_eval_metrics
 from mcx.fingerprint.record import record_to_dict
 from mcx.jsonfile import write_json_atomic
 from mcx.launch import placement, render_sbatch, worker_env
@@ -272,7 +273,7 @@ def _cached(project: Path, planned: PlanResult, options: RunOptions, progress: P
         from mcx.contract.result import StageResult, read_stage_result
 
         full = read_stage_result(state.run_dir / "full") or StageResult(final=summary.final)
-        summary = summary.judge(_baseline(project, planned, full))
+        summary = summary.judge(_baseline(project, planned, full, run_eval_metrics(state.run_dir)))
         if summary.error:
             notes.append(Note(level="error", text=f"mcx: {summary.error}"))
     return RunResult(summary=summary, notes=tuple(notes))
@@ -358,12 +359,17 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
             error += (" The smoke stage passed and is kept: `mcx run` of this spec again (where the job can run) "
                       "submits the full stage without repeating it.")
     last = results.get("full") or results.get("smoke")
+    scores: dict[str, float] = {}
+    notes = []
+    if status == Status.FINISHED and "full" in results and planned.spec.eval.tasks:
+        scores, note = _evaluate(project, planned, progress, recorder)
+        notes += [note] if note else []
     summary = RunSummary(run_id=planned.run_id, name=planned.spec.name, status=status,
                          stages={k: _stage_summary(v) for k, v in results.items()},
-                         final=last.final if last else {}, error=error, exit_code=exit_code,
+                         final={**(last.final if last else {}), **scores}, error=error, exit_code=exit_code,
                          wall_time_s=time.time() - started, run_dir=str(run_path))
     if status == Status.FINISHED and "full" in results:
-        summary = summary.judge(_baseline(project, planned, results["full"]))
+        summary = summary.judge(_baseline(project, planned, results["full"], scores))
         check = _prediction(planned, run_path, results["full"])
         if check is not None:
             summary = evolve(summary, step_time=check.to_dict())
@@ -379,7 +385,6 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
     # after run.json, which the recorder uploads: where the records went is the command's answer, not the run's
     summary = evolve(summary, tracking=Tracking(target=entry.target, state=entry.state, error=entry.error,
                                                 mlflow_run=recorder.record_uuid("run")))
-    notes = []
     if entry.state == "pending":
         notes.append(Note(level="warning", text=f"tracking store unreachable ({entry.error}); records are spooled: "
                              "run `mcx sync`"))
@@ -404,7 +409,23 @@ def _prediction(planned: PlanResult, run_path: Path, full: StageResult) -> Any:
                             measured_s=statistics.median(steady(list(curve.values))))
 
 
-def _baseline(project: Path, planned: PlanResult, full: StageResult) -> dict[str, Any] | None:
+def _evaluate(project: Path, planned: PlanResult, progress: Progress, recorder: RunRecorder
+              ) -> tuple[dict[str, float], Note | None]:
+    """[eval] on the finished full stage's weights (mcx.ops.evaluate): its scores as metrics. An evaluation that
+    fails leaves the trained run finished and says how to evaluate it again."""
+    from mcx.ops.evaluate import evaluate_run
+
+    try:
+        outcome = evaluate_run(planned.run_id or "", project.resolve(), progress=progress, recorder=recorder,
+                               spec_eval=planned.spec.eval)
+    except McxError as exc:
+        return {}, Note(level="error", text=f"mcx: the evaluation failed: {exc}; `mcx eval {planned.run_id}` "
+                                            "tries again")
+    return outcome.evaluation.metrics(), None
+
+
+def _baseline(project: Path, planned: PlanResult, full: StageResult, scores: dict[str, float]
+              ) -> dict[str, Any] | None:
     ref = planned.spec.baseline.run
     if not ref:
         return None
@@ -413,7 +434,7 @@ def _baseline(project: Path, planned: PlanResult, full: StageResult) -> dict[str
         base = baseline_metrics(project, base_id, tracking_uri=planned.spec.tracking.uri)
     except McxError as exc:
         return {"verdict": "unknown", "detail": str(exc), "baseline": ref}
-    finals = {k: v for k, v in full.final.items() if isinstance(v, (int, float))}
+    finals = {**{k: v for k, v in full.final.items() if isinstance(v, (int, float))}, **scores}
     out = compare_to_baseline(finals, base, planned.spec.baseline.tolerances)
     detail = ", ".join(str(r) for r in out.get("regressed", [])) or "within tolerance"
     return {"baseline": ref, "baseline_run_id": base_id, "detail": detail, **out}

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from mcx.errors import SpecError
+from mcx.eval.scores import eval_better, is_eval_metric
 from mcx.fingerprint.config import NOT_HASHED
 from mcx.metrics.summary import BY_KEY, Metric
 from mcx.plan.gpus import peak_flops
@@ -62,6 +63,8 @@ def objective_metric(sweep: SweepSpec) -> Metric | None:
 def direction(sweep: SweepSpec) -> Literal["minimize", "maximize"]:
     if sweep.direction is not None:
         return sweep.direction
+    if is_eval_metric(sweep.objective):  # a downstream score ([eval], D68)
+        return "maximize" if eval_better(sweep.objective) == "higher" else "minimize"
     metric = objective_metric(sweep)
     return "maximize" if metric is not None and metric.better == "higher" else "minimize"
 
@@ -105,10 +108,19 @@ def _range_samples(r: SweepRange, integer: bool) -> list[Any]:
 def _objective_problems(spec: ExperimentSpec) -> Problems:
     sw = spec.sweep
     assert sw is not None
+    if is_eval_metric(sw.objective):  # eval/<task>/<metric>: each trial's evaluation after its full stage (D68)
+        problems: Problems = []
+        if not spec.eval.tasks:
+            problems.append(("sweep.objective", f"{sw.objective!r} is an evaluation score and this spec evaluates "
+                                                "nothing; add [eval] tasks (e.g. tasks = [\"evals/quickstart_next_line\"])"))
+        if sw.prune:
+            problems.append(("sweep.prune", f"{sw.objective!r} is scored once, after a trial's full stage; the pruner "
+                                            "needs a value at each evaluation: set sweep.prune = false"))
+        return problems
     metric = objective_metric(sw)
     if metric is None:
         return [("sweep.objective", f"{sw.objective!r} is not a metric mcx records; use one of "
-                                    f"{', '.join(BY_KEY)} (docs/metrics.md)")]
+                                    f"{', '.join(BY_KEY)} (docs/metrics.md), or an [eval] score eval/<task>/<metric>")]
     never = never_recorded(spec, metric)
     problems = [("sweep.objective", f"{sw.objective!r} is never recorded by this spec's runs: {never}")] if never else []
     if sw.prune and sw.objective not in INTERMEDIATE:

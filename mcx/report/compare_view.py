@@ -18,6 +18,7 @@ from mcx.errors import InputError
 from mcx.metrics.curves import Curve
 from mcx.metrics.summary import BY_KEY, METRIC_KEYS, METRICS, Metric
 from mcx.report.cells import ABSENT, MetricCell
+from mcx.report.eval_view import EvalRow
 from mcx.report.fmt import value
 from mcx.report.heldout import Summary, summarize_comparison
 from mcx.report.rundata import Drawn, RunData, flatten, run_spreads, summarize_run
@@ -124,6 +125,7 @@ class Comparison:
     lineage: Mapping[str, tuple[str, ...]] = field(factory=dict)
     sweep: SweepSection | None = None  # `mcx compare --sweep`: the sweep the runs are the best trials of
     mixture: tuple[MixtureRow, ...] = ()  # the realised data mixtures, when any run read one (D60)
+    evals: tuple[EvalRow, ...] = ()  # downstream scores with standard errors, when any run was evaluated (D68)
 
 
 # key, title, y label, curve, y axis from zero, view

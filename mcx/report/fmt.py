@@ -59,9 +59,10 @@ def value(unit: Unit, x: float | None) -> str:
 
 
 def metric(key: str, x: Any) -> str:
-    """A summary metric (mcx.metrics.summary's key) as every surface prints it; a dash when absent."""
+    """A summary metric (mcx.metrics.summary's key, or an evaluation score: a plain number) as every surface prints
+    it; a dash when absent."""
     number = float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
-    return value(BY_KEY[key].unit, number)
+    return value(BY_KEY[key].unit if key in BY_KEY else "loss", number)  # a score: four decimals, as a loss
 
 
 def delta(unit: Unit, cell: MetricCell) -> str:

@@ -17,6 +17,7 @@ from html import escape
 
 from mcx.report import fmt
 from mcx.report.compare_view import ABSENT, Comparison, DiffRow, MetricRow, Plot, drawn_text, same_key
+from mcx.report.eval_view import cell_text
 from mcx.report.outcome import MEASURE, definitions, lines
 from mcx.report.rolling import spread_band, trailing_mean
 from mcx.report.svg import ENVELOPE_MAX, Line, colors, line_chart
@@ -264,6 +265,14 @@ def to_html(cmp: Comparison) -> str:
         parts.append(_matrix("component", [f"<code>{escape(row.component)}</code>" for row in cmp.mixture], heads,
                              [[f"<td>{escape(drawn_text(d))}</td>" for d in row.cells] for row in cmp.mixture],
                              runs_are_columns=wide))
+        parts.append("</section>")
+    if cmp.evals:
+        parts.append('<section id="eval"><h2>Evaluation</h2><p class="same">lm-evaluation-harness scores with their '
+                     'standard errors; "(noise)": the difference from the first run\'s is within their combined '
+                     'standard error.</p>')
+        parts.append(_matrix("task/metric", [f"<code>{escape(row.label)}</code>" for row in cmp.evals], heads,
+                             [[f"<td>{escape(cell_text(row, i))}</td>" for i in range(len(cmp.runs))]
+                              for row in cmp.evals], runs_are_columns=wide))
         parts.append("</section>")
     parts.append('<section id="config"><h2>Config differences</h2>')
     if cmp.config_diff:

@@ -102,6 +102,10 @@ def to_json(cmp: Comparison, *, curves: bool = False) -> dict[str, Any]:
         "mixture": {row.component: {h.run_id: ({"requested": d.requested, "share": d.share, "samples": d.samples}
                                                 if d is not None else None) for h, d in zip(cmp.runs, row.cells)}
                     for row in cmp.mixture},
+        "eval": {f"{row.task}/{row.metric}": {h.run_id: ({"value": num(c.value), "stderr": num(c.stderr),
+                                                           "within_noise_of_first": n} if c is not None else None)
+                                              for h, c, n in zip(cmp.runs, row.cells, row.noise)}
+                 for row in cmp.evals},
         "notes": list(cmp.notes),
         "summary": _summary(cmp),
         "definitions": {key: {"term": term, "definition": text} for key, term, text in definitions(cmp)},

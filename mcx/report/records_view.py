@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from mcx.metrics.summary import BY_KEY
 from mcx.plan.steptime import short_step_note
+from mcx.report.eval_view import evaluation_lines, score_text
 from mcx.report.fmt import metric
 from mcx.report.titled import titled_table
 from mcx.report.compare_view import drawn_text
@@ -115,7 +116,14 @@ def render_run(shown: ShownRun) -> Group:
     tags.add_column("value", overflow="fold")
     for k, v in sorted(shown.tags.items()):
         tags.add_row(k, str(v))
-    return Group(head, stages, tags)
+    if shown.evaluation is None:
+        return Group(head, stages, tags)
+    ev = titled_table("evaluation (" + evaluation_lines(record.run_id or "", shown.evaluation)[0].split(": ", 1)[1] + ")")
+    for column in ("task", "metric", "score ± stderr"):
+        ev.add_column(column, overflow="fold")
+    for score in shown.evaluation.scores:
+        ev.add_row(score.task, score.metric, score_text(score.value, score.stderr))
+    return Group(head, stages, ev, tags)
 
 
 def code_line(code: CodeProvenance) -> str:

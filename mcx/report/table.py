@@ -11,6 +11,7 @@ from rich.text import Text
 from mcx.contract.status import Status
 from mcx.report import fmt
 from mcx.report.compare_view import ABSENT, Comparison, DiffRow, MetricRow, drawn_text, same_key
+from mcx.report.eval_view import cell_text
 from mcx.report.outcome import lines
 from mcx.report.plain import plain_text
 from mcx.report.titled import titled_table
@@ -138,6 +139,12 @@ def _build(cmp: Comparison, shorten: bool) -> RenderableType:
         parts.append(_grid("Data mixture: requested -> drawn", "component" if wide else "run",
                            [Text(row.component) for row in cmp.mixture], run_heads,
                            [[Text(drawn_text(d)) for d in row.cells] for row in cmp.mixture],
+                           runs_are_columns=wide, right=True))
+    if cmp.evals:
+        run_heads = [_run_column(cmp, i, shorten) for i in range(len(cmp.runs))]
+        parts.append(_grid("Evaluation: score ± standard error ((noise): within it of the first run's)",
+                           "task/metric" if wide else "run", [Text(row.label) for row in cmp.evals], run_heads,
+                           [[Text(cell_text(row, i)) for i in range(len(cmp.runs))] for row in cmp.evals],
                            runs_are_columns=wide, right=True))
     if cmp.config_diff:
         parts.append(_diff_table(cmp, "Config differences", cmp.config_diff, wide, shorten))

@@ -17,7 +17,7 @@ from mcx.errors import SpecError
 from mcx.spec import convert
 from mcx.spec.presets import PRESETS
 from mcx.spec.rules import check_spec
-from mcx.spec.schema import ContainerSpec, DebugSpec, ExperimentSpec, WatchdogSpec
+from mcx.spec.schema import ContainerSpec, DebugSpec, EvalSpec, ExperimentSpec, WatchdogSpec
 
 MIXTURE_TABLES = ("mix", "valid", "test")
 
@@ -205,8 +205,8 @@ def _drop_none(obj: Any) -> Any:
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     """The resolved spec as plain data (None kept: it means "let mcx decide"). A [debug] table that
     injects nothing is left out, so a spec without one hashes, records and dumps as before it existed; so are
-    empty mixture tables ([data.mix], [data.valid], [data.test]), a [launch.container] that names no image and a
-    [launch.watchdog] table at its defaults."""
+    empty mixture tables ([data.mix], [data.valid], [data.test]), a [launch.container] that names no image, a
+    [launch.watchdog] table at its defaults and an [eval] table that evaluates nothing."""
     tree: dict[str, Any] = convert.unstructure(spec)
     if spec.debug == DebugSpec():
         del tree["debug"]
@@ -214,6 +214,8 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
         del tree["launch"]["container"]
     if spec.launch.watchdog == WatchdogSpec():  # at its defaults: recorded and hashed as before it existed
         del tree["launch"]["watchdog"]
+    if spec.eval == EvalSpec():  # likewise no [eval]: a spec without one records as before it existed (D68)
+        del tree["eval"]
     for table in MIXTURE_TABLES:  # likewise a single dataset's spec: no empty mixture tables (D60)
         if not tree["data"][table]:
             del tree["data"][table]

@@ -268,6 +268,18 @@ def _debug_rules(spec: ExperimentSpec) -> Problems:
     return out
 
 
+def _eval_rules(spec: ExperimentSpec) -> Problems:
+    ev = spec.eval
+    out: Problems = [("eval.tasks", "an empty task name; give a registry name or a task directory")
+                     for task in ev.tasks if not task.strip()][:1]
+    if len(set(ev.tasks)) != len(ev.tasks):
+        out.append(("eval.tasks", "names a task twice"))
+    for key, value, least in (("num_fewshot", ev.num_fewshot, 0), ("limit", ev.limit, 1), ("batch_size", ev.batch_size, 1)):
+        if value is not None and value < least:
+            out.append((f"eval.{key}", f"must be at least {least}, got {value}"))
+    return out
+
+
 def _data_rules(spec: ExperimentSpec) -> Problems:
     """One dataset or a mixture; each component a path and a positive weight (D60)."""
     data, out = spec.data, []
@@ -304,7 +316,7 @@ def _data_rules(spec: ExperimentSpec) -> Problems:
 
 def check_spec(spec: ExperimentSpec) -> Problems:
     return (_range_rules(spec) + _model_rules(spec) + _train_rules(spec) + _data_rules(spec) + _init_rules(spec)
-            + _sweep_rules(spec) + _debug_rules(spec) + container_problems(spec))
+            + _sweep_rules(spec) + _eval_rules(spec) + _debug_rules(spec) + container_problems(spec))
 
 
 def divisors(n: int) -> list[int]:

@@ -339,6 +339,17 @@ class DebugSpec:
 
 
 @frozen(kw_only=True)
+class EvalSpec:
+    """Downstream evaluation with lm-evaluation-harness on the run's own weights, after its full stage (`mcx eval`).
+    Not part of the run ID: the weights do not depend on how they are judged; unset, no table is recorded."""
+
+    tasks: tuple[str, ...] = ()  # registry task names or local task directories (relative to the project); empty: off
+    num_fewshot: int = 0  # examples put before each item
+    limit: int | None = None  # items per task (the first N); None: every item
+    batch_size: int = 8  # requests per forward pass
+
+
+@frozen(kw_only=True)
 class ExperimentSpec:
     name: str
     description: str = ""
@@ -355,4 +366,5 @@ class ExperimentSpec:
     baseline: BaselineSpec = field(factory=BaselineSpec)
     budget: BudgetSpec = field(factory=BudgetSpec)
     sweep: SweepSpec | None = None
+    eval: EvalSpec = field(factory=EvalSpec)
     debug: DebugSpec = field(factory=DebugSpec)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from attrs import frozen
 
 from mcx.errors import InputError, RunIdError
+from mcx.eval.scores import run_eval_metrics
 from mcx.metrics.summary import BY_KEY
 from mcx.track import paths
 from mcx.track.errors import TrackingUnavailable
@@ -148,8 +149,8 @@ def baseline_metrics(project_root: Path, run_id: str, *, tracking_uri: str | Non
     for stage in ("full", "smoke"):
         result = paths.read_json(run_path / stage / paths.RESULT_FILE)
         if isinstance(result, dict) and isinstance(result.get("final"), dict):
-            return {k: float(v) for k, v in result["final"].items()
-                    if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            return {**{k: float(v) for k, v in result["final"].items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)}, **run_eval_metrics(run_path)}
     store, _ = _store(project_root, tracking_uri)
     run = store.find_parent_run(run_id)
     if run is None:

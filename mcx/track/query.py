@@ -22,6 +22,7 @@ from attrs import evolve
 
 from mcx.contract.status import Status
 from mcx.errors import McxError, RunIdError, SpecError
+from mcx.eval.scores import RUN_FILE as EVAL_FILE, read_evaluation, run_eval_metrics
 from mcx.spec.load import loads_spec, spec_to_dict
 from mcx.track import paths, runrecord
 from mcx.track.errors import TrackingUnavailable
@@ -163,7 +164,8 @@ def _local_summary(project_root: Path, run_path: Path) -> RunEntry:
         run_id=run_path.name, name=spec_name, status=Status.DAMAGED if damaged else run_json.get("status"),
         state="damaged" if damaged else state.state, damaged=tuple(damaged),
         holder=state.holder.describe() if state.holder else None,
-        created=_created(run_path, run_json), stages=stages, final=_final(stages),
+        created=_created(run_path, run_json), stages=stages,
+        final={**_final(stages), **run_eval_metrics(run_path)},  # the evaluation's scores beside the stage's (D68)
         step_time=StepTimeCheck.from_dict((run_json.get("summary") or {}).get("step_time")),
         source="local", tracking=_tracking_state(run_path),
     )
@@ -237,7 +239,8 @@ def show_run(project_root: Path, run_id: str, tracking_uri: str | None = None, *
         out = ShownRun(entry=entry, params=spec_params(spec) if spec else {},
                        tags=fingerprint_tags(fp) if isinstance(fp, dict) else {}, code=code_provenance(fp),
                        run=paths.read_json(run_path / "run.json", {}), spec_path=str(run_path / "spec.toml"),
-                       checkpoints=checkpoints, checkpoints_error=checkpoints_error)
+                       checkpoints=checkpoints, checkpoints_error=checkpoints_error,
+                       evaluation=read_evaluation(run_path / EVAL_FILE))
         if not include_tracking:
             return out
     else:

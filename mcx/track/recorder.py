@@ -290,6 +290,12 @@ class RunRecorder:
                  metrics={name: float(check[k]) for k, name in PREDICTION_METRICS.items()})
         self._op("tags", record=RUN, tags={"mcx.step_time.gpu": str(check["gpu"])})
 
+    def record_eval(self, metrics: dict[str, float], *, step: int, key: str) -> None:
+        """A downstream evaluation's scores (``eval/<task>/<metric>`` and their ``_stderr``, mcx.eval.scores) at
+        the step of the weights it judged, and its key (D68)."""
+        self._op("metrics", record=RUN, step=step, metrics=dict(metrics))
+        self._op("tags", record=RUN, tags={"mcx.eval.key": key})
+
     def finish(self, status: str, *, tags: dict[str, str] | None = None) -> None:
         """Journal the run's end: status tag, run.json and plots/ as artifacts, MLflow status."""
         if status not in MLFLOW_STATUS:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from attrs import evolve, field, frozen
 
+from mcx.eval.scores import Evaluation
 from mcx.metrics.ranks import SlowestRank
 
 
@@ -208,9 +209,12 @@ class ShownRun:
     checkpoints: dict[str, CheckpointEntry] = field(factory=dict)
     checkpoints_error: str | None = None
     slowest_ranks: dict[str, SlowestRank] = field(factory=dict)  # stage -> its slowest rank, where an outlier
+    evaluation: Evaluation | None = None  # the run's downstream evaluation (eval.json, D68); None: not evaluated
 
     def to_dict(self) -> Json:
         out = {**self.entry.to_dict(), "params": self.params, "tags": self.tags}
+        if self.evaluation is not None:
+            out["eval"] = self.evaluation.to_dict()
         if self.run is None:
             return out
         checkpoints: Json = {} if self.checkpoints_error is None else {"error": {"detail": self.checkpoints_error}}

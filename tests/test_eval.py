@@ -1,0 +1,151 @@
+"""Downstream evaluation (D68) with the real lm-evaluation-harness on CPU: the quickstart's held-out next-line
+task (evals/quickstart_next_line) run on a tiny quickstart run after its full stage, read back from its cache,
+recomputed from scratch to the same scores, run on a Hugging Face model directory, shown beside another run's
+and gated by a baseline. One trained and evaluated run is shared by the module."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import E2E_ROOT, make_e2e_project, mcx_inprocess
+
+pytestmark = pytest.mark.slow
+
+TASK = "mcx_quickstart_next_line"
+ACC = f"eval/{TASK}/acc"
+# The quickstart spec, 20 steps, evaluated on 24 items after its full stage; its [sweep] (the sweep test's) tries
+# 3 and 20 steps, the two runs the module trains, so the sweep finds both finished. Written and committed before
+# any run: the project's files are part of every run ID.
+SPEC = {"extends": "tiny.toml", "name": "evaluated",
+        "train": {"train_iters": 20, "lr_warmup_iters": 2, "eval_interval": 10, "eval_iters": 1},
+        "smoke": {"enabled": False},
+        "eval": {"tasks": ["evals/quickstart_next_line"], "limit": 24},
+        "sweep": {"method": "grid", "objective": ACC, "parameters": {"train.train_iters": [3, 20]}}}
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, e2e_clean_env) -> Path:
+    import subprocess
+
+    import tomli_w
+
+    root = make_e2e_project(tmp_path_factory.mktemp("eval"))
+    shutil.copytree(E2E_ROOT / "evals", root / "evals", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "experiments" / "evaluated.toml").write_text(tomli_w.dumps(SPEC))
+    subprocess.run(["git", "add", "-A"], cwd=root, check=True)
+    subprocess.run(["git", "commit", "-q", "-m", "evaluated"], cwd=root, check=True)
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(project):
+    """Trained, exported and evaluated by one `mcx run` (the spec's base point: 20 steps)."""
+    run = mcx_inprocess(project, "run", "experiments/evaluated.toml", "--json")
+    assert run.code == 0, run
+    return run.json()
+
+
+@pytest.fixture(scope="module")
+def worse(project, trained):
+    """Three steps, gated against the 20-step run with no tolerance on the next-line accuracy."""
+    run = mcx_inprocess(project, "run", "experiments/evaluated.toml", "--set", "train.train_iters=3", "--set",
+                        f'baseline.run="{trained["run_id"]}"', "--set", f'baseline.tolerances={{"{ACC}" = 0.0}}',
+                        "--json")
+    assert run.code in (0, 1), run
+    return run.json()
+
+
+def test_the_run_is_evaluated_after_its_full_stage_and_its_id_does_not_change(project, trained):
+    final = trained["final"]
+    assert 0.0 <= final[ACC] <= 1.0 and final[ACC + "_stderr"] > 0
+    assert f"eval/{TASK}/acc_norm" in final and "eval/" + TASK + "/sample_len" not in final
+    recorded = json.loads((Path(trained["run_dir"]) / "eval.json").read_text())
+    assert recorded["tasks"][TASK]["samples"] == 24 and recorded["model"] == {"run": trained["run_id"]}
+    # [eval] is not part of the run ID: the spec without it plans to the same run
+    plain = mcx_inprocess(project, "plan", "experiments/evaluated.toml", "--set", "eval.tasks=[]", "--json")
+    assert plain.json()["run_id"] == trained["run_id"]
+    from mcx.track.mlflow_store import MlflowStore
+    from mcx.track.target import resolve_target
+
+    metrics = MlflowStore(resolve_target(project, None)).find_parent_run(trained["run_id"]).data.metrics
+    assert metrics[ACC] == final[ACC] and metrics[ACC + "_stderr"] == final[ACC + "_stderr"]
+    shown = mcx_inprocess(project, "show", trained["run_id"])
+    assert "evaluation (lm-evaluation-harness" in shown.out and f"{final[ACC]:.4f} ± " in shown.out
+
+
+def test_the_baseline_gate_and_compare_read_the_scores(project, trained, worse):
+    base, value = trained["final"][ACC], worse["final"][ACC]
+    gate = worse["baseline"]
+    entry = gate["metrics"][ACC]
+    assert (entry["baseline"], entry["value"], entry["tolerance"]) == (base, value, 0.0)
+    assert gate["verdict"] == ("regress" if value < base else "pass")
+    assert (ACC in gate["regressed"]) == (value < base) and (worse["exit_code"] != 0) == (value < base)
+    both = mcx_inprocess(project, "compare", trained["run_id"], worse["run_id"], "--format", "json")
+    scores = json.loads(both.out)["eval"][f"{TASK}/acc"]
+    assert scores[trained["run_id"]]["value"] == base and scores[worse["run_id"]]["value"] == value
+    noise = scores[worse["run_id"]]["within_noise_of_first"]
+    first, second = scores[trained["run_id"]], scores[worse["run_id"]]
+    assert noise == (abs(base - value) <= (first["stderr"] ** 2 + second["stderr"] ** 2) ** 0.5)
+    table = mcx_inprocess(project, "compare", trained["run_id"], worse["run_id"])
+    assert "Evaluation: score ± standard error" in table.out and f"{value:.4f} ± " in table.out
+
+
+def test_a_sweep_on_an_eval_objective_picks_its_best_trial(project, trained, worse):
+    swept = mcx_inprocess(project, "sweep", "experiments/evaluated.toml", "--json")
+    assert swept.code == 0, swept
+    result = swept.json()
+    assert result["direction"] == "maximize"
+    best = max((trained, worse), key=lambda r: r["final"][ACC])
+    assert result["best"]["value"] == best["final"][ACC]
+    assert result["best"]["run_id"] in {r["run_id"] for r in (trained, worse) if r["final"][ACC] == best["final"][ACC]}
+
+
+def test_a_repeated_evaluation_comes_from_its_cache_and_a_fresh_one_scores_the_same(project, trained):
+    run_id = trained["run_id"]
+    again = mcx_inprocess(project, "eval", run_id, "--json")
+    assert again.code == 0, again
+    cached = again.json()
+    log = Path(cached["directory"]) / "eval.log"
+    assert cached["cached"] is True and "from the cache" in again.err
+    before = log.stat().st_mtime_ns  # no harness ran: its log is untouched
+    scores = {(s["task"], s["metric"]): (s["value"], s["stderr"]) for s in cached["scores"]}
+    assert scores[(TASK, "acc")] == (trained["final"][ACC], trained["final"][ACC + "_stderr"])
+    fresh = mcx_inprocess(project, "eval", run_id, "--fresh", "--json")
+    assert fresh.code == 0, fresh
+    recomputed = fresh.json()
+    assert recomputed["cached"] is False and recomputed["key"] == cached["key"] and log.stat().st_mtime_ns != before
+    assert {(s["task"], s["metric"]): (s["value"], s["stderr"]) for s in recomputed["scores"]} == scores
+
+
+def test_a_hugging_face_directory_is_evaluated_and_keyed_by_its_content(project, tmp_path):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    model = tmp_path / "llama"
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128)
+                     ).save_pretrained(model)
+    PreTrainedTokenizerFast(tokenizer_file=str(project / "data" / "quickstart" / "tokenizer.json"),
+                            eos_token="<|endoftext|>", pad_token="<|pad|>").save_pretrained(model)
+    first = mcx_inprocess(project, "eval", f"hf:{model}", "--tasks", "evals/quickstart_next_line", "--limit", "8")
+    assert first.code == 0, first
+    assert f"hf:{model}: lm-evaluation-harness" in first.out and TASK in first.out and " ± " in first.out
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)  # the same bytes elsewhere: the same evaluation, from the cache
+    second = mcx_inprocess(project, "eval", f"hf:{copy}", "--tasks", "evals/quickstart_next_line", "--limit", "8",
+                           "--json")
+    assert second.json()["cached"] is True
+    assert [s["value"] for s in second.json()["scores"]] == [float(x.split()[2]) for x in first.out.splitlines()[1:]]
+
+
+def test_bad_evaluations_are_refused_with_exit_2(project, tmp_path):
+    for args, words in ((["hf:" + str(tmp_path)], "no Hugging Face model directory"),
+                        (["0123456789ab", "--tasks", "x"], "no run 0123456789ab"),
+                        (["hf:" + str(E2E_ROOT / "evals"), "--tasks", "no/such/dir"], "config.json")):
+        got = mcx_inprocess(project, "eval", *args)
+        assert got.code == 2 and words in got.err, got
