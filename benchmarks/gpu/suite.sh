@@ -5,7 +5,7 @@
 #
 # installs what the device call carried (.whl: Megatron-Core and mcx's pure dependencies into /tmp/site; .te:
 # Transformer Engine 2.20.2 as one sm_90 wheel and its dependencies into /tmp/te; data/quickstart is read in
-# place, unpacked first from data/quickstart.tar.xz when that was carried instead: docs/gpu.md), then runs benchmarks/gpu/suite.py: the tasks named (default: gpu, gpu2, throughput-1gpu), writing
+# place, unpacked first from .gpu/quickstart.tar.xz (outside data/, which DVC tracks) when that was carried instead: docs/gpu.md), then runs benchmarks/gpu/suite.py: the tasks named (default: gpu, gpu2, throughput-1gpu), writing
 # OUT/junit.xml, OUT/summary.json and a log per task. `--list` names every task with its GPUs and minutes.
 set -u
 OUT=${1:?usage: bash benchmarks/gpu/suite.sh OUT [--only NAME[,NAME...]] [--list] [-- EXTRA ARGS]}
@@ -26,8 +26,8 @@ if [ ! -f /tmp/site/.mcx-suite ]; then
   touch /tmp/site/.mcx-suite
   echo "suite: installed in $(( $(date +%s) - t0 )) s"
 fi
-if [ ! -d data/quickstart ] && [ -f data/quickstart.tar.xz ]; then
-  tar -xJf data/quickstart.tar.xz -C data || exit 1
+if [ ! -d data/quickstart ] && [ -f .gpu/quickstart.tar.xz ]; then
+  mkdir -p data && tar -xJf .gpu/quickstart.tar.xz -C data || exit 1
 fi
 export PYTHONPATH=/tmp/te:/tmp/site:$PWD
 exec $PY benchmarks/gpu/suite.py "$OUT" "$@"
