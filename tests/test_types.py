@@ -12,9 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 # Checked, not strict (D58, D62): the run records' packages and their views, the metrics, the CLI, the spec, the
-# data, the weights' converters, the script importer, the launchers, the worker, the root modules.
+# data, the weights' converters, the script importer, the launchers, the worker, the job contract, the evaluation,
+# the root modules: with plan, fingerprint and ops (strict), every package of mcx.
 CHECKED = ("mcx/report", "mcx/track", "mcx/metrics", "mcx/cli", "mcx/spec", "mcx/data", "mcx/weights", "mcx/interop",
-           "mcx/launch", "mcx/train")
+           "mcx/launch", "mcx/train", "mcx/contract", "mcx/eval")
 CHECKED_FILES = ("mcx/errors.py", "mcx/hashing.py", "mcx/jsonfile.py")
 
 
@@ -51,3 +52,5 @@ def test_the_checked_packages_are_read_whole_and_none_is_ignored():
     assert len(body) == 1 and set(body[0]["module"]) == modules
     ignored = {m for o in config["overrides"] if o.get("ignore_errors") for m in o["module"]}
     assert not ignored & modules, ignored & modules
+    packages = {f"mcx/{p.parent.name}" for p in (REPO / "mcx").glob("*/__init__.py")}
+    assert packages <= set(config["files"]), f"packages mypy does not check: {sorted(packages - set(config['files']))}"
