@@ -21,6 +21,7 @@ from mcx.jsonfile import read_json
 from mcx.metrics.ranks import SlowestRank, slowest_rank
 from mcx.ops.launch_record import LaunchRecord, read_launch
 from mcx.track import paths
+from mcx.track.holder import pid_alive
 from mcx.track.paths import check_run_id
 from mcx.track.runcache import holder_of
 
@@ -172,17 +173,7 @@ def _queue(launch: LaunchRecord | None, *, finished: bool) -> tuple[str, str | N
         if info is None:  # past the cluster's MinJobAge: what the worker wrote says how it ended
             return ("ENDED" if finished else "UNKNOWN_TO_SLURM"), None
         return info.state, (None if info.reason in ("None", "") else info.reason)
-    return ("RUNNING" if _alive(int(launch.job_id)) else "EXITED"), None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return ("RUNNING" if pid_alive(int(launch.job_id)) else "EXITED"), None
 
 
 def _tail(path: Path) -> list[dict[str, Any]]:

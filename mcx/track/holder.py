@@ -25,10 +25,11 @@ class LockHolder:
         """Whether the holder process exists (None: it is on another host, so we cannot tell)."""
         if self.host != socket.gethostname():
             return None
-        return _pid_alive(self.pid)
+        return pid_alive(self.pid)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host has ``pid`` (one of another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
