@@ -102,7 +102,10 @@ def test_the_sbatch_script_starts_the_agents_in_the_image_through_pyxis(tmp_path
     # the pyxis options belong to srun, before the agent, which is the image's interpreter
     agent = words.index("python")
     assert max(words.index(w) for w in words if w.startswith("--container")) < agent
-    assert words[agent + 1] == "-c" and "--nnodes" in words[agent:]
+    # ... first the node's hang watchdog (D66), in the image too, which starts the torchrun agent after "--"
+    assert words[agent + 1:agent + 3] == ["-m", "mcx.launch.watch_node"]
+    inner = words.index("--", agent)
+    assert words[inner + 1:inner + 3] == ["python", "-c"] and "--nnodes" in words[inner:]
     assert "/opt/venv/bin/python" not in script
 
 

@@ -351,9 +351,10 @@ FLAGS: tuple[Row, ...] = (
        "Working directory inside the container; unset means the stage directory."),
     _r("launch.container.env", "launcher", ("srun --container-env", "podman run --env"), NA,
        "Names of host variables the worker sees inside the container, with their host values."),
-    _r("launch.container.python", "launcher", (), NA,
+    _r("launch.container.python", "mcx", (), NA,
        "The interpreter inside the image; unset means this interpreter's path (the image holds it, or it is "
-       "mounted with its environment)."),
+       "mounted with its environment).",
+       "no launcher option: srun and podman start the command they are given, this interpreter first"),
     _r("launch.watchdog.enabled", "mcx", (), NA,
        "A watchdog beside each node's torchrun agent (launch.kind torchrun or slurm) ends a hung stage, with every "
        "rank's Python stacks in hangs/, and restarts it from its newest checkpoint (docs/runs.md, Hangs).",
