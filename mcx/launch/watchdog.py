@@ -146,6 +146,7 @@ class Watchdog:
     def _watch(self, proc: subprocess.Popen[bytes]) -> Hang | None:
         """None once the agent exits; the Hang when the bound passes first."""
         began = last_change = time.monotonic()
+        began_ns = time.time_ns()  # a step file written since then, first seen already written, is this attempt's
         seen: dict[int, tuple[int, int]] = {}  # rank -> (size, mtime_ns) of its step file
         started = False
         while True:
@@ -164,8 +165,8 @@ class Watchdog:
                 except OSError:
                     continue
                 mark = (st.st_size, st.st_mtime_ns)
-                if rank in seen and seen[rank] != mark:
-                    last_change, started = now, True
+                if seen.get(rank, (0, began_ns)) != mark and st.st_size and st.st_mtime_ns >= began_ns:
+                    last_change, started = now, True  # (steps a loaded node ran before its ranks were found count)
                 seen[rank] = mark
             times = rank_times(self.stage_dir, set(ranks)) if started else []
             measured = max((t.median_s for t in times), default=None)
