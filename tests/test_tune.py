@@ -35,6 +35,14 @@ def test_tune_rejects_bad_arguments(tmp_path, e2e_clean_env):
     assert res.code == 2 and "--steps" in res.err and "Traceback" not in res.err
 
 
+def _h200_project(tmp_path):
+    """A user's project holding the one-H200 spec: (project, spec path)."""
+    project = make_e2e_project(tmp_path / "proj")
+    spec = project / "experiments" / "h200_1gpu.toml"
+    spec.write_text((Path(__file__).resolve().parents[1] / "experiments" / "h200_1gpu.toml").read_text())
+    return project, spec
+
+
 def test_tune_retries_a_fragmented_out_of_memory_with_expandable_segments(tmp_path, monkeypatch, e2e_clean_env):
     """The sweep's rule for the allocator's fragments, which only a GPU produces: the trials are
     replaced by what an H200 reported on 2026-11-30 (bf16, one-H200 spec: micro-batch 8 ran out of
@@ -62,9 +70,7 @@ def test_tune_retries_a_fragmented_out_of_memory_with_expandable_segments(tmp_pa
 
     monkeypatch.setattr(tune_mod, "_trial", h200_trial)
     monkeypatch.setattr(tune_mod, "check_trials_can_run", lambda spec, pr: None)  # an H200 machine, as recorded
-    project = make_e2e_project(tmp_path / "proj")
-    spec = project / "experiments" / "h200_1gpu.toml"
-    spec.write_text((Path(__file__).resolve().parents[1] / "experiments" / "h200_1gpu.toml").read_text())
+    project, spec = _h200_project(tmp_path)
     out = tmp_path / "tuned.toml"
     res = tune_mod.tune(str(spec), ['model.transformer_impl="transformer_engine"'], project=project, out=str(out),
                         max_mbs=16, steps=3, progress=quiet)
@@ -106,9 +112,7 @@ def test_tune_layouts_measures_the_top_layouts_and_writes_the_fastest(tmp_path, 
 
     monkeypatch.setattr(layouts_mod, "measure_trial", h100_trial)
     monkeypatch.setattr(layouts_mod, "_where_trials_run", lambda spec, planned: None)  # an H100 machine, as recorded
-    project = make_e2e_project(tmp_path / "proj")
-    spec = project / "experiments" / "h200_1gpu.toml"
-    spec.write_text((Path(__file__).resolve().parents[1] / "experiments" / "h200_1gpu.toml").read_text())
+    project, spec = _h200_project(tmp_path)
     out = tmp_path / "tuned.toml"
     res = layouts_mod.tune_layouts(str(spec), ['model.transformer_impl="transformer_engine"', 'hardware.gpu="H100"'],
                                    project=project, out=str(out), top=2, show=3, steps=4, measure=True, progress=quiet)

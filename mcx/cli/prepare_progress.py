@@ -11,20 +11,14 @@ from typing import Any
 
 from mcx.cli.output import is_terminal
 from mcx.data.shard_work import PrepareProgress
-
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    s = int(seconds + 0.5)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+from mcx.report.fmt import duration
 
 
 def describe(event: PrepareProgress) -> str:
     rate = event.tokens_per_s
     resumed = f" ({event.shards_resumed} from before)" if event.shards_resumed else ""
     return (f"{event.shards_done}/{event.shards} shards{resumed}, {event.documents:,} documents, {event.tokens:,} tokens, "
-            f"{'-' if rate is None else f'{rate:,.0f}'} tokens/s, ETA {_duration(event.eta_s)}")
+            f"{'-' if rate is None else f'{rate:,.0f}'} tokens/s, ETA {'-' if event.eta_s is None else duration(event.eta_s)}")
 
 
 class PrepareBar:

@@ -8,20 +8,13 @@ from collections.abc import Sequence
 from mcx.ops.cancel import Cancelled
 from mcx.ops.detach import Detached
 from mcx.ops.status import RunNow, StageNow
+from mcx.report.fmt import duration
 
 
 def _job(kind: str | None, job_id: str | None) -> str:
     if kind is None:
         return "not started"
     return f"Slurm job {job_id}" if kind == "slurm" else f"{kind} pid {job_id}"
-
-
-def _duration(seconds: float) -> str:
-    s = int(round(seconds))
-    days, s = divmod(s, 86400)
-    h, s = divmod(s, 3600)
-    m, s = divmod(s, 60)
-    return (f"{days}d " if days else "") + f"{h}:{m:02d}:{s:02d}"
 
 
 def detached_text(d: Detached) -> str:
@@ -44,7 +37,7 @@ def stage_line(s: StageNow) -> str:
     if s.tokens_per_s is not None:
         parts.append(f"{s.tokens_per_s:,.0f} tokens/s")
     if s.eta_s is not None:
-        parts.append(f"ETA {_duration(s.eta_s)}")
+        parts.append(f"ETA {duration(s.eta_s)}")
     if s.slowest_rank:
         parts.append(f"slowest rank {s.slowest_rank.rank} ({s.slowest_rank.ratio - 1:.0%} slower)")
     if s.last_checkpoint:

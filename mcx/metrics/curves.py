@@ -83,6 +83,24 @@ def parse_records(data: bytes, source: str) -> tuple[list[dict[str, Any]], list[
     return records, notes
 
 
+def tail_records(path: Path, nbytes: int) -> list[dict[str, Any]]:
+    """The JSON objects in the last ``nbytes`` of a JSON-lines file, however long it grew (a first line cut by
+    the window and an unfinished last one are skipped); [] when it is missing, unreadable or damaged."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - nbytes))
+            data = f.read()
+    except OSError:
+        return []
+    if size > nbytes:
+        data = data.split(b"\n", 1)[-1]
+    try:
+        return parse_records(data, str(path))[0]
+    except InputError:
+        return []
+
+
 def _group_fast(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]] | None:
     """Records by kind when every record has a hashable "kind" and a "step"; else None."""
     try:

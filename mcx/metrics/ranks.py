@@ -16,8 +16,7 @@ from pathlib import Path
 from attrs import frozen
 
 from mcx.contract.files import RANKS_DIR
-from mcx.errors import InputError
-from mcx.metrics.curves import parse_records
+from mcx.metrics.curves import tail_records
 
 WINDOW = 100  # the last steps a rank's time is the median of
 OUTLIER_RATIO = 1.10  # the slowest rank's time over the median of the others'
@@ -65,23 +64,6 @@ class SlowestRank:
                 "last_step": self.last_step, "ratio": self.ratio, "outlier": self.outlier}
 
 
-def _tail_records(path: Path) -> list[dict[str, object]]:
-    """The complete lines of the last ``_TAIL_BYTES`` of ``path`` (a torn first or last line is skipped)."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - _TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return []
-    if size > _TAIL_BYTES:
-        data = data.split(b"\n", 1)[-1]
-    try:
-        return parse_records(data, str(path))[0]
-    except InputError:  # a damaged line: this rank's times are unknown, the others' still count
-        return []
-
-
 def rank_times(stage_dir: Path, ranks: Collection[int] | None = None) -> list[RankTime]:
     """Every rank's time in ``stage_dir`` (``ranks``: only theirs), rank order; [] before any finished a step."""
     out = []
@@ -91,8 +73,8 @@ def rank_times(stage_dir: Path, ranks: Collection[int] | None = None) -> list[Ra
         m = _RANK_FILE.match(path.name)
         if not m or (ranks is not None and int(m.group(1)) not in ranks):
             continue
-        rows = [r for r in _tail_records(path) if isinstance(r.get("step_time_s"), (int, float))]
-        times = [float(r["step_time_s"]) for r in rows[-WINDOW:]]  # type: ignore[arg-type]
+        rows = [r for r in tail_records(path, _TAIL_BYTES) if isinstance(r.get("step_time_s"), (int, float))]
+        times = [float(r["step_time_s"]) for r in rows[-WINDOW:]]
         if times:
             last = rows[-1].get("step")
             out.append(RankTime(rank=int(m.group(1)), median_s=statistics.median(times), steps=len(times),

@@ -20,6 +20,7 @@ from attrs import frozen
 
 from mcx.errors import EnvironmentProblem, InputError
 from mcx.jsonfile import read_json, write_json_atomic
+from mcx.launch.slurm import SlurmHandle
 from mcx.ops.status import RunNow, run_status, status_of
 from mcx.track.runcache import holder_of
 
@@ -62,7 +63,6 @@ def cancel_run(project: Path, run_id: str, *, settle_s: float = SETTLE_S) -> Can
     write_json_atomic(rdir / CANCEL_FILE, {"by": "mcx cancel", "time": time.time(), "pid": os.getpid()})
     stopped: list[dict[str, Any]] = []
     if stage is not None and stage.kind == "slurm" and stage.job_id is not None and stage.status is None:
-        from mcx.launch.slurm import SlurmHandle
 
         SlurmHandle(stage.job_id, rdir / stage.stage).cancel()
         stopped.append({"stage": stage.stage, "kind": "slurm", "job_id": stage.job_id})

@@ -20,6 +20,7 @@ from mcx.data.dataset import smoke_samples_limit
 from mcx.errors import InputError, McxError
 from mcx.jsonfile import read_json, write_json_atomic
 from mcx.launch import launcher_for, placement, worker_env
+from mcx.launch.slurm import SLURM_STATES, SlurmHandle, query_job
 from mcx.ops.data import data_versions
 from mcx.ops.plan import PlanResult
 from mcx.ops.cancel import cancel_requested
@@ -186,8 +187,6 @@ def _still_queued(stage_path: Path, job_spec: ExperimentSpec, progress: Progress
     record = read_launch(stage_path)
     if record is None or record.kind != "slurm" or job_spec.launch.kind != "slurm" or record.job_id is None:
         return None
-    from mcx.launch.slurm import SLURM_STATES, SlurmHandle, query_job
-
     info = query_job(record.job_id)
     if info is None or SLURM_STATES.get(info.state, "running") not in ("pending", "running"):
         return None

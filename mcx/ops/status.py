@@ -5,8 +5,6 @@ for a Slurm job, from the controller. Without a run ID: every run of the project
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,8 @@ from mcx.contract.files import JOB_FILE, METRICS_FILE, RESULT_FILE
 from mcx.contract.status import Status
 from mcx.errors import EnvironmentProblem, RunIdError
 from mcx.jsonfile import read_json
+from mcx.launch.slurm import query_job
+from mcx.metrics.curves import tail_records
 from mcx.metrics.ranks import SlowestRank, slowest_rank
 from mcx.ops.launch_record import LaunchRecord, read_launch
 from mcx.track import paths
@@ -134,7 +134,7 @@ def _stage(stage_path: Path) -> StageNow:
     job = _obj(read_json(stage_path / JOB_FILE))
     train_iters = _obj(_obj(job.get("spec")).get("train")).get("train_iters")
     world = _obj(job.get("layout")).get("world_size")
-    steps = [r for r in _tail(stage_path / METRICS_FILE) if r.get("kind") == "train"]
+    steps = [r for r in tail_records(stage_path / METRICS_FILE, TAIL_BYTES) if r.get("kind") == "train"]
     last = steps[-1] if steps else {}
     times = [float(r["step_time_s"]) for r in steps[-ETA_STEPS:] if isinstance(r.get("step_time_s"), (int, float))]
     step_time = statistics.median(times) if times else None
@@ -164,7 +164,6 @@ def _queue(launch: LaunchRecord | None, *, finished: bool) -> tuple[str, str | N
     if launch is None or launch.job_id is None:
         return ("NOT_STARTED" if launch is None else "unknown"), None
     if launch.kind == "slurm":
-        from mcx.launch.slurm import query_job
 
         try:
             info = query_job(launch.job_id)
@@ -174,27 +173,3 @@ def _queue(launch: LaunchRecord | None, *, finished: bool) -> tuple[str, str | N
             return ("ENDED" if finished else "UNKNOWN_TO_SLURM"), None
         return info.state, (None if info.reason in ("None", "") else info.reason)
     return ("RUNNING" if pid_alive(int(launch.job_id)) else "EXITED"), None
-
-
-def _tail(path: Path) -> list[dict[str, Any]]:
-    """The whole records in the last TAIL_BYTES of a JSON-lines file."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return []
-    lines = data.split(b"\n")
-    if size > TAIL_BYTES:
-        lines = lines[1:]  # the first may be cut
-    out = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            out.append(record)
-    return out
