@@ -184,9 +184,10 @@ def test_without_py_spy_the_stacks_come_from_the_ranks_own_faulthandler(tmp_path
 
     from mcx.launch import stacks
 
+    # 'ready' is printed inside the function, so the stop lands in its frame (CI once stopped it a line early)
     code = ("import sys, time; from pathlib import Path; from mcx.train.rankfiles import RankFiles\n"
-            "def waiting_in_a_collective():\n    time.sleep(120)\n"
-            "RankFiles(Path(sys.argv[1]), 3, 1); print('ready', flush=True); waiting_in_a_collective()\n")
+            "def waiting_in_a_collective():\n    print('ready', flush=True); time.sleep(120)\n"
+            "RankFiles(Path(sys.argv[1]), 3, 1); waiting_in_a_collective()\n")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
