@@ -23,6 +23,7 @@ from mcx.plan.memory import estimate_memory, verdict
 from mcx.plan.params import count_params
 from mcx.plan.planner import make_plan, plan_to_dict
 from mcx.plan.steptime import Features, predict
+from mcx.plan.shown import ShownPlan
 from mcx.report.plan_view import render_plan
 from mcx.spec import load_spec, loads_spec
 from mcx.spec.load import deep_merge
@@ -535,7 +536,7 @@ def test_smoke_of_a_64_gpu_job_is_one_node_with_its_own_time_limit():
     assert d["time_limit"]["slurm"] == "00:15:00" and d["time_limit"]["source"] == "estimate"
     assert "5 min start-up + 2 x 34.3 steps x 1 s" in d["time_limit"]["detail"]
     console = Console(width=100, record=True, force_terminal=False)
-    console.print(render_plan(plan_to_dict(plan), None))
+    console.print(render_plan(ShownPlan(plan), None))
     text = " ".join(console.export_text().split())
     assert "on 1x8 GPUs" in text and "time limit 00:15:00 (its sbatch --time): estimate:" in text
 
@@ -620,10 +621,11 @@ def test_smoke_on_cpu_trains_what_the_cpu_backend_runs():
     assert (smoke.train.precision, smoke.train.recompute_granularity, smoke.train.te_op_fuser,
             smoke.model.transformer_impl) == ("fp32", "none", False, "auto")
     assert check_spec(smoke) == [] and resolve_layout(smoke, te_available=False)[0] == sl
-    plan = plan_to_dict(make_plan(s, te_available=True))
+    planned = make_plan(s, te_available=True)
+    plan = plan_to_dict(planned)
     assert plan["layout"]["tp"] == 8 and plan["smoke"]["shapes"]["gpu"] == "cpu"
     console = Console(width=100, record=True, force_terminal=False)
-    console.print(render_plan(plan, None))
+    console.print(render_plan(ShownPlan(planned), None))
     text = console.export_text()
     assert "on 1x2 CPU processes (fp32): TP 1 PP 1 CP 1 EP 1 DP 2" in " ".join(text.split())
     pinned = spec(hardware={"gpu": "H200"}, smoke={"gpu": "cpu", "tensor": 2, "pipeline": 2})
@@ -667,9 +669,8 @@ def test_vocab_size_unknown_is_an_error_not_a_guess():
 def test_render_plan_fits_100_columns():
     s = spec(model=LLAMA3_LAYER | {"num_layers": 32, "seq_length": 8192}, train={"global_batch_size": 512},
              hardware={"gpu": "H100"}, budget={"max_gpu_hours": 1.0, "gpu_hour_price": 2.5})
-    d = plan_to_dict(make_plan(s, te_available=True))
     console = Console(width=100, record=True, force_terminal=False)
-    console.print(render_plan(d, "3f9c0a12b4de"))
+    console.print(render_plan(ShownPlan(make_plan(s, te_available=True)), "3f9c0a12b4de"))
     text = console.export_text()
     assert all(len(line) <= 100 for line in text.splitlines())
     for needle in ("run 3f9c0a12b4de", "Parallel layout", "Memory per GPU", "does not fit", "fix: parallel.tensor = 2",

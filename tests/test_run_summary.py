@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from mcx.contract.result import StageResult
 from mcx.ops.run import _stage_summary
-from mcx.track.run_summary import DryRun, RunSummary, Tracking
+from mcx.plan.planner import make_plan, plan_to_dict
+from mcx.plan.shown import DryRun, ShownPlan, StageLaunch
+from mcx.spec import load_spec
+from mcx.track.run_summary import RunSummary, Tracking
 
 SMOKE = StageResult(status="finished", passed=True, checks={"loss_drop": {"passed": True, "detail": "ok"}},
                     final={"train_loss": 7.1}, steps=6, layer_spec="local", warnings=("slow disk",),
@@ -56,8 +60,10 @@ def test_a_stored_summary_reads_back_to_the_same_json():
 
 
 def test_a_dry_run_is_written_as_before():
-    dry = DryRun(run_id=None, stages=("smoke", "full"), launch={"full": {"kind": "local", "layout": {}}},
-                 scripts={}, plan={"gpu": "cpu"})
+    plan = make_plan(load_spec(Path(__file__).parent.parent / "experiments" / "tiny.toml"), te_available=False)
+    dry = DryRun(run_id=None, stages=("smoke", "full"), launch={"full": StageLaunch("local", plan.full.layout)},
+                 scripts={}, plan=ShownPlan(plan, notes=("no GPU here",)))
+    layout = {"tp": 1, "pp": 1, "vpp": None, "cp": 1, "ep": 1, "dp": 1, "world_size": 1, "sequence_parallel": False}
     assert dry.to_dict() == {"run_id": None, "status": "dry-run", "cached": False, "stages": {"smoke": {}, "full": {}},
-                             "scripts": {}, "launch": {"full": {"kind": "local", "layout": {}}},
-                             "plan": {"gpu": "cpu"}, "exit_code": 0}
+                             "scripts": {}, "launch": {"full": {"kind": "local", "layout": layout}},
+                             "plan": {**plan_to_dict(plan), "warnings": [*plan.warnings, "no GPU here"]}, "exit_code": 0}

@@ -24,6 +24,7 @@ from mcx.plan.params import count_params, stage_params
 from mcx.plan.planner import make_plan, plan_to_dict
 from mcx.plan.steptime import CALIBRATIONS, Calibration, Features, PredictionCheck, _Device, check_prediction, predict
 from mcx.plan.tuning import rank_layouts
+from mcx.plan.shown import ShownPlan
 from mcx.report.plan_view import render_plan
 from mcx.spec import load_spec, loads_spec
 from mcx.spec.load import deep_merge
@@ -220,17 +221,18 @@ def test_the_plan_uses_the_model_and_assumed_mfu_overrides_it():
     d = plan_to_dict(forced)
     assert d["predicted"]["step_time_s"] == model.step_s and d["mfu_source"] == "assumed"
     console = Console(width=100, record=True, force_terminal=False)
-    console.print(render_plan(d, None))
+    console.print(render_plan(ShownPlan(forced), None))
     text = console.export_text()
     assert "the model's step time" in text and "Step time, predicted" in text and "budget.assumed_mfu" in text
     assert max(len(line) for line in text.splitlines()) <= 100
 
 
 def test_a_cpu_plan_renders_without_a_step_time():
-    d = plan_to_dict(make_plan(load_spec(ROOT / "experiments" / "tiny.toml"), te_available=False))
+    planned = make_plan(load_spec(ROOT / "experiments" / "tiny.toml"), te_available=False)
+    d = plan_to_dict(planned)
     assert d["predicted"] is None and d["mfu"] is None and d["step_time_s"] is None
     console = Console(width=100, record=True, force_terminal=False)
-    console.print(render_plan(d, None))
+    console.print(render_plan(ShownPlan(planned), None))
     assert "step time unknown" in " ".join(console.export_text().split())
 
 

@@ -67,7 +67,7 @@ def show_progress(event: Event) -> None:
     if isinstance(event, PlanShown):
         from mcx.report.plan_view import render_plan
 
-        console(stderr=True).print(render_plan(event.planned.plan_json(), event.planned.run_id))
+        console(stderr=True).print(render_plan(event.planned.shown, event.planned.run_id))
         return
     from mcx.report.notes_view import render_note
 

@@ -49,7 +49,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:
         from mcx.report.plan_view import render_plan
 
-        _console().print(render_plan(result.plan_json(), result.run_id or "ID unknown here (its data is not on this machine)"))
+        _console().print(render_plan(result.shown, result.run_id or "ID unknown here (its data is not on this machine)"))
     return 0
 
 
@@ -94,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _emit_json(summary.to_dict())
     else:
         from mcx.ops.detach import Detached
-        from mcx.track.run_summary import DryRun
+        from mcx.plan.shown import DryRun
 
         if isinstance(summary, Detached):
             from mcx.cli.status_view import detached_text

@@ -26,9 +26,10 @@ from mcx.metrics.summary import METRIC_KEYS
 from mcx.plan.layout import Device
 from mcx.plan.layout_rules import needs_transformer_engine
 from mcx.plan.memory import checkpoint_bytes
-from mcx.plan.mixture import data_rows
+from mcx.plan.mixture import DataRow, data_rows
 from mcx.plan.params import count_params, effective_vocab_size
-from mcx.plan.planner import Plan, make_plan, plan_to_dict
+from mcx.plan.planner import Plan, make_plan
+from mcx.plan.shown import ShownPlan
 from mcx.spec import ExperimentSpec, load_spec
 from mcx.track.paths import STATE_DIR
 
@@ -45,12 +46,16 @@ class PlanResult:
     run_id: str | None  # None: the data is not on this machine, so its content (part of the ID) is unknown
     te_available: bool | None  # Transformer Engine as planned (see te_for_plan); the stages are planned alike
     notes: tuple[str, ...] = ()  # what this machine lacks or cannot know, said beside the plan's own warnings
-    data: tuple[dict[str, Any], ...] = ()  # a mixture's components as the run reads them (mcx.plan.mixture)
+    data: tuple[DataRow, ...] = ()  # a mixture's components as the run reads them (mcx.plan.mixture)
+
+    @property
+    def shown(self) -> ShownPlan:
+        """The plan as `mcx plan` renders it: the planner's view with this machine's notes."""
+        return ShownPlan(self.plan, self.notes, self.data)
 
     def plan_json(self) -> dict[str, Any]:
-        """The plan as plan.json holds it and `mcx plan` renders it: the planner's view with this machine's notes."""
-        data = plan_to_dict(self.plan)
-        return {**data, "warnings": [*data["warnings"], *self.notes], **({"data": list(self.data)} if self.data else {})}
+        """The plan as plan.json holds it."""
+        return self.shown.to_dict()
 
     def as_json(self) -> dict[str, Any]:
         """`mcx plan --json`: the plan, the run ID and the fingerprint's component hashes."""
@@ -181,7 +186,7 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
         raise SpecError(_dedupe(problems))
     assert plan is not None
     absent = record.data.absent
-    rows: list[dict[str, Any]] = []
+    rows: list[DataRow] = []
     parts = mixture.train_tokens(spec.data, project) if spec.data.path is None else None
     if parts is not None:  # a mixture here: what the run reads of each component (D60)
         rows, repeated = data_rows(parts, spec.train.train_iters * spec.train.global_batch_size, spec.model.seq_length)

@@ -33,13 +33,14 @@ from mcx.ops.progress import Note, PlanShown, Progress
 from mcx.ops.stage import Watch, explain_failure, run_stage, smoke_limit
 from mcx.plan.cost import check_budget
 from mcx.plan.gpus import gpu_from_name
+from mcx.plan.shown import DryRun, StageLaunch
 from mcx.plan.steptime import check_prediction
 from mcx.spec import ExperimentSpec, dump_spec, load_spec
 from mcx.track import paths
 from mcx.track.baseline import baseline_metrics, compare_to_baseline, resolve
 from mcx.track.errors import RunLocked
 from mcx.track.recorder import RunRecorder
-from mcx.track.run_summary import DryRun, RunSummary, StageSummary, Tracking
+from mcx.track.run_summary import RunSummary, StageSummary, Tracking
 from mcx.track.runcache import acquire, lookup
 from mcx.track.target import resolve_target
 
@@ -300,15 +301,15 @@ def _archive(project: Path, run_path: Path) -> None:
 def _dry_run(planned: PlanResult, run_path: Path, stages: list[str], progress: Progress) -> RunResult:
     """The plan and what each stage would launch (its sbatch script on Slurm); the CLI prints them."""
     scripts: dict[str, str] = {}
-    launch: dict[str, dict[str, Any]] = {}
+    launch: dict[str, StageLaunch] = {}
     for stage in stages:
         sp = planned.plan.stage(stage)
-        launch[stage] = {"kind": sp.spec.launch.kind, "layout": sp.layout.job_dict()}
+        launch[stage] = StageLaunch(kind=sp.spec.launch.kind, layout=sp.layout)
         if sp.spec.launch.kind == "slurm":
             scripts[stage] = render_sbatch(run_path / stage, placement(sp.layout, sp.device), sp.spec.launch,
                                            worker_env(sp.spec))
     return RunResult(summary=DryRun(run_id=planned.run_id, stages=tuple(stages), scripts=scripts, launch=launch,
-                                    plan=planned.plan_json()))
+                                    plan=planned.shown))
 
 
 def _write_run_files(planned: PlanResult, run_path: Path, stages: list[str], options: RunOptions) -> None:

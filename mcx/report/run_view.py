@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from mcx.plan.tuning import Candidate
     from mcx.report.reproduction import Reproduction
     from mcx.report.tune_results import TuneLayoutsResult, TuneResult
-    from mcx.track.run_summary import DryRun, RunSummary
+    from mcx.plan.shown import DryRun
+    from mcx.track.run_summary import RunSummary
 
 
 
@@ -69,7 +70,7 @@ def render_dry_run(result: DryRun) -> RenderableType:
             parts += [Text(""), Text(f"{stage} stage: sbatch script", style="bold"), Text(script)]
         else:
             parts += [Text(""), Text.assemble((f"{stage} stage", "bold"),
-                                              f": {launch['kind']} launcher, layout {launch['layout']}")]
+                                              f": {launch.kind} launcher, layout {launch.layout.job_dict()}")]
     return Group(*parts)
 
 

@@ -1,7 +1,7 @@
 """What `mcx run` returns: the run's summary (run.json's ``summary``, the object ``--json`` prints), typed.
 
-Built once when the run ends (``RunSummary``), or read back from run.json for a run already trained; a dry run
-returns a ``DryRun``. ``to_dict`` writes the JSON every reader has always seen: the same keys, a key left out
+Built once when the run ends (``RunSummary``), or read back from run.json for a run already trained (a dry run
+returns mcx.plan.shown's ``DryRun``). ``to_dict`` writes the JSON every reader has always seen: the same keys, a key left out
 where the run never had it (no ``baseline`` unless a baseline was judged, no ``step_time`` off the GPU).
 """
 
@@ -128,23 +128,6 @@ class RunSummary:
         if self.tracking is not None:
             out["tracking"] = self.tracking.to_dict()
         return out
-
-
-@frozen(kw_only=True)
-class DryRun:
-    """`mcx run --dry-run`: the plan and what each stage would launch (its sbatch script on Slurm)."""
-
-    run_id: str | None
-    stages: tuple[str, ...]
-    launch: dict[str, Json]
-    scripts: dict[str, str]
-    plan: Json
-    exit_code: int = 0
-    status: str = "dry-run"
-
-    def to_dict(self) -> Json:
-        return {"run_id": self.run_id, "status": self.status, "cached": False, "stages": {s: {} for s in self.stages},
-                "scripts": self.scripts, "launch": self.launch, "plan": self.plan, "exit_code": self.exit_code}
 
 
 def _text(value: object) -> str | None:
