@@ -514,6 +514,14 @@ def test_profiled_steps_train_bitwise_the_same_and_leave_a_trace_and_an_op_table
     assert table.startswith("# run tttttttttttt, full stage, rank 0, cpu: steps 52-53 (2 profiled,")
     assert "Self CPU %" in table and "aten::" in table
     assert sorted(p.name for p in (stage / "profile").iterdir()) == ["ops-rank0.txt", "trace-rank0.json.gz"]
+    # Resumed past the range (here: at its last step, so only the final evaluations run), nothing is
+    # profiled, and the stage says so instead of leaving the user to look for a profile.
+    shutil.rmtree(stage / "profile")
+    result = run(stage)
+    assert result["status"] == "finished" and not (stage / "profile").exists()
+    assert result["warnings"] == ["--profile 52:53: no step was profiled, as this attempt of the stage trained none "
+                                  "of them (it resumed from a checkpoint past them); `mcx run --force` trains the run "
+                                  "again from step 1"]
 
 
 # -- input errors ------------------------------------------------------------------------------------

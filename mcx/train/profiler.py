@@ -61,6 +61,13 @@ class StepProfiler:
         if self.steps is not None and step >= self.steps.last:
             self._write()
 
+    def missed(self) -> str | None:
+        """What to tell the user when the profile named steps this stage never trained (it resumed past them)."""
+        if self.steps is None or self._done:
+            return None
+        return (f"--profile {self.steps.text()}: no step was profiled, as this attempt of the stage trained none of "
+                "them (it resumed from a checkpoint past them); `mcx run --force` trains the run again from step 1")
+
     def close(self) -> None:
         if self._range is not None:  # the step raised or stopped the stage: its range ends here
             self._range.__exit__(None, None, None)

@@ -133,6 +133,10 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
         metrics.close()
         rank_files.close()
     world.barrier()
+    missed = profiler.missed()
+    if missed and world.is_main:
+        log.warning("%s", missed)
+        outcome.warnings.append(missed)
     train_records = metrics.history("train")
     checks: dict[str, Any] = {}
     status, error = outcome.status, outcome.error
