@@ -43,6 +43,13 @@ whole loop iteration). Reported, as one JSON line on stdout (rank 0) and in ``--
         --spec experiments/h200_2gpu.toml
     python benchmarks/bare_mcore.py --spec experiments/h200_1gpu.toml --layers 1 --seq 256 --cpu-check
 
+``--profile N --profile-dir DIR``: after the timed steps, N more steps run under torch.profiler (not timed:
+the profiler's own cost stays out of the figures above), and DIR gets their Chrome trace
+(``trace-bare.json.gz``, each step a ``bare.step N`` range) and the table of their ops by self CPU time
+(``ops-bare.txt``), made with the settings of mcx's ``mcx run --profile`` (``mcx/train/profiler.py``: CPU and
+CUDA activities, stacks on, shapes off, ``key_averages`` sorted by ``self_cpu_time_total``, 40 rows), so
+the two loops' tables read side by side (``throughput.py --profile``).
+
 ``--cpu-check`` needs no GPU: it builds the model on CPU (gloo, world size 1), checks the SDPA core
 attention against an explicit softmax(QK^T)V with the causal mask and repeated key/value heads,
 checks the parameter count against ``mcx.plan.params``, and runs one forward and backward pass.
@@ -335,11 +342,16 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     last_stage = parallel_state.is_pipeline_last_stage()
     hooks_on = False
     ends, own_times, losses = [], [], []
-    for step in range(steps):
+    profiler = StepsProfiled(args.profile, args.profile_dir, first=steps + 1)
+    for step in range(steps + args.profile):
+        if step == steps:  # the profiled steps: after the timed ones (whose data stays as it was), data of their own
+            tokens = _synthetic_tokens(args.profile, micro, t.micro_batch_size, seq, vocab)
+        profiler.begin(step + 1)
         start = time.perf_counter()
         model.zero_grad_buffer()
         optimizer.zero_grad()
-        reports = forward_backward(forward_step_func=forward_step, data_iterator=iter(tokens[step]), model=[model],
+        batch = tokens[step if step < steps else step - steps]
+        reports = forward_backward(forward_step_func=forward_step, data_iterator=iter(batch), model=[model],
                                    num_microbatches=micro, seq_length=seq, micro_batch_size=t.micro_batch_size,
                                    decoder_seq_length=seq, forward_only=False)
         ok, grad_norm, _ = optimizer.step()
@@ -352,6 +364,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         if world > 1:
             dist.all_reduce(loss)
         torch.cuda.synchronize()
+        if step >= steps:  # a profiled step: not timed
+            profiler.end(step + 1, rank)
+            continue
         ends.append(time.perf_counter())
         own_times.append(ends[-1] - start)
         loss_sum, loss_tokens = loss.tolist()
@@ -385,11 +400,55 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
         "mem_peak_bytes_max_rank": int(mem_max[0].item()), "mem_reserved_peak_bytes_max_rank": int(mem_max[1].item()),
         "gpu_name": name, "gpu": gpu, "peak_flops": peak,
         "gradient_accumulation_fusion": config.gradient_accumulation_fusion, "compile": args.compile,
-        "versions": _versions(),
+        "versions": _versions(), "profile": profiler.written,
     }
     parallel_state.destroy_model_parallel()
     dist.destroy_process_group()
     return result if rank == 0 else {}
+
+
+class StepsProfiled:
+    """torch.profiler over steps ``first`` to ``first + count - 1`` (1-based), as mcx's StepProfiler runs it."""
+
+    def __init__(self, count: int, out_dir: str | None, *, first: int) -> None:
+        self.count, self.first = count, first
+        self.out_dir = Path(out_dir) if out_dir else None
+        self.prof: Any = None
+        self.range: Any = None
+        self.written: dict[str, str] | None = None
+
+    def begin(self, step: int) -> None:
+        if not self.count or step < self.first:
+            return
+        if self.prof is None:
+            self.prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                           torch.profiler.ProfilerActivity.CUDA],
+                                               record_shapes=False, with_stack=True)
+            self.prof.start()
+            self.wall = time.perf_counter()
+        self.range = torch.profiler.record_function(f"bare.step {step}")
+        self.range.__enter__()
+
+    def end(self, step: int, rank: int) -> None:
+        if self.range is None:
+            return
+        self.range.__exit__(None, None, None)
+        self.range = None
+        if step < self.first + self.count - 1:
+            return
+        self.prof.stop()
+        wall = time.perf_counter() - self.wall
+        if rank != 0 or self.out_dir is None:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        trace, ops = self.out_dir / "trace-bare.json.gz", self.out_dir / "ops-bare.txt"
+        self.prof.export_chrome_trace(str(trace))
+        head = (f"# bare_mcore, rank 0, cuda: steps {self.first}-{step} ({self.count} profiled, {wall:.3f} s wall with "
+                f"the profiler on)\n# ops by self CPU time (torch.profiler key_averages, sorted by self_cpu_time_total);"
+                f" the trace: {trace.name}\n")
+        ops.write_text(head + self.prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40) + "\n",
+                       encoding="utf-8")
+        self.written = {"trace": str(trace), "ops": str(ops)}
 
 
 def _versions() -> dict[str, str | None]:
@@ -519,6 +578,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--project", default=".", help="project root (data paths in the spec are relative to it)")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.add_argument("--cpu-check", action="store_true", help="check model construction on CPU instead of training")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, N more under torch.profiler (trace and op table in --profile-dir)")
+    p.add_argument("--profile-dir", help="where --profile writes trace-bare.json.gz and ops-bare.txt")
     return p
 
 

@@ -27,8 +27,19 @@ train.cross_entropy_fusion=false``, and the fusions' gain with mcx's defaults.
 Printed (and written to ``--out``) as one JSON object: both runs, ``ratio`` = mcx tokens/s over
 bare tokens/s (target >= 0.99), the ratio of the medians, both MFUs and peak memories.
 
+``--preset`` names the small shapes of issue 41 (:data:`PRESETS`: the quickstart, the layout runs' model,
+a 350M and a 1B LLaMA-style model), each a spec and its overrides, instead of ``--spec``. ``--profile N``:
+after the timed steps, each runner trains N more steps under torch.profiler, untimed, and writes their
+Chrome trace and the table of their ops by self CPU time into the work directory (the bare loop's
+``profile/ops-bare.txt``; mcx's, written by its worker as `mcx run --profile` writes it,
+``mcx/full/profile/ops-rank0.txt``; each table's text also in the result's ``runs.<runner>.profile.table``),
+so where each millisecond of a step goes reads off side by side.
+The bare loop needs CUDA; on a machine without a GPU, ``--runners mcx --set hardware.gpu='"cpu"'``
+measures mcx's CPU backend alone (docs/benchmarks.md marks such figures CPU).
+
     PYTHONPATH=/tmp/site:$PWD python benchmarks/throughput.py --spec experiments/h200_1gpu.toml --impl local --mbs 2
     PYTHONPATH=/tmp/site:$PWD python benchmarks/throughput.py --spec experiments/h200_2gpu.toml --gpus 2 --impl te
+    python benchmarks/throughput.py --preset 350m --impl te --profile 3 --out /tmp/throughput-350m.json
 
 This module is also where the benchmark is defined for both runners (:func:`spec_overrides`,
 :func:`load_benchmark_spec`, :func:`score`): pure Python on ``mcx.spec`` and ``mcx.plan``, no torch.
@@ -66,6 +77,32 @@ HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 0.99
 IMPLS = {"local": "local", "te": "transformer_engine"}
 FP8 = {"hybrid": "fp8-hybrid", "e4m3": "fp8-e4m3"}
+
+# Issue 41's small shapes: (spec, overrides, what). The GPU ones train bf16 without deterministic mode;
+# the quickstart as shipped (fp32, deterministic), as docs/steptime.md measured its 63 ms step.
+_SMALL = ["train.deterministic=false", 'train.precision="bf16"', "model.seq_length=2048",
+          "model.max_position_embeddings=2048", "model.rotary_base=500000"]
+PRESETS: dict[str, tuple[str, list[str], str]] = {
+    "quickstart": ("experiments/tiny.toml", [], "experiments/tiny.toml as shipped: 4 layers, hidden 128, seq 128, fp32"),
+    "layout": ("experiments/tiny.toml",
+               [*_SMALL, "model.num_layers=8", "model.hidden_size=1024", "model.num_attention_heads=16",
+                "model.num_query_groups=4", "model.ffn_hidden_size=2816", "train.micro_batch_size=2",
+                "train.global_batch_size=16"],
+               "the layout runs' model (benchmarks/gpu_validation.py DENSE): 8 layers, hidden 1024, seq 2048, "
+               "8 micro-batches of 2"),
+    "350m": ("experiments/tiny.toml",
+             [*_SMALL, "model.num_layers=24", "model.hidden_size=1024", "model.num_attention_heads=16",
+              "model.num_query_groups=4", "model.ffn_hidden_size=3072", "model.vocab_size=32000",
+              "train.micro_batch_size=4", "train.global_batch_size=32"],
+             "LLaMA-style 355M: 24 layers, hidden 1024, GQA 16/4, SwiGLU 3072, vocabulary 32000, seq 2048, "
+             "8 micro-batches of 4"),
+    "1b": ("experiments/tiny.toml",
+           [*_SMALL, "model.num_layers=16", "model.hidden_size=2048", "model.num_attention_heads=32",
+            "model.num_query_groups=8", "model.ffn_hidden_size=8192", "model.vocab_size=32000",
+            "train.micro_batch_size=4", "train.global_batch_size=32"],
+           "LLaMA-3.2-1B's layers (16, hidden 2048, GQA 32/8, SwiGLU 8192), vocabulary 32000 untied (1.1B), "
+           "seq 2048, 8 micro-batches of 4"),
+}
 
 
 # -- the benchmark, for both runners ----------------------------------------------------------------
@@ -136,10 +173,10 @@ def score(spec: ExperimentSpec, world_size: int, padded_vocab: int, step_times: 
 
 # -- the mcx run ------------------------------------------------------------------------------------
 
-def run_length_overrides(spec: ExperimentSpec, warmup: int, steps: int) -> list[str]:
-    """Enough iterations for the measurement plus one (the worker is stopped during the last), no
-    evaluation before the end, a launcher that can start the layout's processes."""
-    iters = warmup + steps + 1
+def run_length_overrides(spec: ExperimentSpec, warmup: int, steps: int, profiled: int = 0) -> list[str]:
+    """Enough iterations for the measurement and the profiled steps plus one (the worker is stopped during
+    the last), no evaluation before the end, a launcher that can start the layout's processes."""
+    iters = warmup + steps + profiled + 1
     out = [f"train.train_iters={iters}", f"train.eval_interval={iters}",
            f"train.lr_warmup_iters={min(spec.train.lr_warmup_iters, iters - 1)}"]
     world = spec.hardware.nodes * spec.hardware.gpus_per_node
@@ -148,13 +185,16 @@ def run_length_overrides(spec: ExperimentSpec, warmup: int, steps: int) -> list[
     return out
 
 
-def job_dict(spec: ExperimentSpec, layout: Layout, stage_dir: Path, data_dir: Path) -> dict[str, Any]:
-    """job.json of the full stage, per the job contract in docs/stage-directory.md."""
+def job_dict(spec: ExperimentSpec, layout: Layout, stage_dir: Path, data_dir: Path,
+             profile: tuple[int, int] | None = None) -> dict[str, Any]:
+    """job.json of the full stage, per the job contract in docs/stage-directory.md; ``profile``: the (first,
+    last) steps the worker profiles (`mcx run --profile`)."""
     job = {"stage": "full", "spec": spec_to_dict(spec), "layout": layout.job_dict(),
            "data_dir": str(data_dir), "checkpoint_dir": str(stage_dir / "checkpoints"), "train_samples_limit": None,
            "checks": {"resume_check_iters": spec.smoke.resume_check_iters, "loss_window": spec.smoke.loss_window,
                       "min_loss_drop": spec.smoke.min_loss_drop},
-           "device": "cpu" if spec.hardware.gpu == "cpu" else "cuda", "output": "quiet"}
+           "device": "cpu" if spec.hardware.gpu == "cpu" else "cuda", "output": "quiet",
+           **({"profile": {"first": profile[0], "last": profile[1]}} if profile else {})}
     return {"run_id": "bench-" + short_id(digest(job), 8), **job}
 
 
@@ -164,16 +204,19 @@ def train_records(path: Path) -> list[dict[str, Any]]:
 
 
 def run_mcx(spec: ExperimentSpec, layout: Layout, project: Path, stage_dir: Path, *, warmup: int, steps: int,
-            timeout: float) -> dict[str, Any]:
+            timeout: float, profiled: int = 0) -> dict[str, Any]:
     if stage_dir.exists():
         shutil.rmtree(stage_dir)
     stage_dir.mkdir(parents=True)
-    job = job_dict(spec, layout, stage_dir, (project / spec.data.path).resolve())
+    timed_end = warmup + steps
+    profile = (timed_end + 1, timed_end + profiled) if profiled else None
+    job = job_dict(spec, layout, stage_dir, (project / spec.data.path).resolve(), profile)
+    ops = stage_dir / "profile" / "ops-rank0.txt"
     (stage_dir / "job.json").write_text(json.dumps(job, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     log = stage_dir / "launch.log"
     launcher = evolve(launcher_for(spec.launch), log=log)
     handle = launcher.start(stage_dir, Placement(world_size=job["layout"]["world_size"]), spec.launch, worker_env(spec))
-    metrics, wanted, start = stage_dir / "metrics.jsonl", warmup + steps, time.monotonic()
+    metrics, wanted, start = stage_dir / "metrics.jsonl", timed_end + profiled, time.monotonic()
     seen = 0
     try:
         while True:
@@ -181,14 +224,15 @@ def run_mcx(spec: ExperimentSpec, layout: Layout, project: Path, stage_dir: Path
             if len(records) > seen:
                 seen = len(records)
                 _say(f"mcx step {seen}/{wanted}: {records[-1]['step_time_s']:.3f} s, loss {records[-1]['loss']}")
-            if seen >= wanted or handle.poll() != "running" or time.monotonic() - start > timeout:
+            done = seen >= wanted and (not profiled or ops.is_file())  # the profile is written after its last line
+            if done or handle.poll() != "running" or time.monotonic() - start > timeout:
                 break
             time.sleep(0.25)
     finally:
         handle.kill()  # no final checkpoint or evaluation: they are not measured
         outcome = handle.wait()
     records = {r["step"]: r for r in train_records(metrics)}
-    timed = [records[s] for s in range(warmup, wanted + 1) if s in records]  # the last warm-up step starts
+    timed = [records[s] for s in range(warmup, timed_end + 1) if s in records]  # the last warm-up step starts
     if len(timed) < steps + 1:
         tail = log.read_text(encoding="utf-8", errors="replace")[-3000:] if log.is_file() else ""
         worker = stage_dir / "worker.log"
@@ -206,7 +250,15 @@ def run_mcx(spec: ExperimentSpec, layout: Layout, project: Path, stage_dir: Path
             "loss_first": records[min(records)]["loss"], "loss_last": measured[-1]["loss"],
             "mem_peak_bytes": max(r["mem_peak_bytes"] for r in measured),
             "self_reported_median": {k: statistics.median(r[k] for r in measured)
-                                     for k in ("tokens_per_s_per_gpu", "tflops_per_gpu")}}
+                                     for k in ("tokens_per_s_per_gpu", "tflops_per_gpu")},
+            "profile": profile_files(ops.with_name("trace-rank0.json.gz"), ops) if profiled else None}
+
+
+def profile_files(trace: Path, ops: Path) -> dict[str, str] | None:
+    """Where a runner's profile is, and its op table's text (the result file carries it off the GPU machine)."""
+    if not ops.is_file():
+        return None
+    return {"trace": str(trace), "ops": str(ops), "table": ops.read_text(encoding="utf-8")}
 
 
 def built_details(worker_log: Path) -> dict[str, Any] | None:
@@ -221,10 +273,11 @@ def built_details(worker_log: Path) -> dict[str, Any] | None:
 # -- the bare run -----------------------------------------------------------------------------------
 
 def run_bare(spec: ExperimentSpec, overrides: list[str], impl: str, spec_path: str, project: Path, out: Path, *,
-             warmup: int, steps: int, timeout: float) -> dict[str, Any]:
+             warmup: int, steps: int, timeout: float, profiled: int = 0) -> dict[str, Any]:
     world = spec.hardware.nodes * spec.hardware.gpus_per_node
     script = [str(HERE / "bare_mcore.py"), "--spec", spec_path, "--impl", impl, "--project", str(project),
               "--warmup", str(warmup), "--steps", str(steps), "--out", str(out),
+              *(["--profile", str(profiled), "--profile-dir", str(out.parent / "profile")] if profiled else []),
               *[arg for o in overrides for arg in ("--set", o)]]
     env = {**os.environ, **worker_env(spec)}  # what mcx's launcher gives its worker
     if world == 1:
@@ -236,7 +289,11 @@ def run_bare(spec: ExperimentSpec, overrides: list[str], impl: str, spec_path: s
     done = subprocess.run(argv, cwd=project, env=env, stdout=subprocess.DEVNULL, timeout=timeout, check=False)
     if done.returncode != 0 or not out.is_file():
         raise SystemExit(f"throughput: the bare loop failed (exit {done.returncode}): {' '.join(argv)}")
-    return json.loads(out.read_text(encoding="utf-8"))
+    result = json.loads(out.read_text(encoding="utf-8"))
+    if profiled:
+        result["profile"] = profile_files(out.parent / "profile" / "trace-bare.json.gz",
+                                          out.parent / "profile" / "ops-bare.txt")
+    return result
 
 
 # -- driver -----------------------------------------------------------------------------------------
@@ -261,7 +318,13 @@ def _say(text: str) -> None:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="mcx's runner vs a bare Megatron-Core loop on one spec: tokens/s ratio "
                                 f"(target >= {TARGET_RATIO}), MFU, peak memory.")
-    p.add_argument("--spec", default="experiments/h200_1gpu.toml")
+    p.add_argument("--spec", help="the spec to measure (default: experiments/h200_1gpu.toml)")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="one of issue 41's small shapes instead of --spec: " +
+                        "; ".join(f"{k}: {v[2]}" for k, v in PRESETS.items()))
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after the timed steps, N more steps of each runner under torch.profiler (untimed): the "
+                        "trace and the ops by self CPU time in the work directory")
     p.add_argument("--impl", choices=sorted(IMPLS), default="local")
     p.add_argument("--fp8", choices=["none", *FP8], default=None, help="default: the spec's precision")
     p.add_argument("--mbs", type=int, help="micro batch size (default: the spec's)")
@@ -287,11 +350,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("throughput: --runners takes bare and/or mcx, comma-separated")
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("throughput: --steps and --warmup must be >= 1 (a timed step starts where the previous ended)")
+    if args.preset and args.spec:
+        raise SystemExit("throughput: give --spec or --preset, not both")
+    if args.profile < 0:
+        raise SystemExit("throughput: --profile takes a number of steps (0: none)")
+    args.spec, preset = PRESETS[args.preset][:2] if args.preset else (args.spec or "experiments/h200_1gpu.toml", [])
     project = Path(args.project).resolve()
     base = spec_overrides(impl=args.impl, fp8=args.fp8, mbs=args.mbs, seq=args.seq, layers=args.layers,
-                          gpus=args.gpus, deterministic=args.deterministic, extra=args.set)
+                          gpus=args.gpus, deterministic=args.deterministic, extra=[*preset, *args.set])
     spec, overrides, _, _ = load_benchmark_spec(args.spec, base, impl=args.impl, fp8=args.fp8, project=project)
-    overrides = [*overrides, *run_length_overrides(spec, args.warmup, args.steps)]
+    overrides = [*overrides, *run_length_overrides(spec, args.warmup, args.steps, args.profile)]
     spec, overrides, layout, vocab = load_benchmark_spec(args.spec, overrides, impl=args.impl, fp8=None,
                                                          project=project)
     world = layout.world_size
@@ -306,15 +374,15 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"running {runner}")
         if runner == "bare":
             run = run_bare(spec, overrides, args.impl, args.spec, project, work / "bare.json", warmup=args.warmup,
-                           steps=args.steps, timeout=args.timeout)
+                           steps=args.steps, timeout=args.timeout, profiled=args.profile)
         else:
             run = run_mcx(spec, layout, project, work / "mcx" / "full", warmup=args.warmup, steps=args.steps,
-                          timeout=args.timeout)
+                          timeout=args.timeout, profiled=args.profile)
         runs[runner] = {**run, **score(spec, world, padded, run["step_times_s"], peak),
                         "self_timed": score(spec, world, padded, run["self_timed_step_times_s"], peak)}
 
     result: dict[str, Any] = {
-        "spec": args.spec, "overrides": overrides, "impl": IMPLS[args.impl], "precision": spec.train.precision,
+        "spec": args.spec, "preset": args.preset, "overrides": overrides, "impl": IMPLS[args.impl], "precision": spec.train.precision,
         "layout": layout.job_dict(), "micro_batch_size": spec.train.micro_batch_size,
         "global_batch_size": spec.train.global_batch_size, "seq_length": spec.model.seq_length,
         "padded_vocab_size": padded, "gpu_name": gpu_name, "peak_flops": peak, "warmup": args.warmup,

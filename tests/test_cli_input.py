@@ -234,6 +234,30 @@ def test_usage_errors_are_one_paragraph(project, args, shown):
     assert shown in err and "--help' for the options." in err
 
 
+@pytest.mark.parametrize("args, shown", [
+    (["--profile", "201"], "--profile 201 reaches past the full stage's last step (train.train_iters = 200); "
+                           "profile steps between 1 and 200"),
+    (["--profile", "5:3"], "--profile '5:3' is not a step range; give a step (--profile 3) or an inclusive range"),
+    (["--profile", "3", "--stage", "smoke"], "--profile 3 profiles steps of the full stage, which this command does "
+                                             "not run"),
+])
+def test_run_refuses_a_profile_outside_the_full_stage_s_steps(project, args, shown):
+    """`mcx run --profile` (D73): a range the full stage does not train is bad input, said before anything runs."""
+    assert shown in one_paragraph(bad_input(project, "run", "tiny.toml", "--dry-run", *args))
+
+
+def test_profile_steps_are_one_step_or_an_inclusive_range_counted_from_one():
+    from mcx.contract.profile import ProfileSteps, parse_profile_steps
+    from mcx.errors import InputError
+
+    assert parse_profile_steps("3") == ProfileSteps(3, 3) and parse_profile_steps(" 5:8 ") == ProfileSteps(5, 8)
+    assert [s in ProfileSteps(5, 8) for s in (4, 5, 8, 9)] == [False, True, True, False]
+    assert ProfileSteps(5, 8).text() == "5:8" and ProfileSteps(3, 3).text() == "3"
+    for bad in ("0", "0:2", "5:3", "3:", ":3", "x", "1-3", "2.5", ""):
+        with pytest.raises(InputError, match="is not a step range"):
+            parse_profile_steps(bad)
+
+
 def test_a_project_that_does_not_exist(project):
     err = one_paragraph(bad_input(project, "--project", str(project / "nowhere"), "plan", "tiny.toml"))
     assert "project directory" in err and "does not exist" in err and "--project" in err

@@ -8,7 +8,8 @@ then full stage), the embedded MLflow store (.mcx/mlflow.db), DVC with the embed
     A   tiny, FAST                  smoke + full   (the `mcx run` under test, as a subprocess)
     B   tiny, FAST, train.lr=1e-3   full only (--skip-smoke); compared with A
     F   tiny, FAST, train.lr=0      smoke only: it fails, nothing can be learnt
-    B'  B again with --force        full only; the first attempt archived; judged against A
+    B'  B again with --force        full only; the first attempt archived; judged against A; steps 5-6
+                                    under torch.profiler (--profile 5:6)
 """
 
 from __future__ import annotations
@@ -255,6 +256,10 @@ def test_second_run_is_cached_and_trains_nothing(project, a):
     assert "already finished" not in table.out and "already finished" in table.err
     assert "\x1b[" not in table.out and all(len(line) < 200 for line in table.out.splitlines())
     assert len(parent_runs(project, a["run_id"])) == 1
+    # A finished run has no step left to profile: said (exit 2, nothing rewritten), not silently ignored (D73).
+    profiled = mcx_inprocess(project, "run", SPEC, *FAST, "--profile", "3", "--quiet")
+    assert profiled.code == 2 and "already finished" in profiled.err and "--force" in profiled.err, profiled
+    assert stage_files() == before
 
 
 def test_ls_and_show_list_the_run(project, a):
@@ -499,11 +504,13 @@ def test_by_default_a_worse_held_out_loss_regresses(project, a, b):
 
 @pytest.fixture(scope="module")
 def forced(project: Path, a: dict, b: dict):
-    """B trained again with --force (the full stage only, as B was), judged against baseline "main" (A)."""
+    """B trained again with --force (the full stage only, as B was), judged against baseline "main" (A), its steps
+    5 and 6 profiled (D73: the profiler observes, so the run ID and the losses are B's)."""
     res = mcx_inprocess(project, "baseline", "set", "main", a["run_id"])
     assert res.code == 0, res
     archived_before = set((project / ".mcx" / "archive").glob(f"{b['run_id']}-*"))
-    res = mcx_inprocess(project, "run", SPEC, *FAST, *LR_B, *GATED, "--skip-smoke", "--force", "--json", "--quiet")
+    res = mcx_inprocess(project, "run", SPEC, *FAST, *LR_B, *GATED, "--skip-smoke", "--force", "--profile", "5:6",
+                        "--json", "--quiet")
     return res, archived_before
 
 
@@ -518,9 +525,16 @@ def test_force_retrains_archives_the_previous_attempt_and_judges_the_new_one(pro
     old = archived.pop()
     assert json.loads((old / "run.json").read_text())["status"] == "finished"
     new = project / ".mcx" / "runs" / b["run_id"] / "full" / "metrics.jsonl"
-    # Retrained (a new file), and on CPU bit for bit the same losses as the archived attempt.
+    # Retrained (a new file), and on CPU bit for bit the same losses as the archived, unprofiled attempt.
     assert new.stat().st_mtime > (old / "full" / "metrics.jsonl").stat().st_mtime
     assert losses(new) == losses(old / "full" / "metrics.jsonl")
+    assert not (old / "full" / "profile").exists()
+    profile = new.parent / "profile"
+    assert sorted(f.name for f in profile.iterdir()) == ["ops-rank0.txt", "trace-rank0.json.gz"]
+    assert "steps 5-6 (2 profiled" in (profile / "ops-rank0.txt").read_text()
+    shown = mcx_inprocess(project, "show", b["run_id"], "--json").json()
+    assert shown["profiles"] == {"full": str(profile)}
+    assert f"full profile {profile}" in " ".join(mcx_inprocess(project, "show", b["run_id"]).out.split())
     assert s["final"]["valid_loss"] == b["final"]["valid_loss"]
     assert s["baseline"]["baseline"] == "main" and s["baseline"]["baseline_run_id"] == a["run_id"]
     assert s["baseline"]["verdict"] == "regress" and "valid_loss" in s["error"]

@@ -490,6 +490,40 @@ def test_torchrun_data_parallel_over_gloo_matches_one_process(tmp_path, dataset)
     assert [{k: r[k] for k in keep} for r in records(stage)] == [{k: r[k] for k in keep} for r in first]
 
 
+# -- profiling -----------------------------------------------------------------------------------------
+
+def test_profiled_steps_train_bitwise_the_same_and_leave_a_trace_and_an_op_table(tmp_path, uninterrupted):
+    """`mcx run --profile 52:53` (D73): the job's profile puts steps 52 and 53 under torch.profiler. Resumed
+    from step 50 of the unprofiled run, steps 51-60 (two of them profiled) and the evaluations are bitwise
+    the unprofiled run's; the trace holds exactly the named steps, and the op table ranks host ops."""
+    import gzip
+
+    stage = copy_stage(uninterrupted, tmp_path / "stage")
+    shutil.rmtree(stage / "checkpoints" / "iter_0000060")
+    (stage / "checkpoints" / "latest").write_text("iter_0000050\n")
+    job = json.loads((stage / "job.json").read_text())
+    (stage / "job.json").write_text(json.dumps({**job, "profile": {"first": 52, "last": 53}}, indent=1))
+    result = run(stage)
+    assert result["status"] == "finished" and result["warnings"] == [], result["error"]
+    _same_history(stage, uninterrupted)
+    trace = json.loads(gzip.decompress((stage / "profile" / "trace-rank0.json.gz").read_bytes()))
+    steps = sorted(e["name"] for e in trace["traceEvents"] if str(e.get("name", "")).startswith("mcx.step "))
+    assert steps == ["mcx.step 52", "mcx.step 53"]
+    assert any(str(e.get("name", "")).startswith("aten::mm") for e in trace["traceEvents"])
+    table = (stage / "profile" / "ops-rank0.txt").read_text()
+    assert table.startswith("# run tttttttttttt, full stage, rank 0, cpu: steps 52-53 (2 profiled,")
+    assert "Self CPU %" in table and "aten::" in table
+    assert sorted(p.name for p in (stage / "profile").iterdir()) == ["ops-rank0.txt", "trace-rank0.json.gz"]
+    # Resumed past the range (here: at its last step, so only the final evaluations run), nothing is
+    # profiled, and the stage says so instead of leaving the user to look for a profile.
+    shutil.rmtree(stage / "profile")
+    result = run(stage)
+    assert result["status"] == "finished" and not (stage / "profile").exists()
+    assert result["warnings"] == ["--profile 52:53: no step was profiled, as this attempt of the stage trained none "
+                                  "of them (it resumed from a checkpoint past them); `mcx run --force` trains the run "
+                                  "again from step 1"]
+
+
 # -- input errors ------------------------------------------------------------------------------------
 
 def test_a_bad_job_file_is_an_input_error_naming_the_key(tmp_path, dataset):

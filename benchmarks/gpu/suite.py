@@ -58,6 +58,13 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
                             [PY, *T, "--spec", S1, "--impl", "te", "--fp8", "hybrid", "--mbs", "4", "--steps", "5",
                              "--warmup", "2", "--runners", "mcx", "--set", "train.te_op_fuser=true",
                              "--work-dir", "{work}", "--out", "{out}/throughput.json"]),
+    # Issue 41's small shapes (throughput.py PRESETS): bare loop and mcx, then 3 profiled steps of each.
+    **{f"throughput-{name}": (1, minutes, f"throughput.py --preset {name}: Transformer Engine, bare and mcx, then 3 "
+                                          "profiled steps of each (their op tables in throughput.json)",
+                              [PY, *T, "--preset", name, "--impl", "te", "--steps", "10", "--warmup", "3",
+                               "--profile", "3", "--runners", "bare,mcx", "--work-dir", "{work}",
+                               "--out", "{out}/throughput.json"])
+       for name, minutes in (("quickstart", 2), ("layout", 2.5), ("350m", 3), ("1b", 3.5))},
     "throughput-2gpu": (2, 3.5, "throughput.py: LLaMA-3 8B, DP 2, Transformer Engine, bf16, mcx",
                         [PY, *T, "--spec", S2, "--gpus", "2", "--impl", "te", "--steps", "4", "--warmup", "2",
                          "--runners", "mcx", "--work-dir", "{work}", "--out", "{out}/throughput.json"]),

@@ -99,6 +99,9 @@ def _training_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--detach", action="store_true",
                    help="return once the first stage is submitted (run ID and job on stdout); a supervisor process "
                         "runs the rest and records it (`mcx status`, `logs`, `cancel`)")
+    s.add_argument("--profile", metavar="STEPS",
+                   help="run these steps of the full stage under torch.profiler: a step (3) or an inclusive range "
+                        "(5:8); each rank's trace and op table go to the run's full/profile/ (same run ID, same losses)")
     s.add_argument("--json", action="store_true", help="last stdout line: one JSON summary")
     s.set_defaults(func=verbs.cmd_run)
 

@@ -56,8 +56,11 @@ def _run(req: Any, tell: Any) -> int:
             tell({"launched": asdict(event)})
         show_progress(event)
 
+    from mcx.contract.profile import parse_profile_steps
+
     options = RunOptions(stage=req.stage, force=req.force, yes=True, skip_smoke=req.skip_smoke, output="quiet",
-                         verify_data=req.verify_data, expect_run_id=req.run_id)
+                         verify_data=req.verify_data, expect_run_id=req.run_id,
+                         profile=parse_profile_steps(req.profile) if req.profile else None)
     try:
         with children_to_stderr(), term_interrupts():
             result = run(req.spec, list(req.overrides), project=Path(req.project), options=options, progress=progress)

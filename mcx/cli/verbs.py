@@ -77,13 +77,14 @@ def _ask(question: str) -> bool:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from mcx.ops.interrupts import term_interrupts
+    from mcx.contract.profile import parse_profile_steps
     from mcx.ops.run import RunOptions, run
 
     interactive = sys.stdin.isatty() and sys.stderr.isatty() and not args.json
     opts = RunOptions(stage=args.stage, force=args.force, yes=args.yes, dry_run=args.dry_run,
                       skip_smoke=args.skip_smoke, output="json" if args.json else ("quiet" if args.quiet else "bar"),
                       wait=args.wait, confirm=_ask if interactive else None, verify_data=args.verify_data,
-                      detach=args.detach)
+                      detach=args.detach, profile=None if args.profile is None else parse_profile_steps(args.profile))
     project = project_root(args)
     # SIGTERM stops it as Ctrl-C does (exit 130, resumable): forwarded to the workers while a stage trains
     with children_to_stderr(), term_interrupts():  # the worker's lines (--json: its metrics as JSON lines) are progress

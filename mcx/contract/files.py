@@ -35,3 +35,16 @@ def rank_info_file(rank: int) -> str:
 def rank_stacks_file(rank: int) -> str:
     """Where a rank's faulthandler writes every thread's stack on SIGUSR2, under RANKS_DIR."""
     return f"stacks.rank{rank}.txt"
+
+
+PROFILE_DIR = "profile"  # `mcx run --profile`: each rank's trace and op table (mcx.contract.profile, D73)
+
+
+def profile_trace_file(rank: int) -> str:
+    """A rank's Chrome/Perfetto trace of the profiled steps under PROFILE_DIR (open it in ui.perfetto.dev)."""
+    return f"trace-rank{rank}.json.gz"
+
+
+def profile_ops_file(rank: int) -> str:
+    """A rank's table of the profiled steps' ops by self CPU time under PROFILE_DIR."""
+    return f"ops-rank{rank}.txt"

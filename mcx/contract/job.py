@@ -14,6 +14,7 @@ from typing import Any, Literal
 from attrs import evolve, field, frozen
 
 from mcx.contract.files import JOB_FILE
+from mcx.contract.profile import ProfileSteps
 from mcx.errors import InputError, SpecError
 from mcx.plan.layout import JOB_FIELDS, Device, Layout
 from mcx.spec import convert
@@ -62,6 +63,7 @@ class Job:
     device: Device = "cpu"
     output: Output = "bar"
     init: InitFrom | None = None  # the full stage of a run with [init] from; the smoke stage starts at random
+    profile: ProfileSteps | None = None  # `mcx run --profile`: steps run under torch.profiler (observation only)
 
 
 def dataset_dir(data: DataSpec, data_dir: Path, path: str) -> Path:
@@ -121,7 +123,8 @@ def job_to_dict(job: Job) -> dict[str, Any]:
             "device": job.device, "output": job.output,
             **({"init": {"kind": job.init.kind, "path": job.init.path, "format": job.init.format,
                          "load_optimizer": job.init.load_optimizer, "reset_step": job.init.reset_step}}
-               if job.init else {})}
+               if job.init else {}),
+            **({"profile": {"first": job.profile.first, "last": job.profile.last}} if job.profile else {})}
 
 
 def read_job(stage_dir: Path) -> Job:

@@ -75,17 +75,19 @@ class Request:
     force: bool
     skip_smoke: bool
     verify_data: bool
+    profile: str | None = None  # --profile's steps, as given
 
     def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "overrides": list(self.overrides), "project": self.project, "run_id": self.run_id,
                 "stage": self.stage, "force": self.force, "skip_smoke": self.skip_smoke,
-                "verify_data": self.verify_data}
+                "verify_data": self.verify_data, "profile": self.profile}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Request:
         return cls(spec=str(d["spec"]), overrides=tuple(map(str, d["overrides"])), project=str(d["project"]),
                    run_id=str(d["run_id"]), stage=str(d["stage"]), force=bool(d["force"]),
-                   skip_smoke=bool(d["skip_smoke"]), verify_data=bool(d["verify_data"]))
+                   skip_smoke=bool(d["skip_smoke"]), verify_data=bool(d["verify_data"]),
+                   profile=None if d.get("profile") is None else str(d["profile"]))
 
 
 def start_supervisor(request: Request, run_path: Path) -> dict[str, Any] | None:

@@ -66,7 +66,16 @@ def show_run(run_id: str, *, project: Path) -> ShownRun:
     from mcx.track.query import show_run as query
 
     shown = query(project, _require_known(project, run_id), _uri(project), include_tracking=False)
-    return evolve(shown, slowest_ranks=slowest_ranks(run_dir(project, run_id), shown.entry.stages))
+    path = run_dir(project, run_id)
+    return evolve(shown, slowest_ranks=slowest_ranks(path, shown.entry.stages), profiles=profiles(path))
+
+
+def profiles(run_path: Path) -> dict[str, str]:
+    """Each stage's profile directory (`mcx run --profile`, D73), where it holds a trace."""
+    from mcx.contract.files import PROFILE_DIR
+
+    found = {stage: run_path / stage / PROFILE_DIR for stage in ("smoke", "full")}
+    return {stage: str(d) for stage, d in found.items() if any(d.glob("trace-rank*"))}
 
 
 def slowest_ranks(run_path: Path, stages: Iterable[str]) -> dict[str, SlowestRank]:

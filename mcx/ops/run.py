@@ -18,6 +18,7 @@ from attrs import evolve, frozen
 
 from mcx.contract.files import METRICS_FILE
 from mcx.contract.job import Output
+from mcx.contract.profile import ProfileSteps, check_profile_steps
 from mcx.contract.status import RUN_ENDINGS, Status
 from mcx.errors import BudgetError, InputError, McxError, SpecError, TrainingFailed
 from mcx.eval.scores import run_eval_metrics
@@ -77,6 +78,8 @@ class RunOptions:
     # The run ID the caller planned (a detached run's supervisor): another ID here means the spec, its data or
     # the code changed in between, and the run is refused rather than training something else under its name.
     expect_run_id: str | None = None
+    # --profile: these steps of the full stage run under torch.profiler (D73); observation only, not in the run ID
+    profile: ProfileSteps | None = None
 
 
 @frozen(kw_only=True)
@@ -124,6 +127,9 @@ def run_spec(spec: ExperimentSpec, *, project: Path, options: RunOptions, progre
         extra = [p for p in _launcher_problems(spec) if p not in exc.problems]
         raise SpecError([*exc.problems, *extra], exc.source) from None
     stages = stages_for(options, spec)
+    if options.profile is not None:
+        check_profile_steps(options.profile, planned.plan.stage("full").spec.train.train_iters,
+                            full_stage="full" in stages)
     if options.dry_run:
         return _dry_run(planned, run_dir or paths.run_dir(project, planned.run_id or "0" * 12), stages, progress)
     assert planned.run_id is not None  # at launch, data missing here is a problem plan_loaded raised
@@ -177,7 +183,7 @@ def _detach(planned: PlanResult, *, project: Path, run_path: Path, options: RunO
                          "run it from the command line.")
     request = Request(spec=source[0], overrides=source[1], project=str(project), run_id=planned.run_id,
                       stage=options.stage, force=options.force, skip_smoke=options.skip_smoke,
-                      verify_data=options.verify_data)
+                      verify_data=options.verify_data, profile=options.profile.text() if options.profile else None)
     message = start_supervisor(request, run_path)
     log = run_path / SUPERVISOR_LOG
     if message is None:
@@ -263,6 +269,10 @@ def _cached(project: Path, planned: PlanResult, options: RunOptions, progress: P
         raise RunLocked(run_id, state.holder)
     if state.state != "finished" or options.force:
         return None
+    if options.profile is not None:  # a finished run trains no step to profile: said, rather than ignored
+        raise InputError(f"run {run_id} already finished, so --profile {options.profile.text()} has no step to "
+                         "profile;", "add --force to train it again under the profiler (the finished attempt is "
+                                     "kept in .mcx/archive/; the run ID and the losses stay the same).")
     run_json = _read_json(state.run_dir / "run.json") or {}
     stored = run_json.get("summary", {})
     summary = evolve(RunSummary.from_dict(stored), run_id=planned.run_id, cached=True, exit_code=0, error=None,
@@ -342,7 +352,7 @@ def _train(planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path
         for stage in stages:
             result = run_stage(stage, planned, project=project, run_path=run_path, data_dir=data_dir, recorder=recorder,
                                 output=options.output, progress=progress, code_path=code_path, watch=options.watch,
-                                devices=options.devices, reproduction=reproduces is not None)
+                                devices=options.devices, reproduction=reproduces is not None, profile=options.profile)
             results[stage] = result
             if not result.ok:
                 status = result.status if result.status in _ENDED_EARLY else Status.FAILED

@@ -13,6 +13,7 @@ from attrs import evolve, frozen
 from mcx.contract.checkpoints import latest_checkpoint
 from mcx.contract.files import CHECKPOINTS_DIR, HANGS_DIR, JOB_FILE, RESULT_FILE
 from mcx.contract.job import INIT_KINDS, Checks, InitFrom, Job, Output, job_to_dict
+from mcx.contract.profile import ProfileSteps
 from mcx.contract.result import StageResult, clear_result, read_result, read_stage_result
 from mcx.contract.status import Status
 from mcx.data import mixture
@@ -52,8 +53,10 @@ class Stop:
 Watch = Callable[[str, Path], "Stop | None"]  # (stage, stage directory) -> Stop to end it, None to go on
 
 
-def stage_job(sp: StagePlan, planned: PlanResult, stage_path: Path, data_dir: Path, output: Output) -> Job:
-    """The planned stage's job contract; ``job_to_dict`` gives job.json."""
+def stage_job(sp: StagePlan, planned: PlanResult, stage_path: Path, data_dir: Path, output: Output,
+              profile: ProfileSteps | None = None) -> Job:
+    """The planned stage's job contract; ``job_to_dict`` gives job.json. ``profile``: the full stage's steps to
+    profile (`mcx run --profile`); the smoke stage is never profiled."""
     stage, run_id = sp.stage, _run_id(planned)
     limit = smoke_limit(planned, data_dir) if stage == "smoke" else None
     ckpt = Path(planned.spec.checkpoint.dir) / run_id / stage if planned.spec.checkpoint.dir else stage_path / CHECKPOINTS_DIR
@@ -63,7 +66,7 @@ def stage_job(sp: StagePlan, planned: PlanResult, stage_path: Path, data_dir: Pa
                checks=Checks(resume_check_iters=sm.resume_check_iters, loss_window=sm.loss_window,
                              min_loss_drop=sm.min_loss_drop),
                device=sp.device, output=output,
-               init=_init(stage, planned))
+               init=_init(stage, planned), profile=profile if stage == "full" else None)
 
 
 def _run_id(planned: PlanResult) -> str:
@@ -96,7 +99,8 @@ def smoke_limit(planned: PlanResult, data_dir: Path) -> int:
 
 def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path, data_dir: Path, recorder: RunRecorder,
                output: Output, progress: Progress, code_path: Path | None = None, watch: Watch | None = None,
-               devices: tuple[str, ...] | None = None, reproduction: bool = False) -> StageResult:
+               devices: tuple[str, ...] | None = None, reproduction: bool = False,
+               profile: ProfileSteps | None = None) -> StageResult:
     stage_path = run_path / stage
     prior = read_stage_result(stage_path)
     if prior and prior.ok:
@@ -105,7 +109,7 @@ def run_stage(stage: str, planned: PlanResult, *, project: Path, run_path: Path,
     sp = planned.plan.stage(stage)
     job_spec, job_layout = sp.spec, sp.layout
     stage_path.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(stage_path / JOB_FILE, job_to_dict(stage_job(sp, planned, stage_path, data_dir, output)))
+    write_json_atomic(stage_path / JOB_FILE, job_to_dict(stage_job(sp, planned, stage_path, data_dir, output, profile)))
     resume = latest_checkpoint(stage_path)
     clear_result(stage_path)
     progress(Note(lead=f"{stage} stage", text=f": {job_spec.model.num_layers} layers, hidden {job_spec.model.hidden_size}, "

@@ -89,6 +89,9 @@ def render_run(shown: ShownRun) -> Group:
                                   + (f"; {note}" if note else ""))
     for stage, slow in shown.slowest_ranks.items():
         head.add_row(f"{stage} slowest rank", slow.describe())
+    for stage, where in shown.profiles.items():
+        head.add_row(f"{stage} profile", f"{where} (trace-rank<R>.json.gz: ui.perfetto.dev; ops-rank<R>.txt: ops by "
+                                         "self CPU time)")
     if tracking.pending_ops:
         head.add_row("unsent", f"{tracking.pending_ops} records (send with `mcx sync`)")
     if shown.checkpoints_error is not None:

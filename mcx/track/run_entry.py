@@ -210,6 +210,7 @@ class ShownRun:
     checkpoints_error: str | None = None
     slowest_ranks: dict[str, SlowestRank] = field(factory=dict)  # stage -> its slowest rank, where an outlier
     evaluation: Evaluation | None = None  # the run's downstream evaluation (eval.json, D68); None: not evaluated
+    profiles: dict[str, str] = field(factory=dict)  # stage -> its profile directory (`mcx run --profile`, D73)
 
     def to_dict(self) -> Json:
         out = {**self.entry.to_dict(), "params": self.params, "tags": self.tags}
@@ -221,5 +222,6 @@ class ShownRun:
         checkpoints.update((stage, c.to_dict()) for stage, c in self.checkpoints.items())
         slowest = {"slowest_ranks": {stage: r.to_dict() for stage, r in self.slowest_ranks.items()}} \
             if self.slowest_ranks else {}
+        profiles = {"profiles": self.profiles} if self.profiles else {}
         return {**out, "code": None if self.code is None else self.code.to_dict(), "run": self.run,
-                "spec_path": self.spec_path, "checkpoints": checkpoints, **slowest}
+                "spec_path": self.spec_path, "checkpoints": checkpoints, **slowest, **profiles}

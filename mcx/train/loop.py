@@ -51,6 +51,7 @@ from mcx.train.console import Progress
 from mcx.train.datasets import Datasets, iterate_batches
 from mcx.train.guard import DivergenceGuard, advice
 from mcx.train.metrics import MetricsFile
+from mcx.train.profiler import StepProfiler
 from mcx.train.rankfiles import RankFiles
 from mcx.train.runtime import World
 
@@ -117,11 +118,13 @@ class Outcome:
 class Trainer:
     def __init__(self, job: Job, world: World, backend: Backend, data: Datasets, stage_dir: Path,
                  metrics: MetricsFile, progress: Progress, *, padded_vocab: int, peak_flops: float | None,
-                 pinned_steps: AbstractSet[int] = frozenset(), rank_files: RankFiles | None = None) -> None:
+                 pinned_steps: AbstractSet[int] = frozenset(), rank_files: RankFiles | None = None,
+                 profiler: StepProfiler | None = None) -> None:
         self.job, self.world, self.backend, self.data = job, world, backend, data
         self.spec = job.spec
         self.metrics, self.progress = metrics, progress
         self.rank_files = rank_files  # this rank's step times (every rank's own file)
+        self.profiler = profiler  # `mcx run --profile`: the steps it names run under torch.profiler
         self.store = ckpt.CheckpointStore(Path(job.checkpoint_dir), job.spec.checkpoint.keep)
         self.pinned = set(pinned_steps)
         self.num_micro = num_microbatches(job)
@@ -326,6 +329,8 @@ class Trainer:
                 return self._preempt(outcome, step, consumed)
             if step + 1 in faults:
                 self._perturb(step + 1, *faults[step + 1])
+            if self.profiler is not None:
+                self.profiler.begin(step + 1)
             t0 = time.perf_counter()
             mbs = self.take(train_it, self.num_micro, "training")
             out = self.backend.train_step(mbs)
@@ -354,6 +359,8 @@ class Trainer:
                 self.save(step, consumed)
             elif not self.saves_prepared and (interval or self.pinned or self.spec.checkpoint.final):
                 self.prepare_saves()
+            if self.profiler is not None:
+                self.profiler.end(step)
         if self.world.any(stop.signal is not None):
             return self._preempt(outcome, step, consumed)
         if self.spec.checkpoint.final:

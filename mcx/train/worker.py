@@ -105,6 +105,7 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     from mcx.train import smoke
     from mcx.train.datasets import datasets_from_spec
     from mcx.train.loop import Trainer
+    from mcx.train.profiler import StepProfiler
     data = datasets_from_spec(job.spec, Path(job.data_dir), stage_dir / CACHE_DIR,
                               train_samples_limit=job.train_samples_limit)
     vocab = _vocab_size(job, data.tokenizer.vocab_size)
@@ -116,18 +117,26 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     progress = make_progress(job.output, world.is_main)
     is_smoke = job.stage == "smoke"
     rank_files = RankFiles(stage_dir, world.rank, world.local_rank)
+    profiler = StepProfiler(job.profile, stage_dir, rank=world.rank, device=job.device,
+                            label=f"run {job.run_id}, {job.stage} stage")
     trainer = Trainer(job, world, backend, data, stage_dir, metrics, progress,
                       padded_vocab=backend.details["padded_vocab_size"], peak_flops=peak,
-                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else set(), rank_files=rank_files)
+                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else set(), rank_files=rank_files,
+                      profiler=profiler)
     if sampler is not None:
         sampler.step_of = lambda: trainer.step
     try:
         outcome = trainer.run(stop)
     finally:
+        profiler.close()
         progress.close()
         metrics.close()
         rank_files.close()
     world.barrier()
+    missed = profiler.missed()
+    if missed and world.is_main:
+        log.warning("%s", missed)
+        outcome.warnings.append(missed)
     train_records = metrics.history("train")
     checks: dict[str, Any] = {}
     status, error = outcome.status, outcome.error
