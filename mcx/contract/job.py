@@ -14,6 +14,7 @@ from typing import Any, Literal
 from attrs import evolve, field, frozen
 
 from mcx.contract.files import JOB_FILE
+from mcx.contract.trace import TraceRequest
 from mcx.errors import InputError, SpecError
 from mcx.plan.layout import JOB_FIELDS, Device, Layout
 from mcx.spec import convert
@@ -62,6 +63,7 @@ class Job:
     device: Device = "cpu"
     output: Output = "bar"
     init: InitFrom | None = None  # the full stage of a run with [init] from; the smoke stage starts at random
+    trace: TraceRequest | None = None  # a replay (`mcx locate`): trace one step, then stop, saving nothing (D70)
 
 
 def dataset_dir(data: DataSpec, data_dir: Path, path: str) -> Path:
@@ -121,7 +123,9 @@ def job_to_dict(job: Job) -> dict[str, Any]:
             "device": job.device, "output": job.output,
             **({"init": {"kind": job.init.kind, "path": job.init.path, "format": job.init.format,
                          "load_optimizer": job.init.load_optimizer, "reset_step": job.init.reset_step}}
-               if job.init else {})}
+               if job.init else {}),
+            **({"trace": {"step": job.trace.step, "keep_bytes": job.trace.keep_bytes, "keep": list(job.trace.keep)}}
+               if job.trace else {})}
 
 
 def read_job(stage_dir: Path) -> Job:
