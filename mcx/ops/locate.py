@@ -47,8 +47,8 @@ def run_path(project: Path, ref: str) -> Path:
     """The directory of ``RUN_ID`` or ``RUN_ID/rN`` (its reproduction N), which must have a full stage."""
     m = REF.match(ref)
     if not m:
-        raise RunIdError(f"{ref!r} is not a run", "name a run ID (12 hex digits, `mcx ls`) or a reproduction of one, "
-                                                  "RUN_ID/rN (`mcx reproduce` prints its label).")
+        raise RunIdError(f"{ref!r} is not a run ID or RUN_ID/rN;", "name a run ID (12 lowercase hex digits, `mcx ls`) "
+                         "or a reproduction of one, RUN_ID/rN (`mcx reproduce` prints its label).")
     path = run_dir(project, check_run_id(m.group(1)))
     if m.group(2):
         path = path / "reproductions" / m.group(2)
@@ -85,6 +85,10 @@ def replay(stage: Path, step: int, *, keep: tuple[str, ...] = (), again: bool = 
     done = read_stage_result(out)
     if done is not None and done.ok and trace_ranks(out / TRACE_DIR):
         return out
+    if not Path(job["data_dir"]).is_dir():
+        raise InputError(f"the data {stage} read is gone ({job['data_dir']}: a reproduction's worktree, removed after "
+                         "it);", "restore that data version into the project (`dvc checkout`) and locate against the "
+                         "original run, or reproduce again with --locate.")
     root = checkpoint_root(stage)
     steps = [s for s in checkpoint_steps(root) if s <= step - 1]
     if step > 1 and not steps:
