@@ -567,10 +567,12 @@ def located(project: Path, original: dict, bitwise):
 
 
 def test_reproduce_locate_names_the_planted_operation(original, located):
-    assert located.code == 1, located  # diverged
     assert "Traceback" not in located.err
     v = located.json()
-    assert v["verdict"] == "diverged" and v["diverged_at"]["step"] == PLANT["step"]
+    # 0.01 on one micro-batch's MLP output moves the loss by less than the default band's 1%: not bitwise, and
+    # the verdict alone cannot say where; locate can (exit code: the verdict's)
+    assert v["verdict"] in ("equivalent", "diverged") and located.code == (v["verdict"] == "diverged"), located
+    print("verdict:", v["verdict"], "| locate:", v["locate"]["summary"])  # the worked example of docs/reproduce.md
     loc = v["locate"]
     first = loc["first"]
     assert loc["step"] == PLANT["step"] and loc["differs"] is True
@@ -585,8 +587,8 @@ def test_reproduce_locate_names_the_planted_operation(original, located):
     label = v["reproduction"]
     for replay in loc["replays"]:  # the replays are their own directories; the runs' records are left alone
         assert Path(replay).parent.name == "replays" and (Path(replay) / "trace" / "rank0.jsonl").is_file()
-    assert loc["replays"][0].startswith(str(original["dir"] / "full" / "replays"))
-    assert loc["replays"][1].startswith(str(original["dir"] / "reproductions" / label / "full" / "replays"))
+    assert loc["replays"][0] == str(original["dir"] / "replays" / "step12")
+    assert loc["replays"][1] == str(original["dir"] / "reproductions" / label / "replays" / "step12")
     metrics = (original["dir"] / "full" / "metrics.jsonl").read_text().splitlines()
     assert max(json.loads(line)["step"] for line in metrics) == 12 and not list(
         (original["dir"] / "full" / "checkpoints").glob("*.tmp"))

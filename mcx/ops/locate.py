@@ -7,7 +7,7 @@ replay is its own stage directory, ``<run>/replays/step<N>/``, holding a link to
 from: the run's metrics and checkpoints are never written. A replay that already finished is reused.
 
 The two traces are diffed offline (mcx.report.located): the first record whose output differs, classified
-from the runs' fingerprints (data, config, environment, hardware), the trace itself (only updates differ:
+from the runs' fingerprints (data, config, code, environment, hardware), the trace itself (only updates differ:
 the optimizer) and, where nothing else explains it, a second replay of the first run (differs from the
 first replay: a non-deterministic kernel). Its size is the max abs difference of the full tensors, which
 the replays keep for their first records, and which a second pair of replays keeps for a later one.
@@ -145,6 +145,7 @@ def _fingerprint(path: Path) -> Any:
 
 
 def _named(changes: Sequence[Any]) -> str:
+    changes = [c for c in changes if c.a != c.b]  # a table added with unset keys: only those set
     return ", ".join(f"{c.key} ({c.a!r} -> {c.b!r})" for c in changes[:6]) + (" ..." if len(changes) > 6 else "")
 
 
@@ -203,6 +204,8 @@ def _classify(path_a: Path, path_b: Path, stage_a: Path, step: int, first: Any, 
         return "config", "the configs differ: " + _named(components["config"].changes)
     if "data" in components:
         return "data", "the data differs: " + _named(components["data"].changes)
+    if "code" in components:
+        return "library", "mcx's code differs: " + _named(components["code"].changes)
     if "environment" in components:
         return "library", "the environments differ: " + _named(components["environment"].changes)
     if only_updates_differ(ta, tb):
