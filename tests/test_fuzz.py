@@ -529,7 +529,7 @@ VERB_MODULES = {
     "sync": ["mcx.ops.records"], "baseline": ["mcx.ops.records"], "reproduce": ["mcx.ops.reproduce"],
     "compare": ["mcx.ops.compare"], "import": ["mcx.ops.interop"], "export": ["mcx.ops.interop"],
     "tune": ["mcx.ops.tune"], "import-hf": ["mcx.ops.hf"], "export-hf": ["mcx.ops.hf"], "sweep": ["mcx.ops.sweep"],
-    "pull": ["mcx.ops.pull"], "lineage": ["mcx.ops.records"], "gc": ["mcx.ops.gc"],
+    "pull": ["mcx.ops.pull"], "lineage": ["mcx.ops.records"], "gc": ["mcx.ops.gc"], "locate": ["mcx.ops.locate"],
 }
 
 
@@ -537,7 +537,7 @@ READY = sorted(VERB_MODULES)
 # Verbs that train, prepare data or write files on good input: fuzzed only with bad positionals below.
 SIDE_EFFECTS = {"run", "tune", "data", "sweep"}
 # Verbs that never write into the project, even when they succeed.
-READ_ONLY = ("plan", "explain", "export", "show", "compare", "reproduce", "import", "import-hf")
+READ_ONLY = ("plan", "explain", "export", "show", "compare", "reproduce", "import", "import-hf", "locate")
 
 BAD_RUN_IDS = ["../../etc/passwd", "abc;rm -rf /", "$(reboot)", "`id`", "0123456789ab", "0123456789AB",
                "0123456789abc", "012345", "", " ", "-", "..", "/", "ab\ncd", "x" * 300, "run id", "ünï", "%s%n",
@@ -613,6 +613,8 @@ def verb_argv(ws: Workspace, verb: str) -> st.SearchStrategy:
                                                     "--out=out"]), max_size=2)),
         "show": st.tuples(ids, common),
         "reproduce": st.tuples(ids, common),
+        "locate": st.tuples(ids, ids, st.lists(st.sampled_from(["--json", "--step=0", "--step=x", "--step=-3"]),
+                                               max_size=2)),
         "compare": st.tuples(st.lists(ids, min_size=1, max_size=3),
                              st.lists(st.sampled_from(["--format=json", "--format=md", "--format=pdf", "--baseline=x;y",
                                                        "--experiment=../../etc"]), max_size=2)),

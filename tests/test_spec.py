@@ -545,3 +545,26 @@ def test_the_debug_table_is_read_checked_and_absent_where_unset(tmp_path):
     assert key == "debug.perturb_param" and "did you mean 'perturb_params'?" in msg
     assert one_problem(write(tmp_path / "s.toml", tiny(debug={"perturb_params": {"amount": 0.1}})))[0] == \
         "debug.perturb_params.step"
+
+
+def test_perturb_output_is_a_debug_key_checked_by_the_rules(tmp_path):
+    """debug.perturb_output (D70): read, dumped and read back, hashed when set; its step, micro-batch, amount
+    and module path checked before anything runs."""
+    from mcx.spec.schema import OutputPerturbSpec
+
+    fault = {"step": 12, "micro_batch": 1, "module": "decoder.layers.1.mlp.linear_fc2"}
+    path = write(tmp_path / "o.toml", tiny(debug={"perturb_output": fault}))
+    spec = load_spec(path)
+    assert spec.debug.perturb_output == OutputPerturbSpec(**fault, amount=1e-2)
+    assert spec_to_dict(spec)["debug"]["perturb_output"] == {**fault, "amount": 0.01}
+    assert loads_spec(dump_spec(spec)) == spec
+    older = load_spec(path, ["debug.perturb_params={step=3}"])
+    assert "perturb_output" in spec_to_dict(older)["debug"]
+    assert "perturb_output" not in spec_to_dict(load_spec(write(tmp_path / "p.toml",
+                                                                 tiny(debug={"perturb_params": {"step": 3}}))))["debug"]
+    found = problems(path, ["debug.perturb_output.step=0", "debug.perturb_output.micro_batch=-1",
+                            "debug.perturb_output.amount=0.0", 'debug.perturb_output.module="layers..1"'])
+    assert sorted(k for k, _ in found) == ["debug.perturb_output.amount", "debug.perturb_output.micro_batch",
+                                           "debug.perturb_output.module", "debug.perturb_output.step"]
+    assert one_problem(write(tmp_path / "m.toml", tiny(debug={"perturb_output": {"step": 3}})))[0] == \
+        "debug.perturb_output.module"

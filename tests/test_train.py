@@ -536,6 +536,20 @@ def test_a_bad_job_file_is_an_input_error_naming_the_key(tmp_path, dataset):
     assert "layout.tensr: unknown key" in result["error"]
 
 
+def test_an_output_fault_at_a_module_the_model_lacks_stops_before_the_first_step(tmp_path, dataset):
+    """debug.perturb_output names a module path; one the model does not have (or a micro-batch a step does not
+    have) is an input error listing what it has, before any step trains (D70)."""
+    stage = make_stage(tmp_path / "nomod", dataset, "full",
+                       ['debug.perturb_output={step=4, module="decoder.layers.7.mlp.linear_fc2"}'])
+    result = run(stage)
+    assert result["exit_code"] == 2 and result["status"] == "failed" and result["steps"] == 0
+    assert "'decoder.layers.7.mlp.linear_fc2' is not a module of this model" in result["error"]
+    assert "decoder.layers.1.mlp.linear_fc2" in result["error"] and not (stage / "metrics.jsonl").exists()
+    stage = make_stage(tmp_path / "nomb", dataset, "full",
+                       ['debug.perturb_output={step=4, micro_batch=2, module="decoder.layers.1.mlp.linear_fc2"}'])
+    assert "has 2 micro-batch(es)" in run(stage)["error"]
+
+
 def test_cpu_rejects_gpu_only_settings_by_key(tmp_path, dataset):
     stage = make_stage(tmp_path / "bf16", dataset, "full", ["train.precision=\"bf16\"",
                                                             "train.recompute_granularity=\"full\""])

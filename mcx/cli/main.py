@@ -165,7 +165,18 @@ def _record_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--set", dest="overrides", action="append", default=[], metavar="debug.KEY=VALUE",
                    help="inject a fault into the rerun (repeatable; [debug] keys only, docs/spec.md), "
                         "e.g. --set debug.perturb_params.step=11")
+    s.add_argument("--locate", action="store_true",
+                   help="then replay the run and its reproduction over the first step whose loss differs, with "
+                        "tracing, and name the first operation that differs (docs/reproduce.md)")
     s.set_defaults(func=verbs.cmd_reproduce)
+
+    s = sub.add_parser("locate", help="the first operation where two runs of one model and layout differ")
+    s.add_argument("run_a", metavar="RUN_A", help="a run ID, or RUN_ID/rN for its reproduction N")
+    s.add_argument("run_b", metavar="RUN_B")
+    s.add_argument("--step", type=int, default=None,
+                   help="the step to replay and trace (default: the first whose loss or gradient norm differs)")
+    s.add_argument("--json", action="store_true", help="stdout: one JSON object")
+    s.set_defaults(func=verbs.cmd_locate)
 
 
 def _live_verbs(sub: argparse._SubParsersAction) -> None:

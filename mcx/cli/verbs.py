@@ -277,15 +277,40 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     with children_to_stderr(), term_interrupts():  # the rerun's progress; the verdict is the result
         result = reproduce(args.run_id, project=project, output="json" if args.json else "bar",
                            progress=show_progress, debug=tuple(args.overrides))
+        located = None
+        if args.locate and result.status != Status.INTERRUPTED:
+            from mcx.ops.locate import locate_reproduction
+
+            located = locate_reproduction(result.run_id, result.reproduction, result.kind == "diverged",
+                                          project=project, progress=show_progress)
     if args.json:
-        _emit_json(result.to_dict())
+        _emit_json({**result.to_dict(), **({"locate": located.to_dict()} if located else {})})
     else:
         from mcx.report.run_view import render_verdict
 
         _console().print(render_verdict(result))
+        if located is not None:
+            from mcx.report.locate_view import render_located
+
+            _console().print(render_located(located))
     if result.status == Status.INTERRUPTED:
         return 130
     return 0 if result.kind in ("bitwise", "equivalent") else 1
+
+
+def cmd_locate(args: argparse.Namespace) -> int:
+    from mcx.ops.interrupts import term_interrupts
+    from mcx.ops.locate import locate
+
+    with children_to_stderr(), term_interrupts():  # the replays' progress; the located operation is the result
+        result = locate(args.run_a, args.run_b, project=project_root(args), step=args.step, progress=show_progress)
+    if args.json:
+        _emit_json(result.to_dict())
+    else:
+        from mcx.report.locate_view import render_located
+
+        _console().print(render_located(result))
+    return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from attrs import evolve, field, frozen
 
 from mcx.contract.files import JOB_FILE
 from mcx.contract.profile import ProfileSteps
+from mcx.contract.trace import TraceRequest
 from mcx.errors import InputError, SpecError
 from mcx.plan.layout import JOB_FIELDS, Device, Layout
 from mcx.spec import convert
@@ -64,6 +65,7 @@ class Job:
     output: Output = "bar"
     init: InitFrom | None = None  # the full stage of a run with [init] from; the smoke stage starts at random
     profile: ProfileSteps | None = None  # `mcx run --profile`: steps run under torch.profiler (observation only)
+    trace: TraceRequest | None = None  # a replay (`mcx locate`): trace one step, then stop, saving nothing (D70)
 
 
 def dataset_dir(data: DataSpec, data_dir: Path, path: str) -> Path:
@@ -124,7 +126,9 @@ def job_to_dict(job: Job) -> dict[str, Any]:
             **({"init": {"kind": job.init.kind, "path": job.init.path, "format": job.init.format,
                          "load_optimizer": job.init.load_optimizer, "reset_step": job.init.reset_step}}
                if job.init else {}),
-            **({"profile": {"first": job.profile.first, "last": job.profile.last}} if job.profile else {})}
+            **({"profile": {"first": job.profile.first, "last": job.profile.last}} if job.profile else {}),
+            **({"trace": {"step": job.trace.step, "keep_bytes": job.trace.keep_bytes, "keep": list(job.trace.keep)}}
+               if job.trace else {})}
 
 
 def read_job(stage_dir: Path) -> Job:

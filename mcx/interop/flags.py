@@ -415,6 +415,11 @@ FLAGS: tuple[Row, ...] = (
     _r("debug.nan_params_at_step", "mcx", (), NA, "Fault injection: every floating-point model weight becomes NaN "
        "just before this step, so the divergence guard stops the stage there. Unset: off.",
        "fault injection is mcx's; part of the run ID when set"),
+    _r("debug.perturb_output", "mcx", (), NA, "Fault injection: `{step = N, micro_batch = M, module = "
+       "\"decoder.layers.1.mlp.linear_fc2\", amount = 1e-2}` adds amount to that module's forward output in "
+       "micro-batch M (0-based) of step N on every rank, so `mcx locate` must name that operation "
+       "(docs/reproduce.md). A module the model does not have stops the stage before its first step, naming "
+       "those it has. Unset: off.", "fault injection is mcx's; part of the run ID when set"),
 )
 
 BY_KEY: dict[str, Row] = {row.key: row for row in FLAGS}

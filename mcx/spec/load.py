@@ -210,6 +210,8 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     tree: dict[str, Any] = convert.unstructure(spec)
     if spec.debug == DebugSpec():
         del tree["debug"]
+    elif spec.debug.perturb_output is None:  # a [debug] table from before perturb_output hashes as it did (D70)
+        del tree["debug"]["perturb_output"]
     if spec.launch.container == ContainerSpec():
         del tree["launch"]["container"]
     if spec.launch.watchdog == WatchdogSpec():  # at its defaults: recorded and hashed as before it existed

@@ -265,6 +265,18 @@ def _debug_rules(spec: ExperimentSpec) -> Problems:
         out.append(("debug.perturb_params.amount", "0 changes nothing; give the amount to add, or remove perturb_params"))
     if nan_at is not None and nan_at <= 0:
         out.append(("debug.nan_params_at_step", f"must be positive (the step the weights become NaN before), got {nan_at}"))
+    output = spec.debug.perturb_output
+    if output is not None:
+        if output.step <= 0:
+            out.append(("debug.perturb_output.step", f"must be positive (the step whose output changes), got {output.step}"))
+        if output.micro_batch < 0:
+            out.append(("debug.perturb_output.micro_batch", f"must be 0 or more (0-based, within the step), got "
+                                                            f"{output.micro_batch}"))
+        if output.amount == 0:
+            out.append(("debug.perturb_output.amount", "0 changes nothing; give the amount to add, or remove perturb_output"))
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", output.module):
+            out.append(("debug.perturb_output.module", f"{output.module!r} is not a module path; give one like "
+                                                       "\"decoder.layers.1.mlp.linear_fc2\""))
     return out
 
 

@@ -330,12 +330,24 @@ class PerturbSpec:
 
 
 @frozen(kw_only=True)
+class OutputPerturbSpec:
+    """Add ``amount`` to one module's forward output in one micro-batch of one step, on every rank: a fault
+    at a known operation, which `mcx locate` must name (docs/reproduce.md)."""
+
+    step: int
+    micro_batch: int = 0  # 0-based, within the step (each data-parallel rank's own micro-batches)
+    module: str  # a module path as `mcx locate` names it, e.g. "decoder.layers.1.mlp.linear_fc2"
+    amount: float = 1e-2
+
+
+@frozen(kw_only=True)
 class DebugSpec:
     """Fault injection, to test what watches a run: ``mcx reproduce``'s verdict, the divergence guard.
     Part of the config hash (a run with faults is another run); unset, it leaves the run ID as it was."""
 
     perturb_params: PerturbSpec | None = None
     nan_params_at_step: int | None = None  # every floating-point weight made NaN just before that step
+    perturb_output: OutputPerturbSpec | None = None  # one module's output changed in one micro-batch of one step
 
 
 @frozen(kw_only=True)

@@ -54,6 +54,8 @@ class Backend(Protocol):
     device: str  # "cpu" | "cuda"
     layer_spec: str  # "local" | "transformer_engine"
     details: dict[str, Any]  # what ran (for result.json)
+    model: Any  # the model: a module (CPU) or a list of wrapped chunks (GPU); hooks reach it (mcx.train.trace)
+    optimizer: Any  # its optimizer (torch's on CPU, Megatron-Core's on the GPU)
 
     def train_step(self, microbatches: list[Batch]) -> StepOutput: ...
     def evaluate(self, microbatches: list[Batch]) -> tuple[float, int]: ...  # (loss sum, tokens), global

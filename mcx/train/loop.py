@@ -23,7 +23,12 @@ boundary all ranks agree on it, the current state is checkpointed, and the stage
 Fault injection (the spec's [debug] table, docs/spec.md): ``debug.perturb_params = {step = N, amount = A}``
 adds A to every floating-point model weight just before step N, so a rerun departs from its original
 exactly at step N (``mcx reproduce`` must say so); ``debug.nan_params_at_step = N`` makes them NaN
-there, so the divergence guard stops the stage at step N.
+there, so the divergence guard stops the stage at step N; ``debug.perturb_output`` adds an amount to one
+module's output in one micro-batch of one step (mcx.train.trace.OutputFault).
+
+Replay (`mcx locate`, D70): a job file with ``trace`` resumes from its checkpoint, trains up to the traced
+step with nothing but the metrics line a step (no evaluation, no checkpoint), traces that step
+(mcx.train.trace.Tracer) and stops.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +48,7 @@ from typing import Any
 
 from mcx.contract.job import Job, num_microbatches
 from mcx.contract.status import Status
+from mcx.contract.trace import TRACE_DIR
 from mcx.errors import DataError, InputError, TrainingFailed
 from mcx.plan.flops import flops_per_iteration
 from mcx.train import checkpoint as ckpt
@@ -54,6 +61,7 @@ from mcx.train.metrics import MetricsFile
 from mcx.train.profiler import StepProfiler
 from mcx.train.rankfiles import RankFiles
 from mcx.train.runtime import World
+from mcx.train.trace import OutputFault, Tracer
 
 log = logging.getLogger("mcx.train")
 
@@ -136,6 +144,10 @@ class Trainer:
         self.saves_prepared = False  # the backend readied its checkpoint writer (prepare_saves)
         self.step: int | None = None  # the last step finished (the system-metrics sampler reads it, no lock)
         self.warnings: list[str] = []
+        wanted = job.spec.debug.perturb_output  # hooks only where a fault or a trace asks (none otherwise)
+        self.fault = OutputFault(wanted, backend.model, world, self.num_micro, t.train_iters) if wanted else None
+        self.tracer = Tracer(job.trace, backend.model, backend.optimizer, world, stage_dir / TRACE_DIR) \
+            if job.trace else None
 
     # -- data ---------------------------------------------------------------------------------------
 
@@ -333,7 +345,12 @@ class Trainer:
                 self.profiler.begin(step + 1)
             t0 = time.perf_counter()
             mbs = self.take(train_it, self.num_micro, "training")
-            out = self.backend.train_step(mbs)
+            with ExitStack() as taps:
+                if self.fault is not None:
+                    taps.enter_context(self.fault.armed(step + 1))
+                if self.tracer is not None and self.job.trace and step + 1 == self.job.trace.step:
+                    taps.enter_context(self.tracer.traced(step + 1, mbs))
+                out = self.backend.train_step(mbs)
             step_time = time.perf_counter() - t0
             step += 1
             consumed += t.global_batch_size
@@ -345,6 +362,10 @@ class Trainer:
                 self.rank_files.step(step, step_time)
             self.progress.record(record)
             outcome.measured.append(record)
+            if self.job.trace is not None:  # a replay: no guard, evaluation or checkpoint; it ends at the traced step
+                if step >= self.job.trace.step:
+                    return outcome
+                continue
             reason = guard.check(step, out.loss, out.grad_norm, out.skipped)
             if reason:
                 outcome.status, outcome.error = Status.DIVERGED, f"Training diverged: {reason}. {advice(self.spec)}"

@@ -1,0 +1,230 @@
+"""`mcx locate A B` and `mcx reproduce RUN --locate`: why two runs of one model and layout parted (D70).
+
+Each run's full stage is replayed over the first step whose train loss differs (or ``--step N``): from its
+newest checkpoint at or before step N-1, the worker runs the stage's own job file again (same spec, layout
+and launcher) with the job's ``trace`` set, trains up to step N and traces that step (mcx.train.trace). The
+replay is its own stage directory, ``<run>/replays/step<N>/``, holding a link to the checkpoint it starts
+from: the run's metrics and checkpoints are never written. A replay that already finished is reused.
+
+The two traces are diffed offline (mcx.report.located): the first record whose output differs, classified
+from the runs' fingerprints (data, config, code, environment, hardware), the trace itself (only updates differ:
+the optimizer) and, where nothing else explains it, a second replay of the first run (differs from the
+first replay: a non-deterministic kernel). Its size is the max abs difference of the full tensors, which
+the replays keep for their first records, and which a second pair of replays keeps for a later one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mcx.contract.checkpoints import checkpoint_path, checkpoint_root, checkpoint_steps
+from mcx.contract.files import JOB_FILE, LOG_FILE, METRICS_FILE
+from mcx.contract.job import read_job
+from mcx.contract.result import read_stage_result
+from mcx.contract.trace import TRACE_DIR, records_file, tensors_file, trace_ranks
+from mcx.errors import InputError, RunIdError, TrainingFailed
+from mcx.fingerprint.diff import explain
+from mcx.fingerprint.record import record_from_dict
+from mcx.jsonfile import write_json_atomic
+from mcx.launch import launcher_for, placement, worker_env
+from mcx.ops.progress import Note, Progress
+from mcx.report.located import (FIXES, Kind, Located, difference, first_pair, only_updates_differ,
+                                structure_problem)
+from mcx.track.paths import check_run_id, run_dir
+from mcx.weights.checkpoint_files import LATEST
+
+REF = re.compile(r"^([0-9a-f]{12})(?:/(r[0-9]+))?$")
+Records = list[dict[str, Any]]
+
+
+def run_path(project: Path, ref: str) -> Path:
+    """The directory of ``RUN_ID`` or ``RUN_ID/rN`` (its reproduction N), which must have a full stage."""
+    m = REF.match(ref)
+    if not m:
+        raise RunIdError(f"{ref!r} is not a run ID or RUN_ID/rN;", "name a run ID (12 lowercase hex digits, `mcx ls`) "
+                         "or a reproduction of one, RUN_ID/rN (`mcx reproduce` prints its label).")
+    path = run_dir(project, check_run_id(m.group(1)))
+    if m.group(2):
+        path = path / "reproductions" / m.group(2)
+    if not (path / "full" / JOB_FILE).is_file() or not (path / "full" / METRICS_FILE).is_file():
+        raise RunIdError(f"{ref}: no trained full stage in {path};", "name a run (or reproduction) that trained: "
+                                                                     "`mcx ls` lists the runs.")
+    return path
+
+
+def _train_records(stage: Path) -> dict[int, dict[str, Any]]:
+    lines = (stage / METRICS_FILE).read_text(encoding="utf-8").splitlines()
+    return {r["step"]: r for r in map(json.loads, filter(None, lines)) if r.get("kind") == "train"}
+
+
+def first_differing_step(a: Path, b: Path) -> int | None:
+    """The first step whose train loss or gradient norm differs (bitwise) between the two stages; None: none."""
+    ra, rb = _train_records(a), _train_records(b)
+    for step in sorted(set(ra) & set(rb)):
+        if any(ra[step].get(k) != rb[step].get(k) for k in ("loss", "grad_norm")):
+            return step
+    return None
+
+
+def _job(stage: Path) -> dict[str, Any]:
+    job: dict[str, Any] = json.loads((stage / JOB_FILE).read_text(encoding="utf-8"))
+    return job
+
+
+def replay(stage: Path, step: int, *, keep: tuple[str, ...] = (), again: bool = False, progress: Progress) -> Path:
+    """Replay ``stage`` (a full stage directory) over ``step`` with tracing; returns the replay's directory."""
+    job = _job(stage)
+    name = f"step{step}" + (".again" if again else "") + (".keep" if keep else "")
+    out = stage.parent / "replays" / name
+    done = read_stage_result(out)
+    if done is not None and done.ok and trace_ranks(out / TRACE_DIR):
+        return out
+    if not Path(job["data_dir"]).is_dir():
+        raise InputError(f"the data {stage} read is gone ({job['data_dir']}: a reproduction's worktree, removed after "
+                         "it);", "restore that data version into the project (`dvc checkout`) and locate against the "
+                         "original run, or reproduce again with --locate.")
+    root = checkpoint_root(stage)
+    steps = [s for s in checkpoint_steps(root) if s <= step - 1]
+    if step > 1 and not steps:
+        there = ", ".join(map(str, checkpoint_steps(root))) or "none"
+        raise InputError(f"no checkpoint of {stage} at or before step {step - 1} to replay step {step} from "
+                         f"(checkpoints at steps: {there});",
+                         "pick a step just after one of those (--step), or train with a smaller checkpoint.interval "
+                         "(and a larger checkpoint.keep) to locate steps between them.")
+    shutil.rmtree(out, ignore_errors=True)
+    ckpts = out / "checkpoints"
+    ckpts.mkdir(parents=True)
+    if steps:  # the run's checkpoint, linked, never written: the replay saves nothing
+        source = checkpoint_path(root, steps[-1])
+        os.symlink(source.resolve(), ckpts / source.name)
+        (ckpts / LATEST).write_text(source.name, encoding="utf-8")
+    job = {k: v for k, v in job.items() if k != "profile"}  # a run's `--profile` is not the replay's
+    write_json_atomic(out / JOB_FILE, {**job, "checkpoint_dir": str(ckpts), "output": "quiet",
+                                       "trace": {"step": step, "keep_bytes": 64 * 2**20, "keep": list(keep)}})
+    parsed = read_job(out)
+    start = f"checkpoint {steps[-1]}" if steps else "the stage's start"
+    progress(Note(lead="locate", text=f": replaying step {step} of {stage.parent.name} from {start} -> {out}"))
+    handle = launcher_for(parsed.spec.launch).start(out, placement(parsed.layout, parsed.device), parsed.spec.launch,
+                                                    worker_env(parsed.spec))
+    handle.wait()
+    result = read_stage_result(out)
+    if result is None or not result.ok or not trace_ranks(out / TRACE_DIR):
+        raise TrainingFailed(f"the replay of step {step} in {out} failed: "
+                             f"{result.error if result else 'no result written'};", f"see {out / LOG_FILE}.")
+    return out
+
+
+def read_trace(replay_dir: Path) -> Records:
+    where = replay_dir / TRACE_DIR
+    return [json.loads(line) for rank in trace_ranks(where)
+            for line in (where / records_file(rank)).read_text(encoding="utf-8").splitlines() if line]
+
+
+def _kept(replay_dir: Path, rank: int, key: str) -> Any:
+    import torch  # only here: reading the kept tensors of the record found
+
+    path = replay_dir / TRACE_DIR / tensors_file(rank)
+    return torch.load(path, weights_only=True).get(key) if path.is_file() else None
+
+
+def max_abs(a: Path, b: Path, rank: int, key: str) -> float | None:
+    x, y = _kept(a, rank, key), _kept(b, rank, key)
+    if x is None or y is None or x.shape != y.shape:
+        return None
+    return float((x.double() - y.double()).abs().max()) if x.numel() else 0.0
+
+
+def _fingerprint(path: Path) -> Any:
+    file = path / "fingerprint.json"
+    return record_from_dict(json.loads(file.read_text(encoding="utf-8")), str(file))
+
+
+def _named(changes: Sequence[Any]) -> str:
+    changes = [c for c in changes if c.a != c.b]  # a table added with unset keys: only those set
+    return ", ".join(f"{c.key} ({c.a!r} -> {c.b!r})" for c in changes[:6]) + (" ..." if len(changes) > 6 else "")
+
+
+def locate(ref_a: str, ref_b: str, *, project: Path, step: int | None = None, progress: Progress) -> Located:
+    """Replay both runs over ``step`` (default: the first step whose loss differs) and name the first operation
+    whose output differs while its inputs matched, with its class and the fix to try."""
+    path_a, path_b = run_path(project, ref_a), run_path(project, ref_b)
+    stage_a, stage_b = path_a / "full", path_b / "full"
+    ja, jb = _job(stage_a), _job(stage_b)
+    if ja["layout"] != jb["layout"] or ja.get("device") != jb.get("device"):
+        raise InputError(f"{ref_a} and {ref_b} ran in different layouts ({ja['layout']} on {ja.get('device')}, "
+                         f"{jb['layout']} on {jb.get('device')}); `mcx locate` compares runs of one layout "
+                         "record by record;", "compare runs of one layout; across layouts, `mcx compare` judges "
+                         "their curves.")
+    if step is None:
+        step = first_differing_step(stage_a, stage_b)
+        if step is None:
+            return Located(run_a=ref_a, run_b=ref_b, step=None, first=None, kind=None, cause="every recorded step's "
+                           "loss and gradient norm are bitwise equal", fix="nothing to fix", records=0, replays=())
+    last = min(max(_train_records(stage_a), default=0), max(_train_records(stage_b), default=0))
+    if not 1 <= step <= last:
+        raise InputError(f"--step {step} is outside the steps both runs trained (1 to {last});",
+                         "give a step both recorded.")
+    ra, rb = replay(stage_a, step, progress=progress), replay(stage_b, step, progress=progress)
+    ta, tb = read_trace(ra), read_trace(rb)
+    replays: tuple[str, ...] = (str(ra), str(rb))
+    problem = structure_problem(ta, tb)
+    if problem:
+        raise InputError(f"{ref_a} and {ref_b} cannot be compared operation by operation at step {step}: {problem};",
+                         "compare runs of one model and layout.")
+    pair = first_pair(ta, tb)
+    if pair is None:
+        return Located(run_a=ref_a, run_b=ref_b, step=step, first=None, kind=None, cause=f"all {len(ta)} records of "
+                       f"step {step} are bitwise equal", fix="nothing to fix", records=len(ta) + len(tb),
+                       replays=replays)
+    x, y = pair
+    if not (x.get("kept") and y.get("kept")):  # a later record than the budget kept: replay both, keeping it
+        ra2 = replay(stage_a, step, keep=(x["key"],), progress=progress)
+        rb2 = replay(stage_b, step, keep=(x["key"],), progress=progress)
+        size, replays = max_abs(ra2, rb2, x["rank"], x["key"]), (*replays, str(ra2), str(rb2))
+    else:
+        size = max_abs(ra, rb, x["rank"], x["key"])
+    first = difference(x, y, size)
+    kind, cause = _classify(path_a, path_b, stage_a, step, first, ta, tb, progress)
+    return Located(run_a=ref_a, run_b=ref_b, step=step, first=first, kind=kind, cause=cause, fix=FIXES[kind],
+                   records=len(ta) + len(tb), replays=replays)
+
+
+def _classify(path_a: Path, path_b: Path, stage_a: Path, step: int, first: Any, ta: Records, tb: Records,
+              progress: Progress) -> tuple[Kind, str]:
+    """The class of the first difference and what it rests on (module docstring)."""
+    if first.phase == "batch":
+        return "data", f"the input batch of micro-batch {first.micro_batch} differs (token ids, labels or masks)"
+    components = {c.component: c for c in explain(_fingerprint(path_a), _fingerprint(path_b)).components}
+    if "config" in components:
+        return "config", "the configs differ: " + _named(components["config"].changes)
+    if "data" in components:
+        return "data", "the data differs: " + _named(components["data"].changes)
+    if "code" in components:
+        return "library", "mcx's code differs: " + _named(components["code"].changes)
+    if "environment" in components:
+        return "library", "the environments differ: " + _named(components["environment"].changes)
+    if only_updates_differ(ta, tb):
+        return "optimizer", "every batch, forward, backward and gradient record matches; a parameter update differs"
+    if "hardware" in components:
+        return "hardware", "the hardware differs: " + _named(components["hardware"].changes)
+    again = read_trace(replay(stage_a, step, again=True, progress=progress))
+    pair = first_pair(ta, again)
+    if pair is not None:
+        where = difference(pair[0], pair[1], None).where()
+        return "nondeterministic", f"{path_a.name} replayed twice already differs, first at {where}"
+    return "unexplained", "config, data, environment and hardware match, and a second replay is bitwise equal to the first"
+
+
+def locate_reproduction(run_id: str, reproduction: str, diverged: bool, *, project: Path,
+                        progress: Progress) -> Located:
+    """`mcx reproduce RUN --locate`: after a verdict, the original and its reproduction located against each
+    other around the first step whose loss differs (nothing replayed when they never differ)."""
+    if not diverged:
+        progress(Note(text="locate: the verdict is not a divergence; comparing the recorded steps only"))
+    return locate(run_id, f"{run_id}/{reproduction}", project=project, progress=progress)
