@@ -30,9 +30,11 @@ def render_runs(rows: list[RunEntry], columns: tuple[str, ...] = ()) -> Table:
     for col in ("run ID", "name", "status", "created", "stages", "train loss", "valid loss", "tokens/s/GPU", "tracking"):
         # Words are never split ("finish/ed"): the name and the stages wrap at spaces, the rest stays whole.
         t.add_column(col, no_wrap=col not in ("name", "stages"))
-    for col in columns:  # named as asked (a metric's key, eval/<task>/<metric>): right-aligned numbers
-        t.add_column(col, justify="right", overflow="fold")
-    for line in _run_cells(rows, columns):
+    lines = _run_cells(rows, columns)
+    for i, col in enumerate(columns, start=len(RUN_COLUMNS)):  # named as asked; a value is never split, a long
+        widest = max((len(line[i]) for line in lines), default=1)  # name folds over its value's width
+        t.add_column(col, justify="right", overflow="fold", min_width=widest)
+    for line in lines:
         t.add_row(*line)
     return t
 
