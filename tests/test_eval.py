@@ -168,6 +168,23 @@ def test_a_repeated_evaluation_comes_from_its_cache_and_a_fresh_one_scores_the_s
     assert {(s["task"], s["metric"]): (s["value"], s["stderr"]) for s in recomputed["scores"]} == scores
 
 
+def test_a_checkpoint_that_fails_its_evaluation_leaves_the_final_scores_standing(project, trained):
+    """After the cache tests: step 10's evaluation forgotten and its checkpoint damaged (a byte changed, its size
+    kept), `mcx eval` prints the final scores from the cache, names the failed step and exits 1."""
+    run_dir = Path(trained["run_dir"])
+    steps = json.loads((run_dir / "eval-steps.json").read_text())["steps"]
+    shutil.rmtree(project / ".mcx" / "evals" / steps["10"]["key"])
+    weights = max((p for p in (run_dir / "full" / "checkpoints" / "iter_0000010").rglob("*") if p.is_file()
+                   and p.name not in ("checksums.json", "meta.json")), key=lambda p: p.stat().st_size)
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    got = mcx_inprocess(project, "eval", trained["run_id"])
+    assert got.code == 1 and "checkpoint of step 10 failed" in got.err and "is damaged" in got.err, got
+    assert f"{trained['final'][ACC]:.4f} ± " in got.out and "from the cache" in got.err
+    assert json.loads((run_dir / "eval-steps.json").read_text())["steps"] == steps  # what was recorded stands
+
+
 def test_a_hugging_face_directory_is_evaluated_and_keyed_by_its_content(project, tmp_path):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast

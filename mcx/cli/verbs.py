@@ -370,6 +370,7 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from mcx.errors import McxError
     from mcx.ops.evaluate import EvalOverrides, evaluate
     from mcx.report.eval_view import evaluation_lines
 
@@ -384,6 +385,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out = _console()
         for line in evaluation_lines(result.target, result.evaluation):
             out.print(line, markup=False, soft_wrap=True)
+    if result.steps_error is not None:  # the final scores are printed and recorded; the rest is retried
+        raise McxError(result.steps_error, f"`mcx eval {result.target}` evaluates the remaining checkpoints "
+                       "(those done come from the cache).")
     return 0
 
 

@@ -67,11 +67,14 @@ class EvalOutcome:
     evaluation: Evaluation
     directory: str  # .mcx/evals/<key>
     steps: dict[int, Evaluation] = field(factory=dict)  # [eval] every: each evaluated checkpoint's step -> its evaluation (D71)
+    steps_error: str | None = None  # why a checkpoint's evaluation failed (the final scores and earlier steps stand)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"target": self.target, "run_id": self.run_id, "directory": self.directory, **self.evaluation.to_dict()}
         if self.steps:
             out["steps"] = steps_to_dict(self.steps)["steps"]
+        if self.steps_error is not None:
+            out["steps_error"] = self.steps_error
         return out
 
 
@@ -115,15 +118,19 @@ def evaluate_run(run_id: str, root: Path, *, overrides: EvalOverrides = EvalOver
     if recorder is None:  # a finished run evaluated afterwards: its summary gains the scores (`mcx run` adds its own)
         _add_to_summary(run_dir, evaluation.metrics())
     steps: dict[int, Evaluation] = {}
-    try:  # the final weights' scores are kept and recorded even when a checkpoint's evaluation fails
-        for step in wanted:
+    steps_error = None
+    for step in wanted:
+        try:
             steps[step] = _evaluate_step(job, run_id, root, run_dir, step, overrides.fresh, progress)
-    finally:
-        if steps:
-            write_json_atomic(run_dir / STEPS_FILE, steps_to_dict({**steps, last: evaluation}))
-        _record(root, run_dir, [*steps.items(), (last, evaluation)], recorder)
+        except McxError as exc:  # the final weights' scores stand, recorded below; `mcx eval ID` retries the rest
+            steps_error = f"the evaluation of the checkpoint of step {step} failed: {exc}" + \
+                (f" ({exc.hint})" if exc.hint else "")
+            break
+    if steps:
+        write_json_atomic(run_dir / STEPS_FILE, steps_to_dict({**steps, last: evaluation}))
+    _record(root, run_dir, [*steps.items(), (last, evaluation)], recorder)
     return EvalOutcome(target=run_id, run_id=run_id, evaluation=evaluation, directory=str(directory),
-                       steps={**steps, last: evaluation} if steps else {})
+                       steps={**steps, last: evaluation} if steps else {}, steps_error=steps_error)
 
 
 def _evaluate_step(job: EvalJob, run_id: str, root: Path, run_dir: Path, step: int, fresh: bool,
