@@ -1,7 +1,8 @@
 """Downstream evaluation (D68) with the real lm-evaluation-harness on CPU: the quickstart's held-out next-line
 task (evals/quickstart_next_line) run on a tiny quickstart run after its full stage, read back from its cache,
 recomputed from scratch to the same scores, run on a Hugging Face model directory, shown beside another run's
-and gated by a baseline. One trained and evaluated run is shared by the module."""
+and gated by a baseline; its checkpoint at step 10 evaluated too ([eval] every, D71) and the scores listed by `mcx ls
+--columns`. One trained and evaluated run is shared by the module."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ pytestmark = pytest.mark.slow
 
 TASK = "mcx_quickstart_next_line"
 ACC = f"eval/{TASK}/acc"
-# The quickstart spec, 20 steps, evaluated on 24 items after its full stage; its [sweep] (the sweep test's) tries
+# The quickstart spec, 20 steps, evaluated on 24 items after its full stage and at step 10 (every); its [sweep] (the sweep test's) tries
 # 3 and 20 steps, the two runs the module trains, so the sweep finds both finished. Written and committed before
 # any run: the project's files are part of every run ID.
 SPEC = {"extends": "tiny.toml", "name": "evaluated",
         "train": {"train_iters": 20, "lr_warmup_iters": 2, "eval_interval": 10, "eval_iters": 1},
         "smoke": {"enabled": False},
-        "eval": {"tasks": ["evals/quickstart_next_line"], "limit": 24},
+        "eval": {"tasks": ["evals/quickstart_next_line"], "limit": 24, "every": 10},
         "sweep": {"method": "grid", "objective": ACC, "parameters": {"train.train_iters": [3, 20]}}}
 
 
@@ -77,6 +78,50 @@ def test_the_run_is_evaluated_after_its_full_stage_and_its_id_does_not_change(pr
     assert "evaluation (lm-evaluation-harness" in shown.out and f"{final[ACC]:.4f} ± " in shown.out
 
 
+def test_every_n_steps_the_checkpoint_is_evaluated_and_recorded_at_its_step(project, trained):
+    run_dir, final = Path(trained["run_dir"]), trained["final"]
+    steps = json.loads((run_dir / "eval-steps.json").read_text())["steps"]
+    assert sorted(steps, key=int) == ["10", "20"]  # 20: the final evaluation's weights, not evaluated twice
+    assert steps["20"] == json.loads((run_dir / "eval.json").read_text())
+    assert steps["10"]["model"] == {"run": trained["run_id"], "step": "10"} and steps["10"]["key"] != steps["20"]["key"]
+    at10 = {s["metric"]: (s["value"], s["stderr"]) for s in steps["10"]["scores"]}
+    assert not (run_dir / "eval-hf-steps").exists()  # the checkpoint's export is removed once it is evaluated
+    from mcx.track.mlflow_store import MlflowStore
+    from mcx.track.target import resolve_target
+
+    store = MlflowStore(resolve_target(project, None))
+    parent = store.find_parent_run(trained["run_id"])
+    history = sorted((m.step, m.value) for m in store.client.get_metric_history(parent.info.run_id, ACC))
+    assert history == [(10, at10["acc"][0]), (20, final[ACC])]
+    shown = mcx_inprocess(project, "show", trained["run_id"])
+    table = shown.out[shown.out.index("evaluation at checkpoints"):]
+    assert f"{TASK}/acc" in table and f"{at10['acc'][0]:.4f} ± {at10['acc'][1]:.4f}" in table
+    assert sorted(mcx_inprocess(project, "show", trained["run_id"], "--json").json()["eval_steps"], key=int) == ["10", "20"]
+    unsaved = mcx_inprocess(project, "eval", trained["run_id"], "--every", "5")  # step 5 was never kept
+    assert unsaved.code == 2 and "--every" in unsaved.err and "no checkpoint of step 5" in unsaved.err, unsaved
+
+
+def test_ls_columns_lists_scores_and_metrics_and_refuses_an_unknown_one(project, trained):
+    run_id, final = trained["run_id"], trained["final"]
+    plain = mcx_inprocess(project, "ls")
+    assert plain.out.splitlines()[0].split("\t")[-1] == "tracking"  # without --columns: as before
+    listed = mcx_inprocess(project, "ls", "--columns", "valid_loss,eval/*")
+    assert listed.code == 0, listed
+    head, *rows = (line.split("\t") for line in listed.out.splitlines())
+    extra = head[head.index("tracking") + 1:]
+    assert extra[0] == "valid_loss" and ACC in extra and f"eval/{TASK}/acc_norm" in extra
+    assert not any(c.endswith("_stderr") for c in extra)  # a score's standard error is shown in its cell
+    row = dict(zip(head[head.index("tracking") + 1:], next(r for r in rows if r[0] == run_id)[head.index("tracking") + 1:]))
+    assert row[ACC] == f"{final[ACC]:.4f} ± {final[ACC + '_stderr']:.4f}" and row["valid_loss"] == f"{final['valid_loss']:.4f}"
+    got = mcx_inprocess(project, "ls", "--columns", ACC, "--columns", "valid_loss", "--json")
+    columns = next(r for r in got.json() if r["run_id"] == run_id)["columns"]
+    assert columns == {ACC: {"value": final[ACC], "stderr": final[ACC + "_stderr"]},
+                       "valid_loss": {"value": final["valid_loss"], "stderr": None}}
+    for bad in ("eval/no_such_task/acc", "eval/x*"):
+        refused = mcx_inprocess(project, "ls", "--columns", f"valid_loss,{bad}")
+        assert refused.code == 2 and refused.out == "" and bad in refused.err and ACC in refused.err, refused
+
+
 def test_the_baseline_gate_and_compare_read_the_scores(project, trained, worse):
     base, value = trained["final"][ACC], worse["final"][ACC]
     gate = worse["baseline"]
@@ -114,11 +159,30 @@ def test_a_repeated_evaluation_comes_from_its_cache_and_a_fresh_one_scores_the_s
     before = log.stat().st_mtime_ns  # no harness ran: its log is untouched
     scores = {(s["task"], s["metric"]): (s["value"], s["stderr"]) for s in cached["scores"]}
     assert scores[(TASK, "acc")] == (trained["final"][ACC], trained["final"][ACC + "_stderr"])
-    fresh = mcx_inprocess(project, "eval", run_id, "--fresh", "--json")
+    assert sorted(cached["steps"], key=int) == ["10", "20"] and cached["steps"]["10"]["cached"] is True
+    fresh = mcx_inprocess(project, "eval", run_id, "--fresh", "--every", "0", "--json")  # the final weights only
     assert fresh.code == 0, fresh
     recomputed = fresh.json()
     assert recomputed["cached"] is False and recomputed["key"] == cached["key"] and log.stat().st_mtime_ns != before
+    assert "steps" not in recomputed
     assert {(s["task"], s["metric"]): (s["value"], s["stderr"]) for s in recomputed["scores"]} == scores
+
+
+def test_a_checkpoint_that_fails_its_evaluation_leaves_the_final_scores_standing(project, trained):
+    """After the cache tests: step 10's evaluation forgotten and its checkpoint damaged (a byte changed, its size
+    kept), `mcx eval` prints the final scores from the cache, names the failed step and exits 1."""
+    run_dir = Path(trained["run_dir"])
+    steps = json.loads((run_dir / "eval-steps.json").read_text())["steps"]
+    shutil.rmtree(project / ".mcx" / "evals" / steps["10"]["key"])
+    weights = max((p for p in (run_dir / "full" / "checkpoints" / "iter_0000010").rglob("*") if p.is_file()
+                   and p.name not in ("checksums.json", "meta.json")), key=lambda p: p.stat().st_size)
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    got = mcx_inprocess(project, "eval", trained["run_id"])
+    assert got.code == 1 and "checkpoint of step 10 failed" in got.err and "is damaged" in got.err, got
+    assert f"{trained['final'][ACC]:.4f} ± " in got.out and "from the cache" in got.err
+    assert json.loads((run_dir / "eval-steps.json").read_text())["steps"] == steps  # what was recorded stands
 
 
 def test_a_hugging_face_directory_is_evaluated_and_keyed_by_its_content(project, tmp_path):
@@ -145,6 +209,7 @@ def test_a_hugging_face_directory_is_evaluated_and_keyed_by_its_content(project,
 
 def test_bad_evaluations_are_refused_with_exit_2(project, tmp_path):
     for args, words in ((["hf:" + str(tmp_path)], "no Hugging Face model directory"),
+                        (["hf:" + str(tmp_path), "--every", "5"], "with no checkpoints"),
                         (["0123456789ab", "--tasks", "x"], "no run 0123456789ab"),
                         (["hf:" + str(E2E_ROOT / "evals"), "--tasks", "no/such/dir"], "config.json")):
         got = mcx_inprocess(project, "eval", *args)

@@ -568,3 +568,14 @@ def test_perturb_output_is_a_debug_key_checked_by_the_rules(tmp_path):
                                            "debug.perturb_output.module", "debug.perturb_output.step"]
     assert one_problem(write(tmp_path / "m.toml", tiny(debug={"perturb_output": {"step": 3}})))[0] == \
         "debug.perturb_output.module"
+
+
+def test_eval_every_is_checked_and_absent_from_the_record_where_unset(tmp_path):
+    """[eval] every (D71): a non-negative step count; an [eval] without it records as before the key existed."""
+    tasks = {"tasks": ["evals/quickstart_next_line"]}
+    without = load_spec(write(tmp_path / "a.toml", tiny(eval=tasks)))
+    assert spec_to_dict(without)["eval"] == {"tasks": ["evals/quickstart_next_line"], "num_fewshot": 0, "limit": None,
+                                             "batch_size": 8}
+    every = load_spec(write(tmp_path / "b.toml", tiny(eval={**tasks, "every": 10})))
+    assert spec_to_dict(every)["eval"]["every"] == 10 and loads_spec(dump_spec(every)) == every
+    assert one_problem(tmp_path / "b.toml", ["eval.every=-1"])[0] == "eval.every"

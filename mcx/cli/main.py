@@ -140,6 +140,9 @@ def _record_verbs(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("ls", help="list recorded runs")
     s.add_argument("--experiment")
     s.add_argument("--all", action="store_true", help="also runs only the tracking store knows (a shared server)")
+    s.add_argument("--columns", action="append", default=[], metavar="COL[,COL...]",
+                   help="extra columns from each run's summary: a metric (valid_loss, mfu, ...), a score "
+                        "eval/<task>/<metric>, or a glob (eval/*)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=verbs.cmd_ls)
 
@@ -271,6 +274,8 @@ def _interop_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--num-fewshot", type=int, help="examples before each item (default: [eval]'s, else 0)")
     s.add_argument("--limit", type=int, help="items per task (default: [eval]'s, else every item)")
     s.add_argument("--batch-size", type=int, help="requests per forward pass (default: [eval]'s, else 8)")
+    s.add_argument("--every", type=int, metavar="N", help="also the run's checkpoints at multiples of N steps "
+                   "(default: [eval]'s every; 0: the final weights only)")
     s.add_argument("--fresh", action="store_true", help="compute again even when the cache holds this evaluation")
     s.add_argument("--json", action="store_true", help="print one JSON object")
     s.set_defaults(func=verbs.cmd_eval)

@@ -172,24 +172,26 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     from mcx.ops.progress import Note
-    from mcx.ops.records import list_runs
+    from mcx.ops.records import column_cells, list_runs, run_columns
 
     rows = list_runs(project=project_root(args), experiment=args.experiment, all_runs=args.all)
+    columns = run_columns(rows, args.columns) if args.columns else ()
     for row in rows:  # listed as "damaged"; each named on stderr, so the rest of the list stays usable
         if row.damaged:
             show_progress(Note(level="warning", lead=f"run {row.run_id}",
                                text=f": its record is damaged ({'; '.join(row.damaged)}); `mcx show "
                                     f"{row.run_id}` says how to mend it"))
-    if args.json:
-        _emit_json([row.to_dict() for row in rows])
+    if args.json:  # --columns: each run's asked values under "columns" (the rest as without it)
+        _emit_json([{**row.to_dict(), **({"columns": {k: c.to_dict() for k, c in column_cells(row, columns).items()}}
+                                         if columns else {})} for row in rows])
         return 0
     from mcx.cli.output import is_terminal
     from mcx.report.records_view import render_runs, runs_text
 
     if is_terminal(sys.stdout):
-        _console().print(render_runs(rows))
+        _console().print(render_runs(rows, columns))
     else:  # a pipe or a file: a header line, then one run a line, tab-separated (mcx ls | cut -f1)
-        sys.stdout.write(runs_text(rows))
+        sys.stdout.write(runs_text(rows, columns))
     return 0
 
 
@@ -394,12 +396,13 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from mcx.errors import McxError
     from mcx.ops.evaluate import EvalOverrides, evaluate
     from mcx.report.eval_view import evaluation_lines
 
     tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip()) if args.tasks is not None else None
     overrides = EvalOverrides(tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit, batch_size=args.batch_size,
-                              fresh=args.fresh)
+                              every=args.every, fresh=args.fresh)
     with children_to_stderr():
         result = evaluate(args.target, project_root(args), overrides=overrides, progress=show_progress)
     if args.json:
@@ -408,6 +411,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         out = _console()
         for line in evaluation_lines(result.target, result.evaluation):
             out.print(line, markup=False, soft_wrap=True)
+    if result.steps_error is not None:  # the final scores are printed and recorded; the rest is retried
+        raise McxError(result.steps_error, f"`mcx eval {result.target}` evaluates the remaining checkpoints "
+                       "(those done come from the cache).")
     return 0
 
 

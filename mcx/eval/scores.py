@@ -14,6 +14,7 @@ from attrs import asdict, frozen
 PREFIX = "eval/"
 STDERR = "_stderr"
 RUN_FILE = "eval.json"  # a run directory's evaluation: the last one `mcx run` or `mcx eval RUN` made
+STEPS_FILE = "eval-steps.json"  # with [eval] every: the evaluation of each checkpoint it judged, by step (D71)
 
 
 _LOWER = ("perplexity", "ppl", "loss", "bits_per_byte", "ter")  # harness metrics where less is better
@@ -115,3 +116,17 @@ def run_eval_metrics(run_dir: Path) -> dict[str, float]:
     """A run directory's evaluation as flat metrics (nothing when it was not evaluated)."""
     found = read_evaluation(Path(run_dir) / RUN_FILE)
     return found.metrics() if found is not None else {}
+
+
+def steps_to_dict(steps: dict[int, Evaluation]) -> dict[str, Any]:
+    """``eval-steps.json``: each evaluated checkpoint's step (as a string, JSON's keys) -> its evaluation."""
+    return {"steps": {str(step): ev.to_dict() for step, ev in sorted(steps.items())}}
+
+
+def read_step_evaluations(run_dir: Path) -> dict[int, Evaluation]:
+    """A run's evaluations at its checkpoints, by step (none when [eval] every was not set, or the file is damaged)."""
+    try:
+        raw = json.loads((Path(run_dir) / STEPS_FILE).read_text(encoding="utf-8"))
+        return {int(step): evaluation_from_dict(ev) for step, ev in sorted(raw["steps"].items(), key=lambda i: int(i[0]))}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}

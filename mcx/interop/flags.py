@@ -407,6 +407,9 @@ FLAGS: tuple[Row, ...] = (
     _r("eval.num_fewshot", "mcx", (), NA, "Examples put before each item.", _EVAL),
     _r("eval.limit", "mcx", (), NA, "Items per task (the first N); unset: every item.", _EVAL),
     _r("eval.batch_size", "mcx", (), NA, "Requests per forward pass of the Hugging Face model.", _EVAL),
+    _r("eval.every", "mcx", (), NA, "Also evaluate the full stage's checkpoints at every multiple of N steps "
+       "(each saved and kept for it), after the stage; scores logged at their step (D71). Unset or 0: only the "
+       "final weights.", _EVAL),
     # ---- debug (fault injection)
     _r("debug.perturb_params", "mcx", (), NA, "Fault injection: `{step = N, amount = 1e-2}` adds amount to every "
        "floating-point model weight just before step N of each stage that reaches it, so the run departs there "

@@ -5,10 +5,13 @@ The key is the model's identity (the run ID, or the directory's content), the ha
 and every task's identity (mcx.eval.job); ``.mcx/evals/<key>/`` keeps the job, the harness's log and the
 scores, so the same evaluation asked again is read back, not recomputed. A run's evaluation also goes into its
 directory (``eval.json``), its MLflow record (``eval/<task>/<metric>`` and ``..._stderr``) and run.json's summary.
+With ``[eval] every = N`` the checkpoints of the full stage at multiples of N are evaluated too, one evaluation
+each (keyed by the run ID and the step), into ``eval-steps.json`` and MLflow at their steps (D71).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -19,13 +22,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from attrs import evolve, frozen
+from attrs import evolve, field, frozen
 
 from mcx.contract.result import read_stage_result
 from mcx.contract.status import Status
 from mcx.errors import InputError, McxError, RunIdError
 from mcx.eval.job import LOG_FILE, SCORES_FILE, EvalJob, EvalSettings, write_job
-from mcx.eval.scores import PREFIX, RUN_FILE, Evaluation, read_evaluation
+from mcx.eval.scores import PREFIX, RUN_FILE, STEPS_FILE, Evaluation, read_evaluation, steps_to_dict
+from mcx.eval.steps import every_steps
+from mcx.fingerprint.init_from import run_source
 from mcx.eval.tasks import harness_version, resolve_tasks
 from mcx.eval.worker import OFFLINE
 from mcx.hashing import digest, file_sha256
@@ -37,6 +42,7 @@ from mcx.track import paths
 
 EVALS = "evals"  # under .mcx/: one directory per evaluation key
 EXPORT_DIR = "eval-hf"  # a run directory's Hugging Face export, made for its first evaluation
+STEP_EXPORTS = "eval-hf-steps"  # a checkpoint's export while it is evaluated (removed after: one model each)
 LOG_TAIL = 30  # lines of the harness's log quoted when it fails
 
 
@@ -48,6 +54,7 @@ class EvalOverrides:
     num_fewshot: int | None = None
     limit: int | None = None
     batch_size: int | None = None
+    every: int | None = None  # the checkpoints at multiples of this step too; 0: the final weights only
     fresh: bool = False  # compute again even when the cache holds this evaluation (its scores are replaced)
 
 
@@ -59,10 +66,16 @@ class EvalOutcome:
     run_id: str | None
     evaluation: Evaluation
     directory: str  # .mcx/evals/<key>
+    steps: dict[int, Evaluation] = field(factory=dict)  # [eval] every: each evaluated checkpoint's step -> its evaluation (D71)
+    steps_error: str | None = None  # why a checkpoint's evaluation failed (the final scores and earlier steps stand)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "run_id": self.run_id, "directory": self.directory,
-                **self.evaluation.to_dict()}
+        out = {"target": self.target, "run_id": self.run_id, "directory": self.directory, **self.evaluation.to_dict()}
+        if self.steps:
+            out["steps"] = steps_to_dict(self.steps)["steps"]
+        if self.steps_error is not None:
+            out["steps_error"] = self.steps_error
+        return out
 
 
 def evaluate(target: str, project: Path, *, overrides: EvalOverrides = EvalOverrides(),
@@ -89,6 +102,13 @@ def evaluate_run(run_id: str, root: Path, *, overrides: EvalOverrides = EvalOver
         spec_eval = loads_spec((run_dir / "spec.toml").read_text(encoding="utf-8"), str(run_dir / "spec.toml")).eval
     device = "cuda" if full.details.get("device") == "cuda" else "cpu"  # the run's own hardware
     job = _job({"run": run_id}, "", device, spec_eval, overrides, root, what=f"run {run_id}")
+    last = full.steps or 0
+    every = spec_eval.every if overrides.every is None else overrides.every
+    if every is not None and every < 0:
+        raise InputError(f"--every {every} must be at least 0;", "give --every 0 (the final weights only) or a step.")
+    wanted = every_steps(every, last - 1)  # the last step's weights are the final evaluation's
+    for step in wanted:  # each checkpoint there before anything is evaluated (kept for [eval] every, D71)
+        run_source(root, run_id, step, key="eval", step_key="--every")
 
     def export() -> str:
         return str(_export(run_id, root, run_dir, full.steps, progress))
@@ -97,11 +117,42 @@ def evaluate_run(run_id: str, root: Path, *, overrides: EvalOverrides = EvalOver
     write_json_atomic(run_dir / RUN_FILE, evaluation.to_dict())
     if recorder is None:  # a finished run evaluated afterwards: its summary gains the scores (`mcx run` adds its own)
         _add_to_summary(run_dir, evaluation.metrics())
-    _record(root, run_dir, evaluation, full.steps or 0, recorder)
-    return EvalOutcome(target=run_id, run_id=run_id, evaluation=evaluation, directory=str(directory))
+    steps: dict[int, Evaluation] = {}
+    steps_error = None
+    for step in wanted:
+        try:
+            steps[step] = _evaluate_step(job, run_id, root, run_dir, step, overrides.fresh, progress)
+        except McxError as exc:  # the final weights' scores stand, recorded below; `mcx eval ID` retries the rest
+            steps_error = f"the evaluation of the checkpoint of step {step} failed: {exc}" + \
+                (f" ({exc.hint})" if exc.hint else "")
+            break
+    if steps:
+        write_json_atomic(run_dir / STEPS_FILE, steps_to_dict({**steps, last: evaluation}))
+    _record(root, run_dir, [*steps.items(), (last, evaluation)], recorder)
+    return EvalOutcome(target=run_id, run_id=run_id, evaluation=evaluation, directory=str(directory),
+                       steps={**steps, last: evaluation} if steps else {}, steps_error=steps_error)
+
+
+def _evaluate_step(job: EvalJob, run_id: str, root: Path, run_dir: Path, step: int, fresh: bool,
+                   progress: Progress) -> Evaluation:
+    """The checkpoint of ``step`` evaluated as the final weights are: exported (for this evaluation only), keyed by
+    the run ID and the step."""
+    dest = run_dir / STEP_EXPORTS / f"step-{step}"
+    try:
+        evaluation, _ = _cached_or_run(evolve(job, model={"run": run_id, "step": str(step)}), root,
+                                       lambda: str(_export(run_id, root, run_dir, step, progress, dest=dest)),
+                                       fresh, progress, label=f" at step {step}")
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+        with contextlib.suppress(OSError):  # another evaluation's export may still be there
+            dest.parent.rmdir()
+    return evaluation
 
 
 def _evaluate_dir(target: str, root: Path, overrides: EvalOverrides, progress: Progress) -> EvalOutcome:
+    if overrides.every:
+        raise InputError(f"--every {overrides.every}: {target} is one model directory, with no checkpoints;",
+                         "leave --every out for hf:DIR (it evaluates a run's checkpoints).")
     given = target[3:]
     path = Path(given).expanduser()
     path = (path if path.is_absolute() else root / path).resolve()
@@ -133,15 +184,17 @@ def _job(model: dict[str, str], model_dir: str, device: str, table: EvalSpec, ov
 
 
 def _cached_or_run(job: EvalJob, root: Path, model_dir: Callable[[], str], fresh: bool,
-                   progress: Progress) -> tuple[Evaluation, Path]:
+                   progress: Progress, label: str = "") -> tuple[Evaluation, Path]:
+    """``label``: what the progress lines add after the task names (" at step N")."""
     directory = root / paths.STATE_DIR / EVALS / job.key()
     found = None if fresh else read_evaluation(directory / SCORES_FILE)
     if found is not None:
-        progress(Note(lead="eval", text=f": {', '.join(job.names())} from the cache ({directory.relative_to(root)})"))
+        progress(Note(lead="eval", text=f": {', '.join(job.names())}{label} from the cache "
+                                        f"({directory.relative_to(root)})"))
         return evolve(found, cached=True), directory
     job = evolve(job, model_dir=model_dir())
     write_job(job, directory)
-    progress(Note(lead="eval", text=f": {', '.join(job.names())} with lm-evaluation-harness {job.harness} on "
+    progress(Note(lead="eval", text=f": {', '.join(job.names())}{label} with lm-evaluation-harness {job.harness} on "
                   f"{job.device} (log: {(directory / LOG_FILE).relative_to(root)})"))
     env = {**os.environ, **OFFLINE}
     with open(directory / LOG_FILE, "wb") as log:
@@ -156,16 +209,20 @@ def _cached_or_run(job: EvalJob, root: Path, model_dir: Callable[[], str], fresh
     return evaluation, directory
 
 
-def _export(run_id: str, root: Path, run_dir: Path, step: int | None, progress: Progress) -> Path:
+def _export(run_id: str, root: Path, run_dir: Path, step: int | None, progress: Progress,
+            dest: Path | None = None) -> Path:
     """The run's final checkpoint (the full stage's last ``step``: `mcx run` evaluates before it marks the run
-    finished) as a Hugging Face directory in the run directory, written once."""
+    finished) as a Hugging Face directory in the run directory, written once; ``dest``: another checkpoint's
+    export, there."""
     from mcx.ops.hf import export_hf
 
-    dest = run_dir / EXPORT_DIR
+    which = "final checkpoint" if dest is None else f"checkpoint of step {step}"
+    dest = run_dir / EXPORT_DIR if dest is None else dest
     if (dest / "config.json").is_file():
         return dest
-    progress(Note(lead="eval", text=f": exporting run {run_id}'s final checkpoint to {dest.relative_to(root)}"))
-    scratch = Path(tempfile.mkdtemp(prefix=".eval-hf-", dir=run_dir))
+    progress(Note(lead="eval", text=f": exporting run {run_id}'s {which} to {dest.relative_to(root)}"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".eval-hf-", dir=dest.parent))
     try:
         export_hf(run_id, root, str(scratch / "hf"), step=step)
         try:
@@ -187,8 +244,9 @@ def _add_to_summary(run_dir: Path, metrics: dict[str, float]) -> None:
     write_json_atomic(run_dir / "run.json", run_json)
 
 
-def _record(root: Path, run_dir: Path, evaluation: Evaluation, step: int, recorder: Any) -> None:
-    """The scores in the run's MLflow record, through its journal (sent now, or by `mcx sync`)."""
+def _record(root: Path, run_dir: Path, evaluations: list[tuple[int, Evaluation]], recorder: Any) -> None:
+    """The scores in the run's MLflow record at the step each judged, through its journal (sent now, or by `mcx
+    sync`); the final evaluation last, so its key is the run's ``mcx.eval.key`` tag."""
     from mcx.track.recorder import RunRecorder
 
     own = recorder is None
@@ -197,6 +255,7 @@ def _record(root: Path, run_dir: Path, evaluation: Evaluation, step: int, record
             recorder = RunRecorder.load(root, run_dir)
         except InputError:  # never recorded (a run copied in without its track/): the files keep the scores
             return
-    recorder.record_eval(evaluation.metrics(), step=step, key=evaluation.key)
+    for step, evaluation in evaluations:
+        recorder.record_eval(evaluation.metrics(), step=step, key=evaluation.key)
     if own:
         recorder.close()

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
 from pathlib import Path
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from attrs import evolve, frozen
 
 from mcx.contract.status import Status
 from mcx.errors import InputError, RunIdError
+from mcx.eval.scores import STDERR, read_step_evaluations
+from mcx.metrics.summary import METRIC_KEYS
 from mcx.metrics.ranks import SlowestRank, slowest_rank
 from mcx.track import runrecord
 from mcx.track.baseline import Baseline, list_baselines, set_baseline
@@ -51,6 +54,56 @@ def list_runs(*, project: Path, experiment: str | None = None, all_runs: bool = 
     return [_queued(project, r) for r in rows if experiment is None or r.name == experiment]
 
 
+@frozen
+class ColumnCell:
+    """One extra `mcx ls --columns` cell: a run's summary value and, for a score, the harness's standard error."""
+
+    value: float | None  # None: the run has no such value
+    stderr: float | None = None
+
+    def to_dict(self) -> dict[str, float | None]:
+        return {"value": self.value, "stderr": self.stderr}
+
+
+def run_columns(rows: Sequence[RunEntry], asked: Sequence[str]) -> tuple[str, ...]:
+    """The columns ``asked`` names (comma-separated items), each a summary metric (docs/metrics.md), an evaluation
+    score ``eval/<task>/<metric>`` or a glob over them (``eval/*``), in the order asked, each once. A name no run
+    here has (and no summary metric is called) is an InputError naming the columns these runs have."""
+    have = sorted({k for r in rows for k, v in r.final.items() if _number(v) is not None and not k.endswith(STDERR)})
+    known = [*METRIC_KEYS, *(k for k in have if k not in METRIC_KEYS)]
+    out: list[str] = []
+    missing = []
+    for item in (p.strip() for text in asked for p in text.split(",")):
+        if not item:
+            continue
+        found = [k for k in known if fnmatch.fnmatchcase(k, item)] if _is_glob(item) else \
+            [item] if item in known else []
+        if not found:
+            missing.append(item)
+        out += [k for k in found if k not in out]
+    if missing:
+        listed = ", ".join(have) if have else "none (no run listed has a summary yet)"
+        raise InputError(f"--columns {', '.join(missing)}: no such column in these runs; they have: {listed}",
+                         "name a summary metric (docs/metrics.md), a score as eval/<task>/<metric>, or a glob such "
+                         "as 'eval/*'; separate several with commas.")
+    if not out:
+        raise InputError("--columns names no column;", "give one or more, e.g. --columns valid_loss,'eval/*'.")
+    return tuple(out)
+
+
+def column_cells(row: RunEntry, columns: Sequence[str]) -> dict[str, ColumnCell]:
+    """``row``'s value of each column, with the standard error its summary keeps beside a score."""
+    return {c: ColumnCell(_number(row.final.get(c)), _number(row.final.get(c + STDERR))) for c in columns}
+
+
+def _is_glob(item: str) -> bool:
+    return any(ch in item for ch in "*?[")
+
+
+def _number(x: object) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
 def _queued(project: Path, row: RunEntry) -> RunEntry:
     """A running run whose current stage's job waits in the cluster's queue is listed "queued" (D64)."""
     if row.state != "running" or row.run_id is None:
@@ -67,7 +120,8 @@ def show_run(run_id: str, *, project: Path) -> ShownRun:
 
     shown = query(project, _require_known(project, run_id), _uri(project), include_tracking=False)
     path = run_dir(project, run_id)
-    return evolve(shown, slowest_ranks=slowest_ranks(path, shown.entry.stages), profiles=profiles(path))
+    return evolve(shown, slowest_ranks=slowest_ranks(path, shown.entry.stages), profiles=profiles(path),
+                  eval_steps=read_step_evaluations(path))
 
 
 def profiles(run_path: Path) -> dict[str, str]:

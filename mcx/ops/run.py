@@ -432,7 +432,9 @@ def _evaluate(project: Path, planned: PlanResult, progress: Progress, recorder: 
     except McxError as exc:
         return {}, Note(level="error", text=f"mcx: the evaluation failed: {exc}; `mcx eval {planned.run_id}` "
                                             "tries again")
-    return outcome.evaluation.metrics(), None
+    failed = outcome.steps_error  # [eval] every: a checkpoint's evaluation failed; the final scores stand (D71)
+    return outcome.evaluation.metrics(), None if failed is None else \
+        Note(level="error", text=f"mcx: {failed}; `mcx eval {planned.run_id}` tries again")
 
 
 def _baseline(project: Path, planned: PlanResult, full: StageResult, scores: dict[str, float]

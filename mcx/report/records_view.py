@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from mcx.eval.scores import STDERR, Evaluation
 from mcx.metrics.summary import BY_KEY
 from mcx.plan.steptime import short_step_note
 from mcx.report.eval_view import evaluation_lines, score_text
@@ -23,32 +24,45 @@ RUN_COLUMNS = ("run_id", "name", "status", "created", "stages", "train_loss", "v
                "tracking")
 
 
-def render_runs(rows: list[RunEntry]) -> Table:
-    """`mcx ls` on a terminal: a rich table."""
+def render_runs(rows: list[RunEntry], columns: tuple[str, ...] = ()) -> Table:
+    """`mcx ls` on a terminal: a rich table; ``columns`` (`--columns`, resolved) after the usual ones."""
     t = titled_table(f"{len(rows)} runs")
     for col in ("run ID", "name", "status", "created", "stages", "train loss", "valid loss", "tokens/s/GPU", "tracking"):
         # Words are never split ("finish/ed"): the name and the stages wrap at spaces, the rest stays whole.
         t.add_column(col, no_wrap=col not in ("name", "stages"))
-    for line in _run_cells(rows):
+    lines = _run_cells(rows, columns)
+    for i, col in enumerate(columns, start=len(RUN_COLUMNS)):  # named as asked; a value is never split, a long
+        widest = max((len(line[i]) for line in lines), default=1)  # name folds over its value's width
+        t.add_column(col, justify="right", overflow="fold", min_width=widest)
+    for line in lines:
         t.add_row(*line)
     return t
 
 
-def runs_text(rows: list[RunEntry]) -> str:
-    """`mcx ls` off a terminal: tab-separated text, a header line (RUN_COLUMNS) then one run a line, for
-    `cut -f1`, `awk -F'\t'` and spreadsheets (tabs and newlines in values become spaces)."""
-    lines = [list(RUN_COLUMNS), *_run_cells(rows)]
+def runs_text(rows: list[RunEntry], columns: tuple[str, ...] = ()) -> str:
+    """`mcx ls` off a terminal: tab-separated text, a header line (RUN_COLUMNS, then ``columns``) then one run a
+    line, for `cut -f1`, `awk -F'\t'` and spreadsheets (tabs and newlines in values become spaces)."""
+    lines = [[*RUN_COLUMNS, *columns], *_run_cells(rows, columns)]
     return "".join("\t".join(" ".join(c.split()) or "-" for c in line) + "\n" for line in lines)
 
 
-def _run_cells(rows: list[RunEntry]) -> list[list[str]]:
+def column_text(row: RunEntry, column: str) -> str:
+    """An extra column's cell: the summary value as every surface prints it, a score with its standard error."""
+    value, stderr = row.final.get(column), row.final.get(column + STDERR)
+    if isinstance(value, (int, float)) and isinstance(stderr, (int, float)) and not isinstance(value, bool):
+        return score_text(float(value), float(stderr))
+    return metric(column, value)
+
+
+def _run_cells(rows: list[RunEntry], columns: tuple[str, ...] = ()) -> list[list[str]]:
     cells = []
     for r in rows:
         created = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)) if r.created else "-"
         stages = " ".join(f"{k}:{v.status or '?'}" for k, v in r.stages.items())
         cells.append([r.run_id or "?", str(r.name or "-"), str(r.status or "-"), created, stages or "-",
                       metric("train_loss", r.final.get("train_loss")), metric("valid_loss", r.final.get("valid_loss")),
-                      metric("tokens_per_s_per_gpu", r.final.get("tokens_per_s_per_gpu")), _where_recorded(r)])
+                      metric("tokens_per_s_per_gpu", r.final.get("tokens_per_s_per_gpu")), _where_recorded(r),
+                      *(column_text(r, c) for c in columns)])
     return cells
 
 
@@ -126,7 +140,22 @@ def render_run(shown: ShownRun) -> Group:
         ev.add_column(column, overflow="fold")
     for score in shown.evaluation.scores:
         ev.add_row(score.task, score.metric, score_text(score.value, score.stderr))
-    return Group(head, stages, ev, tags)
+    if not shown.eval_steps:
+        return Group(head, stages, ev, tags)
+    return Group(head, stages, ev, eval_steps_table(shown.eval_steps), tags)
+
+
+def eval_steps_table(steps: dict[int, Evaluation]) -> Table:
+    """[eval] every (D71): one row a checkpoint's step, one column a task's metric (score ± stderr)."""
+    names = list(dict.fromkeys(f"{s.task}/{s.metric}" for ev in steps.values() for s in ev.scores))
+    t = titled_table("evaluation at checkpoints (score ± standard error)")
+    t.add_column("step", justify="right", no_wrap=True)
+    for name in names:
+        t.add_column(name, justify="right", overflow="fold")
+    for step, ev in sorted(steps.items()):
+        by_name = {f"{s.task}/{s.metric}": s for s in ev.scores}
+        t.add_row(str(step), *(score_text(by_name[n].value, by_name[n].stderr) if n in by_name else "-" for n in names))
+    return t
 
 
 def code_line(code: CodeProvenance) -> str:

@@ -218,6 +218,8 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
         del tree["launch"]["watchdog"]
     if spec.eval == EvalSpec():  # likewise no [eval]: a spec without one records as before it existed (D68)
         del tree["eval"]
+    elif spec.eval.every is None:  # an [eval] without `every` records as before the key existed (D71)
+        del tree["eval"]["every"]
     for table in MIXTURE_TABLES:  # likewise a single dataset's spec: no empty mixture tables (D60)
         if not tree["data"][table]:
             del tree["data"][table]

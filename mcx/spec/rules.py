@@ -286,7 +286,8 @@ def _eval_rules(spec: ExperimentSpec) -> Problems:
                      for task in ev.tasks if not task.strip()][:1]
     if len(set(ev.tasks)) != len(ev.tasks):
         out.append(("eval.tasks", "names a task twice"))
-    for key, value, least in (("num_fewshot", ev.num_fewshot, 0), ("limit", ev.limit, 1), ("batch_size", ev.batch_size, 1)):
+    for key, value, least in (("num_fewshot", ev.num_fewshot, 0), ("limit", ev.limit, 1), ("batch_size", ev.batch_size, 1),
+                              ("every", ev.every, 0)):
         if value is not None and value < least:
             out.append((f"eval.{key}", f"must be at least {least}, got {value}"))
     return out

@@ -359,6 +359,9 @@ class EvalSpec:
     num_fewshot: int = 0  # examples put before each item
     limit: int | None = None  # items per task (the first N); None: every item
     batch_size: int = 8  # requests per forward pass
+    # also evaluate the full stage's checkpoints at every multiple of this step (saved and kept for it), after the
+    # stage; None or 0: only the final weights
+    every: int | None = None
 
 
 @frozen(kw_only=True)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from attrs import evolve, field, frozen
 
-from mcx.eval.scores import Evaluation
+from mcx.eval.scores import Evaluation, steps_to_dict
 from mcx.metrics.ranks import SlowestRank
 
 
@@ -211,11 +211,14 @@ class ShownRun:
     slowest_ranks: dict[str, SlowestRank] = field(factory=dict)  # stage -> its slowest rank, where an outlier
     evaluation: Evaluation | None = None  # the run's downstream evaluation (eval.json, D68); None: not evaluated
     profiles: dict[str, str] = field(factory=dict)  # stage -> its profile directory (`mcx run --profile`, D73)
+    eval_steps: dict[int, Evaluation] = field(factory=dict)  # [eval] every: each checkpoint's, by step (D71)
 
     def to_dict(self) -> Json:
         out = {**self.entry.to_dict(), "params": self.params, "tags": self.tags}
         if self.evaluation is not None:
             out["eval"] = self.evaluation.to_dict()
+        if self.eval_steps:
+            out["eval_steps"] = steps_to_dict(self.eval_steps)["steps"]
         if self.run is None:
             return out
         checkpoints: Json = {} if self.checkpoints_error is None else {"error": {"detail": self.checkpoints_error}}

@@ -22,6 +22,7 @@ from mcx.contract.files import CACHE_DIR, METRICS_FILE
 from mcx.contract.job import Job, dataset_dir, read_job
 from mcx.contract.status import Status
 from mcx.errors import DataError, McxError, SpecError
+from mcx.eval.steps import every_steps
 from mcx.launch import preflight
 from mcx.metrics.summary import summarize_file
 from mcx.plan.gpus import gpu_from_name, mfu_peak_flops
@@ -121,7 +122,8 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
                             label=f"run {job.run_id}, {job.stage} stage")
     trainer = Trainer(job, world, backend, data, stage_dir, metrics, progress,
                       padded_vocab=backend.details["padded_vocab_size"], peak_flops=peak,
-                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else set(), rank_files=rank_files,
+                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else
+                      set(every_steps(job.spec.eval.every, job.spec.train.train_iters)), rank_files=rank_files,
                       profiler=profiler)
     if sampler is not None:
         sampler.step_of = lambda: trainer.step
