@@ -415,6 +415,11 @@ FLAGS: tuple[Row, ...] = (
     _r("debug.nan_params_at_step", "mcx", (), NA, "Fault injection: every floating-point model weight becomes NaN "
        "just before this step, so the divergence guard stops the stage there. Unset: off.",
        "fault injection is mcx's; part of the run ID when set"),
+    _r("debug.swap_micro_batches_at_step", "mcx", (), NA, "Fault injection: micro-batches 0 and 1 of this step "
+       "trade places on every data-parallel rank (the same samples, another order), so the batch hashes of "
+       "`mcx reproduce RUN --set debug.swap_micro_batches_at_step=N` differ first at step N, micro-batch 0. "
+       "Needs at least two micro-batches a step. Unset: off.",
+       "fault injection is mcx's; part of the run ID when set"),
 )
 
 BY_KEY: dict[str, Row] = {row.key: row for row in FLAGS}

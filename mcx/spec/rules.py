@@ -265,6 +265,10 @@ def _debug_rules(spec: ExperimentSpec) -> Problems:
         out.append(("debug.perturb_params.amount", "0 changes nothing; give the amount to add, or remove perturb_params"))
     if nan_at is not None and nan_at <= 0:
         out.append(("debug.nan_params_at_step", f"must be positive (the step the weights become NaN before), got {nan_at}"))
+    swap_at = spec.debug.swap_micro_batches_at_step
+    if swap_at is not None and swap_at <= 0:
+        out.append(("debug.swap_micro_batches_at_step", f"must be positive (the step whose micro-batches trade "
+                    f"places), got {swap_at}"))
     return out
 
 

@@ -104,6 +104,7 @@ def _peak_flops(job: Job) -> tuple[float | None, str | None]:
 def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, Any]:
     from mcx.train import smoke
     from mcx.train.datasets import datasets_from_spec
+    from mcx.train.batch_hash import BatchHashes
     from mcx.train.loop import Trainer
     data = datasets_from_spec(job.spec, Path(job.data_dir), stage_dir / CACHE_DIR,
                               train_samples_limit=job.train_samples_limit)
@@ -116,9 +117,11 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     progress = make_progress(job.output, world.is_main)
     is_smoke = job.stage == "smoke"
     rank_files = RankFiles(stage_dir, world.rank, world.local_rank)
+    batch_hashes = BatchHashes(stage_dir, world.dp_rank) if world.records_batches else None
     trainer = Trainer(job, world, backend, data, stage_dir, metrics, progress,
                       padded_vocab=backend.details["padded_vocab_size"], peak_flops=peak,
-                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else set(), rank_files=rank_files)
+                      pinned_steps={smoke.resume_check_step(job)} if is_smoke else set(), rank_files=rank_files,
+                      batch_hashes=batch_hashes)
     if sampler is not None:
         sampler.step_of = lambda: trainer.step
     try:
@@ -127,6 +130,8 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
         progress.close()
         metrics.close()
         rank_files.close()
+        if batch_hashes is not None:
+            batch_hashes.close()
     world.barrier()
     train_records = metrics.history("train")
     checks: dict[str, Any] = {}
