@@ -1,8 +1,8 @@
 """The hash of every micro-batch a step trains on, per data-parallel rank: ``ranks/batches.dp<D>.jsonl``.
 
-Each micro-batch's digest is blake2b (8 bytes) over the exact host tensors the model is given (tokens,
-labels, loss mask, position ids, and the attention mask where there is one), each prefixed by its name,
-dtype and shape. It is taken before the backend copies the batch to the device, so it adds no device
+Each micro-batch's digest is xxh3_64 (the xxhash package) over the exact host tensors the model is given
+(tokens, labels, loss mask, position ids, and the attention mask where there is one), each prefixed by its
+name, dtype and shape. It is taken before the backend copies the batch to the device, so it adds no device
 sync; its cost is in docs/benchmarks.md (D69). Tensor- and context-parallel ranks of one data-parallel
 rank, and its pipeline stages, read the same batch (each takes the whole micro-batch from the same
 sampler; CP slices it on the device), so one rank a data-parallel rank writes the file: TP rank 0, CP
@@ -16,11 +16,11 @@ them back for `mcx reproduce` and `mcx compare`.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import xxhash
 
 from mcx.contract.files import RANKS_DIR, batch_hashes_file
 from mcx.train.metrics import MetricsFile
@@ -28,13 +28,12 @@ from mcx.train.metrics import MetricsFile
 if TYPE_CHECKING:
     from mcx.train.backend import Batch
 
-DIGEST_BYTES = 8  # 64 bits: a chance collision within a run's few million micro-batches is ~1e-7
 FIELDS = ("tokens", "labels", "loss_mask", "position_ids", "attention_mask")  # Batch's keys, in hash order
 
 
 def batch_digest(mb: Batch) -> str:
     """One micro-batch's digest (16 hex digits) over its host tensors' bytes, names, dtypes and shapes."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h = xxhash.xxh3_64()  # 64 bits: a chance collision among a run's few million micro-batches is ~1e-7
     for name in FIELDS:
         t: torch.Tensor | None = mb.get(name)  # type: ignore[assignment]
         if t is None:
