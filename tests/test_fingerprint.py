@@ -609,7 +609,9 @@ def test_a_debug_table_is_hashed_and_an_absent_one_leaves_the_config_as_it_was(t
     poisoned = canonical_config(load_spec(TINY, ["debug.nan_params_at_step=5"]))
     assert {k: v for k, v in perturbed.items() if k != "debug"} == plain
     assert perturbed["debug"] == {"perturb_params": {"step": 5, "amount": 0.01}, "nan_params_at_step": None}
-    assert len({digest(plain), digest(perturbed), digest(poisoned)}) == 3
+    swapped = canonical_config(load_spec(TINY, ["debug.swap_micro_batches_at_step=5"]))
+    assert swapped["debug"] == {"perturb_params": None, "nan_params_at_step": None, "swap_micro_batches_at_step": 5}
+    assert len({digest(plain), digest(perturbed), digest(poisoned), digest(swapped)}) == 4
 
 
 # ---------------------------------------------------------------- explain and stored records

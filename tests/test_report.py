@@ -731,3 +731,21 @@ def test_table_titles_stay_on_one_line_on_a_pipe() -> None:
     narrow.add_row("1")
     assert plain_text(narrow).startswith("sweep s: running (random, 3 of 40 trials done; objective valid_loss, "
                                          "minimize)\n")
+
+
+def test_batch_checks_name_the_lowest_step_then_micro_batch_then_rank():
+    """mcx.metrics.batches.compare_batches over two stages' hashes (dp rank -> step -> digests)."""
+    from mcx.metrics.batches import compare_batches
+
+    a = {0: {1: ("a", "b"), 2: ("c", "d"), 3: ("e", "f")}, 1: {1: ("g", "h"), 2: ("i", "j"), 3: ("k", "l")}}
+    same = compare_batches(a, {r: dict(s) for r, s in a.items()})
+    assert same is not None and same.same and same.steps == 3 and same.describe() == \
+        "same batches at every step (3 steps on each of 2 data-parallel ranks)"
+    b = {0: {**a[0], 2: ("c", "x")}, 1: {**a[1], 2: ("y", "j")}}  # step 2: rank 0 at micro-batch 1, rank 1 at 0
+    first = compare_batches(a, b).first
+    assert (first.step, first.micro_batch, first.dp_rank, first.original, first.other) == (2, 0, 1, "i", "y")
+    short = compare_batches(a, {0: {**a[0], 3: ("e",)}, 1: a[1]}).first  # a micro-batch missing on one side
+    assert (short.step, short.micro_batch, short.other) == (3, 1, None)
+    assert compare_batches(a, {0: {1: ("a", "b"), 2: ("c", "d")}, 1: {1: ("g", "h"), 2: ("i", "j")}}).steps == 2
+    assert "1 and 2 data-parallel ranks" in compare_batches({0: a[0]}, a).describe()
+    assert compare_batches({}, a) is None and compare_batches(a, {}) is None  # recorded before D69: nothing said

@@ -34,6 +34,7 @@ FAST = ["--set", "train.train_iters=12", "--set", "train.lr_warmup_iters=2", "--
         "--set", "checkpoint.interval=6", "--set", "smoke.train_iters=10", "--set", "smoke.loss_window=3",
         "--set", "smoke.resume_check_iters=2"]
 PERTURB_STEP = 11  # after the smoke stage's 10 steps: only the full stage is perturbed
+SWAP_STEP = 12  # debug.swap_micro_batches_at_step: the full stage's last step trains its 2 micro-batches swapped
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("e2e_clean_env")]
 
@@ -120,6 +121,17 @@ def perturbed(project: Path, original: dict, bitwise):
                           "--set", f"debug.perturb_params.step={PERTURB_STEP}")
 
 
+@pytest.fixture(scope="module")
+def swapped(project: Path, original: dict, perturbed):
+    return mcx_inprocess(project, "reproduce", original["run_id"], "--json",
+                         "--set", f"debug.swap_micro_batches_at_step={SWAP_STEP}")
+
+
+def batch_hashes(stage: Path) -> list[tuple[int, list[str]]]:
+    return [(r["step"], r["batches"]) for r in map(json.loads, (stage / "ranks" / "batches.dp0.jsonl").read_text()
+                                                    .splitlines())]
+
+
 def test_the_original_was_recorded_with_its_uncommitted_change(original):
     fp = json.loads((original["dir"] / "fingerprint.json").read_text())
     info = fp["code"]["info"]  # provenance, beside the ID: the modules by content are what it hashes
@@ -136,6 +148,12 @@ def test_a_reproduction_on_the_same_machine_is_bitwise(project, original, bitwis
     assert "reproducing" in bitwise.err and "reproducing" not in bitwise.out  # progress, on stderr
     assert v["run_id"] == original["run_id"] and v["verdict"] == "bitwise" and v["status"] == "finished"
     assert v["divergence"] is None and v["first_difference"] is None
+    # Before any number, the batches: every step's micro-batch hashes equal (12 steps, 2 micro-batches each).
+    assert v["batches"] == {"same": True, "steps": 12, "dp_ranks": 1, "text": "same batches at every step (12 steps)",
+                            "note": None, "first_difference": None}
+    assert "same batches at every step (12 steps)" in bitwise.out
+    hashes = batch_hashes(original["dir"] / "full")
+    assert [s for s, _ in hashes] == list(range(1, 13)) and all(len(h) == 2 and h[0] != h[1] for _, h in hashes)
     assert v["steps"] == 12 and {"train/loss", "valid/loss", "test/loss", "train/grad_norm", "train/lr"} <= set(v["compared"])
     assert v["data_identical"] is True and v["environment_drift"] == [] and v["hardware_drift"] == []
     # mcx's modules are the recorded ones and so is the data: rerun here, though the project has moved on
@@ -193,12 +211,32 @@ def test_a_perturbed_rerun_diverges_at_the_perturbed_step(original, perturbed):
     assert all(got[s] == want[s] for s in range(1, PERTURB_STEP)), differences(  # identical up to the fault
         original["dir"], Path(v["reproduction_dir"]))
     assert v["divergence"]["step"] == PERTURB_STEP and v["divergence"]["within"] is False
+    assert v["batches"]["same"] is True  # the same data: the weights departed, not the batches
     assert len(perturbed.out.strip().splitlines()) == 1  # --json: the verdict object and nothing else on stdout
     assert v["debug"] == [f"debug.perturb_params.step={PERTURB_STEP}"]  # the verdict says what was injected
     assert "fault injection: debug.perturb_params.step" in perturbed.err
     worker_log = (Path(v["reproduction_dir"]) / "full" / "worker.log").read_text()
     assert f"debug.perturb_params: added 0.01 to the model weights before step {PERTURB_STEP}" in worker_log
     assert "fault injection" not in (Path(v["reproduction_dir"]) / "smoke" / "worker.log").read_text()
+
+
+def test_a_rerun_with_its_micro_batches_swapped_names_the_step_micro_batch_and_rank(original, swapped):
+    """The same samples in another order (debug.swap_micro_batches_at_step): the batch hashes say where, before
+    any number, and the verdict is diverged whatever the numbers did."""
+    assert swapped.code == 1, swapped
+    v = swapped.json()
+    assert v["verdict"] == "diverged" and v["debug"] == [f"debug.swap_micro_batches_at_step={SWAP_STEP}"]
+    first = v["batches"]["first_difference"]
+    assert v["batches"]["same"] is False and {k: first[k] for k in ("step", "micro_batch", "dp_rank")} == {
+        "step": SWAP_STEP, "micro_batch": 0, "dp_rank": 0}
+    assert v["text"].startswith(f"diverged: batches differ first at step {SWAP_STEP}, micro-batch 0, data-parallel "
+                                "rank 0: the data order changed; the numbers from there on are not comparable")
+    want, got = batch_hashes(original["dir"] / "full"), batch_hashes(Path(v["reproduction_dir"]) / "full")
+    assert got[:SWAP_STEP - 1] == want[:SWAP_STEP - 1] and got[SWAP_STEP - 1] == (SWAP_STEP, want[SWAP_STEP - 1][1][::-1])
+    rerun = dict(losses(Path(v["reproduction_dir"]) / "full" / "metrics.jsonl"))
+    assert all(rerun[s] == l for s, l in losses(original["dir"] / "full" / "metrics.jsonl") if s < SWAP_STEP)
+    worker_log = (Path(v["reproduction_dir"]) / "full" / "worker.log").read_text()
+    assert f"micro-batches 0 and 1 of step {SWAP_STEP} trained in swapped order" in worker_log
 
 
 def test_reproduce_sets_debug_keys_only(project, original):
@@ -257,15 +295,15 @@ def test_data_in_another_version_is_seen_as_changed(project, original):
     assert f"it hashes to {DATA_MD5}, DVC recorded 0123456789abcdef0123456789abcdef.dir" in reason
 
 
-def test_a_new_reproduction_never_reuses_a_label(project, original, perturbed, tmp_path):
-    """With r1 gone and r2 present the next label is r3, not r2 (whose finished stages would be reused)."""
+def test_a_new_reproduction_never_reuses_a_label(project, original, perturbed, swapped, tmp_path):
+    """With r1 gone and r2, r3 present the next label is r4, not r3 (whose finished stages would be reused)."""
     from mcx.ops.reproduce import next_label
 
     reps = original["dir"] / "reproductions"
-    assert sorted(p.name for p in reps.iterdir()) == ["r1", "r2"] and next_label(reps) == "r3"
+    assert sorted(p.name for p in reps.iterdir()) == ["r1", "r2", "r3"] and next_label(reps) == "r4"
     shutil.move(reps / "r1", tmp_path / "r1")
     try:
-        assert next_label(reps) == "r3"
+        assert next_label(reps) == "r4"
     finally:
         shutil.move(tmp_path / "r1", reps / "r1")
     assert next_label(tmp_path / "none") == "r1"
@@ -320,17 +358,18 @@ def test_a_bad_run_id_exits_2_and_writes_nothing(project, original, run_id, show
     assert tree(project) == before
 
 
-# --- data restored by hash (after the label test: these take r3 and r4) ---
+# --- data restored by hash (after the label test: these take r4 and r5) ---
 
 def _same_as_original(v: dict, original: dict) -> None:
     rep = Path(v["reproduction_dir"])
+    assert v["batches"]["same"] is True, v["batches"]
     for stage in ("smoke", "full"):
         assert losses(rep / stage / "metrics.jsonl") == losses(original["dir"] / stage / "metrics.jsonl")
         job = json.loads((rep / stage / "job.json").read_text())
         assert Path(job["data_dir"]) == Path(v["code"]["worktree"]).resolve() / "data" / "quickstart"  # not the project's
 
 
-def test_changed_data_is_restored_by_hash_and_the_edit_is_kept(project, original, perturbed, tmp_path):
+def test_changed_data_is_restored_by_hash_and_the_edit_is_kept(project, original, perturbed, swapped, tmp_path):
     """An edited dataset: the recorded version comes back from the DVC cache into the reproduction's
     worktree; the user's edited copy stays as it is."""
     data, corpus = project / "data", project / "data" / "quickstart" / "corpus.bin"
@@ -346,7 +385,7 @@ def test_changed_data_is_restored_by_hash_and_the_edit_is_kept(project, original
     assert res.code == 0, res
     v = res.json()
     assert v["verdict"] == "bitwise", differences(original["dir"], Path(v["reproduction_dir"]))
-    assert v["status"] == "finished" and v["reproduction"] == "r3"
+    assert v["status"] == "finished" and v["reproduction"] == "r4"
     assert v["data_restored"] == [{"key": "data.path", "path": "data", "md5": DATA_MD5}]
     assert [c["key"] for c in v["data_changes"]] == ["data.path"]
     assert "changed since DVC recorded it" in v["data_changes"][0]["reason"]
@@ -357,7 +396,7 @@ def test_changed_data_is_restored_by_hash_and_the_edit_is_kept(project, original
     assert not Path(v["code"]["worktree"]).exists() and worktrees(project) == 1
 
 
-def test_deleted_data_is_restored_by_hash_from_the_remote(project, original, perturbed, tmp_path):
+def test_deleted_data_is_restored_by_hash_from_the_remote(project, original, perturbed, swapped, tmp_path):
     """data/ deleted and the DVC cache emptied: the version comes from the embedded remote."""
     data, cache = project / "data", project / ".dvc" / "cache"
     shutil.move(data, tmp_path / "data")
@@ -374,7 +413,7 @@ def test_deleted_data_is_restored_by_hash_from_the_remote(project, original, per
     assert res.code == 0, res
     v = res.json()
     assert v["verdict"] == "bitwise", differences(original["dir"], Path(v["reproduction_dir"]))
-    assert v["status"] == "finished" and v["reproduction"] == "r4"
+    assert v["status"] == "finished" and v["reproduction"] == "r5"
     assert v["data_restored"] == [{"key": "data.path", "path": "data", "md5": DATA_MD5}]
     assert "is missing" in v["data_changes"][0]["reason"]
     assert still_gone and refetched  # fetched into the project's cache, checked out only in the worktree
@@ -532,6 +571,7 @@ def test_on_other_hardware_the_rerun_is_judged_by_the_seed_spread(seeds_project,
     assert v["band_source"] == "seed spread" and v["band_sources"] == "seed spread"
     assert v["seed_runs"] == [{"run_id": a, "seed": 1234}, {"run_id": b, "seed": 7}]
     assert v["verdict"] == "equivalent" and v["status"] == "finished" and v["divergence"] is None
+    assert v["batches"]["same"] is True  # on another CPU, the same batches: only the nudged numbers differ
     said = " ".join(elsewhere.err.split())
     assert f"band: the seed spread of {a} (seed 1234), {b} (seed 7)" in said  # progress; the verdict is stdout's JSON
     # The band is the spread between the two seeds' losses (a rolling max over 5 steps), found here
@@ -614,3 +654,15 @@ def test_locate_refuses_what_it_cannot_replay(project, original, bitwise, args, 
     assert res.code == 2 and shown in res.err and "Traceback" not in res.err, res
     bad = mcx_inprocess(project, "locate", original["run_id"], "0123456789ab")
     assert bad.code == 2 and "no trained full stage" in bad.err
+
+
+def test_compare_says_where_two_runs_batches_part(seeds_project, seeded):
+    """Two seeds shuffle the data differently: `mcx compare` says so, before any number, from their batch
+    hashes (D69); the JSON carries where."""
+    a, b = (seeded[s] for s in SEEDS)
+    doc = json.loads(mcx_inprocess(seeds_project, "compare", a, b, "--format", "json").out)
+    assert doc["batches"]["same"] is False and {k: doc["batches"]["first_difference"][k] for k in (
+        "step", "micro_batch", "dp_rank")} == {"step": 1, "micro_batch": 0, "dp_rank": 0}
+    md = mcx_inprocess(seeds_project, "compare", a, b, "--format", "md").out
+    summary = md.split("### Summary\n\n", 1)[1].split("\n\n", 1)[0]
+    assert "Batches: they differ first at step 1, micro-batch 0, data-parallel rank 0" in summary, summary

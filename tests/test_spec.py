@@ -537,9 +537,11 @@ def test_the_debug_table_is_read_checked_and_absent_where_unset(tmp_path):
     assert "debug" not in spec_to_dict(plain) and "debug" not in dump_spec(empty)
 
     found = problems(path, ["debug.perturb_params.step=0", "debug.perturb_params.amount=0.0",
-                            "debug.nan_params_at_step=-1"])
+                            "debug.nan_params_at_step=-1", "debug.swap_micro_batches_at_step=0"])
     assert sorted(k for k, _ in found) == ["debug.nan_params_at_step", "debug.perturb_params.amount",
-                                           "debug.perturb_params.step"]
+                                           "debug.perturb_params.step", "debug.swap_micro_batches_at_step"]
+    swap = load_spec(path, ["debug.swap_micro_batches_at_step=12"])  # a newer key: in the dict only where set (D69)
+    assert spec_to_dict(swap)["debug"]["swap_micro_batches_at_step"] == 12 and loads_spec(dump_spec(swap)) == swap
     assert one_problem(path, ["debug.perturb_params.amount=nan"])[0] == "debug.perturb_params.amount"
     key, msg = one_problem(path, ["debug.perturb_param={step=3}"])
     assert key == "debug.perturb_param" and "did you mean 'perturb_params'?" in msg

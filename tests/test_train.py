@@ -177,6 +177,31 @@ def test_two_identical_runs_are_bitwise_identical(tmp_path, dataset):
     strip = [{k: v for k, v in r.items() if k in ("step", "loss", "grad_norm", "lr")} for r in records(a)]
     assert strip == [{k: v for k, v in r.items() if k in ("step", "loss", "grad_norm", "lr")} for r in records(b)]
     assert [r["loss"] for r in records(a, "valid")] == [r["loss"] for r in records(b, "valid")]
+    from mcx.metrics.batches import compare_batches, read_batches
+
+    check = compare_batches(read_batches(a), read_batches(b))  # the same batches: nothing to report (D69)
+    assert check is not None and check.same and check.steps == len(strip) and check.first is None
+
+
+def test_a_batch_digest_is_over_the_exact_tensors_the_model_is_given():
+    """Any token, the label, the mask or a dtype changes the digest; the same tensors give the same one."""
+    import torch
+
+    from mcx.train.batch_hash import batch_digest
+
+    def mb(**change):
+        tokens = torch.arange(64).view(1, 64) % 50
+        return {"tokens": tokens, "labels": torch.roll(tokens, -1, 1), "loss_mask": torch.ones(1, 64),
+                "position_ids": torch.arange(64).view(1, 64), "attention_mask": None, **change}
+
+    base = batch_digest(mb())
+    assert re.fullmatch(r"[0-9a-f]{16}", base) and batch_digest(mb()) == base
+    flipped = mb()["tokens"].clone()
+    flipped[0, 63] = 49
+    others = [mb(tokens=flipped), mb(loss_mask=torch.ones(1, 64).index_fill(1, torch.tensor([0]), 0.0)),
+              mb(labels=mb()["tokens"]), mb(position_ids=torch.arange(64, dtype=torch.int32).view(1, 64)),
+              mb(attention_mask=torch.ones(1, 1, 64, 64, dtype=torch.bool))]
+    assert len({base, *map(batch_digest, others)}) == 1 + len(others)
 
 
 def test_smoke_fails_when_the_model_cannot_learn(tmp_path, dataset):
@@ -263,6 +288,15 @@ def _same_history(stage: Path, reference: Path) -> None:
     assert [{k: r[k] for k in keep} for r in records(stage)] == [{k: r[k] for k in keep} for r in records(reference)]
     for kind in ("valid", "test"):
         assert [(r["step"], r["loss"]) for r in records(stage, kind)] == [(r["step"], r["loss"]) for r in records(reference, kind)]
+    # The same batches in the same order, each step's hashes once: a resumed worker cut its batch-hash file
+    # back to the checkpoint's step, as metrics.jsonl (D69).
+    hashes, want = (batch_hashes(s) for s in (stage, reference))
+    assert hashes == want and [s for s, _ in hashes] == list(range(1, len(want) + 1)), (hashes, want)
+
+
+def batch_hashes(stage: Path, dp_rank: int = 0) -> list[tuple[int, list[str]]]:
+    path = stage / "ranks" / f"batches.dp{dp_rank}.jsonl"
+    return [(r["step"], r["batches"]) for r in map(json.loads, path.read_text().splitlines())]
 
 
 @pytest.mark.slow

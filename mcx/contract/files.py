@@ -13,7 +13,9 @@ SYSTEM_FILE = "system.jsonl"  # node 0's system metrics; node n writes system.<n
 SYSTEM_FILES = re.compile(r"system(\.[0-9]+)?\.jsonl")  # every node's
 CHECKPOINTS_DIR = "checkpoints"  # the checkpoints, unless checkpoint.dir puts them elsewhere (job.checkpoint_dir)
 CACHE_DIR = "cache"  # Megatron-Core's dataset index cache
-RANKS_DIR = "ranks"  # each rank's own files: rank<R>.jsonl (step times), rank<R>.json (pid, host), stacks.rank<R>.txt
+# Each rank's own files: rank<R>.jsonl (step times), rank<R>.json (pid, host), stacks.rank<R>.txt; and
+# batches.dp<D>.jsonl (batch hashes, one writer a data-parallel rank).
+RANKS_DIR = "ranks"
 HANGS_DIR = "hangs"  # what a node's watchdog found on a hang: one directory an attempt (mcx.launch.watchdog)
 
 
@@ -48,3 +50,7 @@ def profile_trace_file(rank: int) -> str:
 def profile_ops_file(rank: int) -> str:
     """A rank's table of the profiled steps' ops by self CPU time under PROFILE_DIR."""
     return f"ops-rank{rank}.txt"
+def batch_hashes_file(dp_rank: int) -> str:
+    """A data-parallel rank's batch hashes under RANKS_DIR: one ``{"kind": "train", "step", "batches"}`` a step,
+    a 16-hex-digit digest per micro-batch (mcx.train.batch_hash)."""
+    return f"batches.dp{dp_rank}.jsonl"

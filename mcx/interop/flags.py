@@ -423,6 +423,11 @@ FLAGS: tuple[Row, ...] = (
        "micro-batch M (0-based) of step N on every rank, so `mcx locate` must name that operation "
        "(docs/reproduce.md). A module the model does not have stops the stage before its first step, naming "
        "those it has. Unset: off.", "fault injection is mcx's; part of the run ID when set"),
+    _r("debug.swap_micro_batches_at_step", "mcx", (), NA, "Fault injection: micro-batches 0 and 1 of this step "
+       "trade places on every data-parallel rank (the same samples, another order), so the batch hashes of "
+       "`mcx reproduce RUN --set debug.swap_micro_batches_at_step=N` differ first at step N, micro-batch 0. "
+       "Needs at least two micro-batches a step. Unset: off.",
+       "fault injection is mcx's; part of the run ID when set"),
 )
 
 BY_KEY: dict[str, Row] = {row.key: row for row in FLAGS}

@@ -9,6 +9,7 @@ import attrs
 
 from mcx.errors import InputError
 from mcx.eval.scores import RUN_FILE, read_evaluation
+from mcx.metrics.batches import BatchCheck, compare_batches, read_batches
 from mcx.ops.outputs import check_output_file, write_text
 from mcx.ops.records import run_dirs
 from mcx.ops.sweep import show
@@ -59,8 +60,11 @@ def compare(run_ids: list[str], *, project: Path, experiment: str | None, baseli
         cmp = attrs.evolve(cmp, lineage=chains)
     if section is not None:
         cmp = attrs.evolve(cmp, sweep=section)
-    if evals := _evals(cmp, [*dirs, *run_dirs(project, [base.run_id], None)] if base is not None else dirs):
+    every_dir = [*dirs, *run_dirs(project, [base.run_id], None)] if base is not None else dirs
+    if evals := _evals(cmp, every_dir):
         cmp = attrs.evolve(cmp, evals=evals)
+    if len(cmp.runs) == 2 and (batches := _batches(cmp, every_dir)):
+        cmp = attrs.evolve(cmp, batches=batches)
     if fmt == "table":
         from mcx.report.table import to_table, to_table_text
 
@@ -89,6 +93,18 @@ def _evals(cmp: Comparison, dirs: list[Path]) -> tuple[EvalRow, ...]:
     where = {d.name: d for d in dirs}
     found = [read_evaluation(where[h.run_id] / RUN_FILE) if h.run_id in where else None for h in cmp.runs]
     return eval_rows(found) if any(found) else ()
+
+
+def _batches(cmp: Comparison, dirs: list[Path]) -> BatchCheck | None:
+    """Two runs' batch hashes (their main stage's, as the curves), step by step; None unless both recorded them."""
+    where = {d.name: d for d in dirs}
+    found = []
+    for h in cmp.runs:
+        d = where.get(h.run_id)
+        if d is None:
+            return None
+        found.append(read_batches(d / "full" if (d / "full").is_dir() else d / "smoke"))
+    return compare_batches(found[0], found[1])
 
 
 def _seed_groups(project: Path, cmp: Comparison) -> dict[str, list[RunData]]:

@@ -41,6 +41,7 @@ from mcx.fingerprint.filehashes import FileHashes
 from mcx.fingerprint.hardware import collect_hardware
 from mcx.fingerprint.init_from import collect_init
 from mcx.fingerprint.record import FingerprintRecord, load_record, patch_bytes
+from mcx.metrics.batches import compare_batches, read_batches
 from mcx.ops.data import tracked_outputs
 from mcx.ops.progress import Note, Progress
 from mcx.ops.run import run_spec, RunOptions
@@ -291,7 +292,9 @@ def reproduce(run_id: str, *, project: Path, output: str, progress: Progress,
             if worktree is not None:
                 _git(project, "worktree", "remove", "--force", str(worktree), ok=True)
     rerun = load_run_dir(rep_dir)
-    v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source)
+    main = "full" if "full" in original.stages else stages[0]  # the stage whose curves the verdict compares
+    batches = compare_batches(read_batches(run_path / main), read_batches(rep_dir / main))
+    v = verdict(original.curves, rerun.curves, tolerances=tolerances, band_source=band_source, batches=batches)
     out = Reproduction(run_id=run_id, reproduction=label, reproduction_dir=str(rep_dir),
                        mlflow_run=summary.tracking.mlflow_run if summary.tracking else None, verdict=v,
                        status=summary.status, code=code, environment_drift=env_drift, hardware_drift=hw_drift,

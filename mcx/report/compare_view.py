@@ -15,6 +15,7 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 from mcx.errors import InputError
+from mcx.metrics.batches import BatchCheck
 from mcx.metrics.curves import Curve
 from mcx.metrics.summary import BY_KEY, METRIC_KEYS, METRICS, Metric
 from mcx.report.cells import ABSENT, MetricCell
@@ -126,6 +127,7 @@ class Comparison:
     sweep: SweepSection | None = None  # `mcx compare --sweep`: the sweep the runs are the best trials of
     mixture: tuple[MixtureRow, ...] = ()  # the realised data mixtures, when any run read one (D60)
     evals: tuple[EvalRow, ...] = ()  # downstream scores with standard errors, when any run was evaluated (D68)
+    batches: BatchCheck | None = None  # two runs: their batch hashes compared, step by step (D69); None: not recorded
 
 
 # key, title, y label, curve, y axis from zero, view

@@ -108,6 +108,7 @@ def to_json(cmp: Comparison, *, curves: bool = False) -> dict[str, Any]:
                  for row in cmp.evals},
         "notes": list(cmp.notes),
         "summary": _summary(cmp),
+        "batches": cmp.batches.to_dict() if cmp.batches is not None else None,
         "definitions": {key: {"term": term, "definition": text} for key, term, text in definitions(cmp)},
     }
     if curves:

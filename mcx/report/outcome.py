@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from mcx.metrics.batches import BatchCheck
 from mcx.report.compare_view import STEP_NOISE, Comparison
 from mcx.report.fmt import config_value, shorten, value
 from mcx.report.heldout import (
@@ -112,12 +113,25 @@ def lines(cmp: Comparison) -> list[str]:
     if len(cmp.runs) == 1:
         return ["One run: nothing to compare it with."]
     out = [_changes(cmp)]
+    if cmp.batches is not None:
+        out.append(_batches_line(cmp.batches))
     if s.metric is None:
         return out + [f"Held-out metric: none ({s.reason})."]
     out += _headline(cmp)
     if s.margin is not None:
         out.append(_noise_line(cmp))
     return out
+
+
+def _batches_line(b: BatchCheck) -> str:
+    """Whether the two runs trained on the same inputs (their batch hashes, D69): before any number."""
+    if b.note is not None:
+        return f"Batches: not compared ({b.note})."
+    if b.first is not None:
+        f = b.first
+        return (f"Batches: they differ first at step {f.step}, micro-batch {f.micro_batch}, data-parallel rank "
+                f"{f.dp_rank}; from there on the runs trained on different data.")
+    return f"Batches: the same at every step both trained ({b.steps} steps): the same data in the same order."
 
 
 def definitions(cmp: Comparison) -> list[tuple[str, str, str]]:

@@ -79,8 +79,10 @@ def render_verdict(rep: Reproduction) -> RenderableType:
     v = rep.verdict
     title = Text(f"reproduction {rep.reproduction} of {rep.run_id}: ", style="bold")
     title.append(v.kind, style="bold green" if v.kind in ("bitwise", "equivalent") else "bold red")
-    rows = [("verdict", v.describe()),
-            ("band", str(v.sources_text() or v.band_source)),
+    rows = [("verdict", v.describe())]
+    if v.batches is not None:  # before any number: were the same batches trained? (D69)
+        rows.append(("batches", v.batches.describe()))
+    rows += [("band", str(v.sources_text() or v.band_source)),
             ("steps compared", str(v.steps)),
             ("metrics compared", ", ".join(v.compared) or "-"),
             ("rerun status", str(rep.status))]

@@ -11,6 +11,11 @@ Three outcomes:
 
 Only quantities the training computes take part (``DETERMINISTIC``); timing and memory depend on
 the machine and its load, so they are left out and listed as such.
+
+Before any number: the batch hashes (mcx.metrics.batches, D69). Batches that differ make the verdict
+``diverged`` at the first differing step, micro-batch and data-parallel rank, whatever the numbers did
+(the same samples in another order may leave the loss nearly equal); runs recorded without hashes are
+judged on their numbers alone.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any, Literal
 from attrs import field, frozen
 
 from mcx.errors import InputError
+from mcx.metrics.batches import BatchCheck
 from mcx.metrics.curves import Curve
 
 Kind = Literal["bitwise", "equivalent", "diverged"]
@@ -116,6 +122,7 @@ class Verdict:
     divergence: Divergence | None = None
     first_difference: Divergence | None = None  # the first not-bit-identical value, for "equivalent"
     deviations: dict[str, Deviation] = field(factory=dict)
+    batches: BatchCheck | None = None  # the batch hashes compared; None where a run recorded none
 
     @property
     def reproduced(self) -> bool:
@@ -137,6 +144,10 @@ class Verdict:
             first = self.first_difference.describe() if self.first_difference else "none"
             return (f"equivalent: {len(self.compared)} metrics within their bands ({self.sources_text()}) at every "
                     f"one of {self.steps} steps; first difference: {first}")
+        if self.batches is not None and self.batches.first is not None:
+            numbers = self.divergence or self.first_difference
+            after = f"; then {numbers.describe()}" if numbers is not None else "; every number is bit-identical"
+            return f"diverged: {self.batches.describe()}{after}"
         assert self.divergence is not None
         return f"diverged: {self.divergence.describe()}"
 
@@ -216,13 +227,15 @@ def _metric_order(metric: str) -> tuple[int, str]:
 
 
 def verdict(original: Mapping[str, CurveLike], rerun: Mapping[str, CurveLike], *,
-            tolerances: Mapping[str, float | Band] | None = None, band_source: str = "default") -> Verdict:
+            tolerances: Mapping[str, float | Band] | None = None, band_source: str = "default",
+            batches: BatchCheck | None = None) -> Verdict:
     """Compare a rerun's curves with the original's, step by step.
 
     ``original`` / ``rerun``: metric name -> (steps, values), e.g. ``RunData.curves``.
     ``tolerances``: metric -> relative tolerance (a float, as in ``[baseline.tolerances]``) or a
     Band; keys are curve names (``train/loss``) or flat keys (``train_loss``). Metrics without one
-    get ``DEFAULT_REL``. ``band_source`` names where ``tolerances`` came from.
+    get ``DEFAULT_REL``. ``band_source`` names where ``tolerances`` came from. ``batches``: the two runs'
+    batch hashes compared (mcx.metrics.batches.compare_batches); a difference there is a divergence.
     """
     tolerances = tolerances or {}
     names = sorted(set(original) | set(rerun), key=_metric_order)
@@ -247,8 +260,10 @@ def verdict(original: Mapping[str, CurveLike], rerun: Mapping[str, CurveLike], *
 
     def result(kind: Kind, divergence: Divergence | None = None, first: Divergence | None = None,
                deviations: dict[str, Deviation] | None = None) -> Verdict:
+        if batches is not None and batches.first is not None:
+            kind = "diverged"
         return Verdict(kind, band_source, compared, excluded, bands, sources, n_steps, divergence, first,
-                       deviations or {})
+                       deviations or {}, batches)
 
     # Structure first: a metric or a step on one side only is a divergence at its first step.
     candidates: list[Divergence] = []
@@ -371,4 +386,5 @@ def verdict_to_dict(v: Verdict) -> dict[str, Any]:
         "first_difference": _div_dict(v.first_difference),
         "deviations": {m: {"max_abs": _num(d.max_abs), "max_rel": _num(d.max_rel), "step": d.step}
                        for m, d in v.deviations.items()},
+        "batches": v.batches.to_dict() if v.batches is not None else None,
     }

@@ -204,14 +204,17 @@ def _drop_none(obj: Any) -> Any:
 
 def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     """The resolved spec as plain data (None kept: it means "let mcx decide"). A [debug] table that
-    injects nothing is left out, so a spec without one hashes, records and dumps as before it existed; so are
+    injects nothing is left out, so a spec without one hashes, records and dumps as before it existed (and an unset
+debug.swap_micro_batches_at_step, as before that key existed); so are
     empty mixture tables ([data.mix], [data.valid], [data.test]), a [launch.container] that names no image, a
     [launch.watchdog] table at its defaults and an [eval] table that evaluates nothing."""
     tree: dict[str, Any] = convert.unstructure(spec)
     if spec.debug == DebugSpec():
         del tree["debug"]
-    elif spec.debug.perturb_output is None:  # a [debug] table from before perturb_output hashes as it did (D70)
-        del tree["debug"]["perturb_output"]
+    else:  # keys newer than the table: unset, a [debug] table hashes as it did before them (D69, D70)
+        for key in ("perturb_output", "swap_micro_batches_at_step"):
+            if getattr(spec.debug, key) is None:
+                del tree["debug"][key]
     if spec.launch.container == ContainerSpec():
         del tree["launch"]["container"]
     if spec.launch.watchdog == WatchdogSpec():  # at its defaults: recorded and hashed as before it existed

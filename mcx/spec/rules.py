@@ -277,6 +277,10 @@ def _debug_rules(spec: ExperimentSpec) -> Problems:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*", output.module):
             out.append(("debug.perturb_output.module", f"{output.module!r} is not a module path; give one like "
                                                        "\"decoder.layers.1.mlp.linear_fc2\""))
+    swap_at = spec.debug.swap_micro_batches_at_step
+    if swap_at is not None and swap_at <= 0:
+        out.append(("debug.swap_micro_batches_at_step", f"must be positive (the step whose micro-batches trade "
+                    f"places), got {swap_at}"))
     return out
 
 

@@ -348,6 +348,7 @@ class DebugSpec:
     perturb_params: PerturbSpec | None = None
     nan_params_at_step: int | None = None  # every floating-point weight made NaN just before that step
     perturb_output: OutputPerturbSpec | None = None  # one module's output changed in one micro-batch of one step
+    swap_micro_batches_at_step: int | None = None  # micro-batches 0 and 1 of that step trained in swapped order
 
 
 @frozen(kw_only=True)

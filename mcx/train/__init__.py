@@ -20,7 +20,8 @@ thread, each request timed inside the writer process and logged to worker.log, D
 adaptations, one small module); ``data.py`` (MCore datasets); ``loop.py``; ``checkpoint.py`` (the
 directory protocol, docs/stage-directory.md; pruned checkpoints renamed out and deleted by a background
 thread, D32; damaged ones set aside, D36); ``worklog.py`` (worker.log for the worker and its checkpoint
-writer); ``metrics.py``; ``system.py`` (GPU and host sampler thread); ``smoke.py``. Side effects: torch,
+writer); ``metrics.py``; ``batch_hash.py`` (each step's micro-batches hashed on the host, one file a
+data-parallel rank, D69); ``system.py`` (GPU and host sampler thread); ``smoke.py``. Side effects: torch,
 megatron, NVML / nvidia-smi, files in the stage directory.
 """
 

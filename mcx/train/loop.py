@@ -24,7 +24,12 @@ Fault injection (the spec's [debug] table, docs/spec.md): ``debug.perturb_params
 adds A to every floating-point model weight just before step N, so a rerun departs from its original
 exactly at step N (``mcx reproduce`` must say so); ``debug.nan_params_at_step = N`` makes them NaN
 there, so the divergence guard stops the stage at step N; ``debug.perturb_output`` adds an amount to one
-module's output in one micro-batch of one step (mcx.train.trace.OutputFault).
+module's output in one micro-batch of one step (mcx.train.trace.OutputFault); ``debug.swap_micro_batches_at_step
+= N`` trains micro-batches 0 and 1 of step N in swapped order on every data-parallel rank (the same samples,
+another order: the batch hashes must name it, D69).
+
+Batch hashes (mcx.train.batch_hash): each step's micro-batches are hashed on the host before the
+backend copies them to the device, and written after the step beside its metrics line.
 
 Replay (`mcx locate`, D70): a job file with ``trace`` resumes from its checkpoint, trains up to the traced
 step with nothing but the metrics line a step (no evaluation, no checkpoint), traces that step
@@ -40,8 +45,8 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 from collections.abc import Set as AbstractSet
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +59,7 @@ from mcx.plan.flops import flops_per_iteration
 from mcx.train import checkpoint as ckpt
 from mcx.train import warmstart
 from mcx.train.backend import Backend, Batch
+from mcx.train.batch_hash import BatchHashes, batch_digests
 from mcx.train.console import Progress
 from mcx.train.datasets import Datasets, iterate_batches
 from mcx.train.guard import DivergenceGuard, advice
@@ -127,12 +133,13 @@ class Trainer:
     def __init__(self, job: Job, world: World, backend: Backend, data: Datasets, stage_dir: Path,
                  metrics: MetricsFile, progress: Progress, *, padded_vocab: int, peak_flops: float | None,
                  pinned_steps: AbstractSet[int] = frozenset(), rank_files: RankFiles | None = None,
-                 profiler: StepProfiler | None = None) -> None:
+                 profiler: StepProfiler | None = None, batch_hashes: BatchHashes | None = None) -> None:
         self.job, self.world, self.backend, self.data = job, world, backend, data
         self.spec = job.spec
         self.metrics, self.progress = metrics, progress
         self.rank_files = rank_files  # this rank's step times (every rank's own file)
         self.profiler = profiler  # `mcx run --profile`: the steps it names run under torch.profiler
+        self.batch_hashes = batch_hashes  # its data-parallel rank's batch hashes (one writing rank of each)
         self.store = ckpt.CheckpointStore(Path(job.checkpoint_dir), job.spec.checkpoint.keep)
         self.pinned = set(pinned_steps)
         self.num_micro = num_microbatches(job)
@@ -267,6 +274,8 @@ class Trainer:
             self.metrics.truncate_after(0, final=False)
             if self.rank_files is not None:
                 self.rank_files.truncate_after(0)
+            if self.batch_hashes is not None:
+                self.batch_hashes.truncate_after(0)
             self.step = 0
             if self.job.init is None:
                 return 0, 0
@@ -290,6 +299,8 @@ class Trainer:
         self.metrics.truncate_after(step, final=step >= self.spec.train.train_iters)
         if self.rank_files is not None:
             self.rank_files.truncate_after(step)
+        if self.batch_hashes is not None:
+            self.batch_hashes.truncate_after(step)
         if self.world.is_main:
             self.store.discard_after(step)
         log.info("resumed from %s (step %d, %d samples consumed)", latest.name, step, consumed)
@@ -345,6 +356,9 @@ class Trainer:
                 self.profiler.begin(step + 1)
             t0 = time.perf_counter()
             mbs = self.take(train_it, self.num_micro, "training")
+            if step + 1 == self.spec.debug.swap_micro_batches_at_step:
+                mbs = self._swap(step + 1, mbs)
+            digests = batch_digests(mbs) if self.batch_hashes is not None else None
             with ExitStack() as taps:
                 if self.fault is not None:
                     taps.enter_context(self.fault.armed(step + 1))
@@ -360,6 +374,8 @@ class Trainer:
             self.metrics.append(record)
             if self.rank_files is not None:
                 self.rank_files.step(step, step_time)
+            if self.batch_hashes is not None and digests is not None:
+                self.batch_hashes.record(step, digests)
             self.progress.record(record)
             outcome.measured.append(record)
             if self.job.trace is not None:  # a replay: no guard, evaluation or checkpoint; it ends at the traced step
@@ -415,6 +431,17 @@ class Trainer:
             if name.startswith("model") and tensor.is_floating_point():
                 tensor.add_(amount)
         log.warning("%s: added %g to the model weights before step %d (fault injection)", key, amount, step)
+
+    def _swap(self, step: int, mbs: list[Batch]) -> list[Batch]:
+        """Fault injection: micro-batches 0 and 1 of ``step`` trade places (the same samples, another order)."""
+        if len(mbs) < 2:
+            raise InputError(f"debug.swap_micro_batches_at_step = {step}: a step here has {len(mbs)} micro-batch, "
+                             "nothing to swap;", "make train.global_batch_size at least twice train.micro_batch_size "
+                             "times the data-parallel size, or remove the key.")
+        if self.world.is_main:
+            log.warning("debug.swap_micro_batches_at_step: micro-batches 0 and 1 of step %d trained in swapped order "
+                        "(fault injection)", step)
+        return [mbs[1], mbs[0], *mbs[2:]]
 
     def _preempt(self, outcome: Outcome, step: int, consumed: int) -> Outcome:
         log.warning("preemption signal received: checkpointing step %d and stopping", step)

@@ -45,6 +45,7 @@ class World:
     local_rank: int
     device: torch.device
     dp_rank: int = 0  # data-parallel rank (which share of each global batch this rank reads)
+    records_batches: bool = True  # this rank writes its DP rank's batch hashes: TP 0, CP 0 of pipeline stage 0
 
     @property
     def is_main(self) -> bool:
@@ -168,7 +169,10 @@ def distributed(job: Job) -> Iterator[World]:
     )
     try:
         yield World(rank=rank, size=size, local_rank=local_rank, device=device,
-                    dp_rank=parallel_state.get_data_parallel_rank())
+                    dp_rank=parallel_state.get_data_parallel_rank(),
+                    records_batches=parallel_state.get_tensor_model_parallel_rank() == 0
+                    and parallel_state.get_context_parallel_rank() == 0
+                    and parallel_state.get_pipeline_model_parallel_rank() == 0)
     finally:
         parallel_state.destroy_model_parallel()
         if owns_group:

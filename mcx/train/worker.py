@@ -104,6 +104,7 @@ def _peak_flops(job: Job) -> tuple[float | None, str | None]:
 
 def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, Any]:
     from mcx.train import smoke
+    from mcx.train.batch_hash import BatchHashes
     from mcx.train.datasets import datasets_from_spec
     from mcx.train.loop import Trainer
     from mcx.train.profiler import StepProfiler
@@ -120,11 +121,12 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
     rank_files = RankFiles(stage_dir, world.rank, world.local_rank)
     profiler = StepProfiler(job.profile, stage_dir, rank=world.rank, device=job.device,
                             label=f"run {job.run_id}, {job.stage} stage")
+    batch_hashes = BatchHashes(stage_dir, world.dp_rank) if world.records_batches else None
     trainer = Trainer(job, world, backend, data, stage_dir, metrics, progress,
                       padded_vocab=backend.details["padded_vocab_size"], peak_flops=peak,
                       pinned_steps={smoke.resume_check_step(job)} if is_smoke else
                       set(every_steps(job.spec.eval.every, job.spec.train.train_iters)), rank_files=rank_files,
-                      profiler=profiler)
+                      profiler=profiler, batch_hashes=batch_hashes)
     if sampler is not None:
         sampler.step_of = lambda: trainer.step
     try:
@@ -134,6 +136,8 @@ def _train(job: Job, world, stage_dir: Path, stop, sampler=None) -> dict[str, An
         progress.close()
         metrics.close()
         rank_files.close()
+        if batch_hashes is not None:
+            batch_hashes.close()
     world.barrier()
     missed = profiler.missed()
     if missed and world.is_main:

@@ -55,6 +55,15 @@ def test_two_gpu_layout_learns_as_one_gpu_within_the_band(layouts, name):
     assert len(s.losses()) == len(ref.losses()) == 40
     mine, theirs = tail_mean(s.losses(), WINDOW), tail_mean(ref.losses(), WINDOW)
     assert abs(mine - theirs) / abs(theirs) <= TOLERANCE, (name, mine, ref_name, theirs)
+    # Batch hashes (D69): one file a data-parallel rank, written on the host by one rank of each; where the
+    # layout splits the model but not the data (TP, PP), the one-GPU reference's batches, micro-batch for micro-batch.
+    from mcx.metrics.batches import compare_batches, read_batches
+
+    mine_b, ref_b = read_batches(s.dir), read_batches(ref.dir)
+    assert sorted(mine_b) == list(range(s.job["layout"]["dp"])) and all(len(v) == 40 for v in mine_b.values())
+    if s.job["layout"]["dp"] == 1:
+        check = compare_batches(ref_b, mine_b)
+        assert check is not None and check.same, check
 
 
 def test_same_layout_deterministic_rerun_is_bitwise(layouts):

@@ -112,6 +112,7 @@ def test_mcx_reproduce_of_the_gpu_run_is_bitwise(run, reproduced):
     assert v["verdict"] == "bitwise" and v["first_difference"] is None and v["divergence"] is None, v
     assert v["steps"] == 40 and "train/loss" in v["compared"], v
     assert v["data_identical"] is True and v["hardware_drift"] == [], v
+    assert v["batches"]["same"] is True and v["batches"]["steps"] == 40, v["batches"]  # hashed on the host (D69)
 
 
 def _test_loss(run_dir) -> float:
