@@ -28,6 +28,7 @@ from mcx.eval.job import LOG_FILE, SCORES_FILE, EvalJob, EvalSettings, write_job
 from mcx.eval.scores import PREFIX, RUN_FILE, Evaluation, read_evaluation
 from mcx.eval.tasks import harness_version, resolve_tasks
 from mcx.eval.worker import OFFLINE
+from mcx.fingerprint.init_from import check_checkpoint, run_source
 from mcx.hashing import digest, file_sha256
 from mcx.jsonfile import write_json_atomic
 from mcx.ops.progress import Note, Progress, quiet
@@ -38,6 +39,9 @@ from mcx.track import paths
 EVALS = "evals"  # under .mcx/: one directory per evaluation key
 EXPORT_DIR = "eval-hf"  # a run directory's Hugging Face export, made for its first evaluation
 LOG_TAIL = 30  # lines of the harness's log quoted when it fails
+# [eval] model -> (what the progress line calls it, the worker module that runs it)
+WORKERS = {"hf": ("its Hugging Face model on the export", "mcx.eval"),
+           "megatron": ("its model interface over the run's Megatron-Core model", "mcx.train.eval_model")}
 
 
 @frozen(kw_only=True)
@@ -88,12 +92,19 @@ def evaluate_run(run_id: str, root: Path, *, overrides: EvalOverrides = EvalOver
     if spec_eval is None:
         spec_eval = loads_spec((run_dir / "spec.toml").read_text(encoding="utf-8"), str(run_dir / "spec.toml")).eval
     device = "cuda" if full.details.get("device") == "cuda" else "cpu"  # the run's own hardware
-    job = _job({"run": run_id}, "", device, spec_eval, overrides, root, what=f"run {run_id}")
+    job = evolve(_job({"run": run_id}, "", device, spec_eval, overrides, root, what=f"run {run_id}"),
+                 interface=spec_eval.model)
 
     def export() -> str:
         return str(_export(run_id, root, run_dir, full.steps, progress))
 
-    evaluation, directory = _cached_or_run(job, root, export, overrides.fresh, progress)
+    def own_weights() -> str:  # the Megatron-Core interface reads the final checkpoint itself: checked as export does
+        found = run_source(root, run_id, full.steps, key="eval", step_key="--step")
+        check_checkpoint(root, run_id, Path(found["info"]["path"]), "eval")
+        return str(run_dir)
+
+    model_dir = own_weights if job.interface == "megatron" else export
+    evaluation, directory = _cached_or_run(job, root, model_dir, overrides.fresh, progress)
     write_json_atomic(run_dir / RUN_FILE, evaluation.to_dict())
     if recorder is None:  # a finished run evaluated afterwards: its summary gains the scores (`mcx run` adds its own)
         _add_to_summary(run_dir, evaluation.metrics())
@@ -142,10 +153,10 @@ def _cached_or_run(job: EvalJob, root: Path, model_dir: Callable[[], str], fresh
     job = evolve(job, model_dir=model_dir())
     write_job(job, directory)
     progress(Note(lead="eval", text=f": {', '.join(job.names())} with lm-evaluation-harness {job.harness} on "
-                  f"{job.device} (log: {(directory / LOG_FILE).relative_to(root)})"))
+                  f"{job.device}, {WORKERS[job.interface][0]} (log: {(directory / LOG_FILE).relative_to(root)})"))
     env = {**os.environ, **OFFLINE}
     with open(directory / LOG_FILE, "wb") as log:
-        code = subprocess.call([sys.executable, "-m", "mcx.eval", str(directory)], cwd=root, env=env,
+        code = subprocess.call([sys.executable, "-m", WORKERS[job.interface][1], str(directory)], cwd=root, env=env,
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     evaluation = read_evaluation(directory / SCORES_FILE) if code == 0 else None
     if evaluation is None:

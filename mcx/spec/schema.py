@@ -347,6 +347,9 @@ class EvalSpec:
     num_fewshot: int = 0  # examples put before each item
     limit: int | None = None  # items per task (the first N); None: every item
     batch_size: int = 8  # requests per forward pass
+    # the harness's model: "megatron" (its model interface over the run's own Megatron-Core model) or "hf" (its
+    # Hugging Face model on an export of the run); both give the same scores (D72). `mcx eval hf:DIR` is always "hf"
+    model: Literal["hf", "megatron"] = "hf"
 
 
 @frozen(kw_only=True)
