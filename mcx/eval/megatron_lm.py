@@ -39,7 +39,7 @@ from mcx.data.tokenizer import Tokenizer
 MAX_GEN_TOKS = 256  # HFLM's default when a task names none
 
 
-class MegatronLM(TemplateLM):  # type: ignore[misc]
+class MegatronLM(TemplateLM):
     """``model``: a GPTModel (pre- and post-process, one process) in eval mode on ``device``; ``vocab_size``: the
     tokenizer's, at most the model's (padded) output rows; ``max_length``: the model's context."""
 

@@ -33,7 +33,7 @@ from mcx.train import model as model_lib
 from mcx.train.runtime import seed_everything
 from mcx.weights.canonical import check_fits, is_extra_state, with_vocab_rows
 from mcx.weights.checkpoint_files import STATE_FILE
-from mcx.weights.sources import open_weights
+from mcx.weights.sources import Format, open_weights
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -75,7 +75,7 @@ def load_model(stage: Path, device: str) -> tuple[torch.nn.Module, Tokenizer, in
     tokenizer = load_saved(data, read_manifest(data)["tokenizer"]["kind"])
     vocab = spec.model.vocab_size or tokenizer.vocab_size
     checkpoint = checkpoint_path(checkpoint_root(stage), result.steps)
-    fmt = "torch" if (checkpoint / STATE_FILE).is_file() else "dist"
+    fmt: Format = "torch" if (checkpoint / STATE_FILE).is_file() else "dist"
     seed_everything(spec.train.seed)
     if device == "cuda":
         from megatron.core import tensor_parallel
