@@ -349,7 +349,7 @@ class EvalSpec:
     batch_size: int = 8  # requests per forward pass
     # the harness's model: "megatron" (its model interface over the run's own Megatron-Core model) or "hf" (its
     # Hugging Face model on an export of the run); both give the same scores (D72). `mcx eval hf:DIR` is always "hf"
-    model: Literal["hf", "megatron"] = "hf"
+    model: Literal["hf", "megatron"] = "megatron"
 
 
 @frozen(kw_only=True)
