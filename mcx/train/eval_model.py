@@ -63,9 +63,9 @@ def eval_spec(spec: ExperimentSpec) -> ExperimentSpec:
 
 
 @torch.no_grad()
-def load_model(stage: Path, device: str) -> tuple[torch.nn.Module, Tokenizer, int, str]:
-    """The full stage's final checkpoint as a one-process GPTModel in eval mode on ``device``; also the run's
-    tokenizer, its vocabulary size and the model's dtype name."""
+def load_model(stage: Path, device: str, step: int | None = None) -> tuple[torch.nn.Module, Tokenizer, int, str]:
+    """The full stage's final checkpoint (or ``step``'s) as a one-process GPTModel in eval mode on ``device``;
+    also the run's tokenizer, its vocabulary size and the model's dtype name."""
     train_job = read_train_job(stage)
     result = read_stage_result(stage)
     if result is None or not result.steps:
@@ -74,7 +74,7 @@ def load_model(stage: Path, device: str) -> tuple[torch.nn.Module, Tokenizer, in
     data = dataset_dir(spec.data, Path(train_job.data_dir), next(iter(spec.data.datasets().values()))[1])
     tokenizer = load_saved(data, read_manifest(data)["tokenizer"]["kind"])
     vocab = spec.model.vocab_size or tokenizer.vocab_size
-    checkpoint = checkpoint_path(checkpoint_root(stage), result.steps)
+    checkpoint = checkpoint_path(checkpoint_root(stage), step or result.steps)
     fmt: Format = "torch" if (checkpoint / STATE_FILE).is_file() else "dist"
     seed_everything(spec.train.seed)
     if device == "cuda":
@@ -106,7 +106,9 @@ def evaluate(directory: Path) -> Path:
     started = time.monotonic()
     job = read_job(directory)
     with one_process(job.device):
-        model, tokenizer, vocab, dtype = load_model(Path(job.model_dir) / "full", job.device)
+        step = job.model.get("step")  # a checkpoint of the run's (``{"run": ID, "step": "N"}``), else its final one
+        model, tokenizer, vocab, dtype = load_model(Path(job.model_dir) / "full", job.device,
+                                                    int(step) if step else None)
         spec_model = read_train_job(Path(job.model_dir) / "full").spec.model
         device = model_lib.device_of(job.device)
         lm = MegatronLM(model, tokenizer, vocab_size=vocab, batch_size=job.settings.batch_size, device=device,
