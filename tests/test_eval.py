@@ -214,3 +214,65 @@ def test_bad_evaluations_are_refused_with_exit_2(project, tmp_path):
                         (["hf:" + str(E2E_ROOT / "evals"), "--tasks", "no/such/dir"], "config.json")):
         got = mcx_inprocess(project, "eval", *args)
         assert got.code == 2 and words in got.err, got
+
+
+# float32 carries 24 bits: a log-probability of magnitude L computed through another summation order (HF's
+# separate q/k/v and gate/up projections against Megatron-Core's fused ones) differs by a few ulps of each partial
+# sum; over this model's 4 layers and the <= 20 scored tokens of a request that is well under 1e-5 relative
+# (2^-24 = 6e-8 per rounding). Measured: see D72.
+LOGPROB_RTOL = 1e-5
+
+
+def test_the_megatron_core_interface_scores_as_hflm_on_the_export(project, trained):
+    """The harness's model interface over the run's own Megatron-Core model (mcx.eval.megatron_lm) against HFLM
+    on the run's export: the same log-likelihood per request (multiple choice, rolling, greedy generation), and
+    `mcx eval` through the other interface gives the identical scores under the same key."""
+    import math
+
+    import lm_eval
+    import torch
+    from attrs import evolve
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from mcx.eval.megatron_lm import MegatronLM
+    from mcx.ops.evaluate import EvalOverrides, evaluate_run
+    from mcx.spec import loads_spec
+    from mcx.train.eval_model import load_model, one_process
+
+    run_dir = Path(trained["run_dir"])
+    export = run_dir / "eval-hf"  # the hf interface's export; made here when the run was evaluated without one
+    if not (export / "config.json").is_file():
+        assert mcx_inprocess(project, "export-hf", trained["run_id"], "-o", str(export)).code == 0
+    manager = TaskManager(include_path=str(project / "evals" / "quickstart_next_line"), include_defaults=False)
+    hf = HFLM(pretrained=str(export), dtype="float32", device="cpu", batch_size=8)
+    with one_process("cpu"):
+        model, tokenizer, vocab, _ = load_model(run_dir / "full", "cpu")
+        mega = MegatronLM(model, tokenizer, vocab_size=vocab, max_length=128, batch_size=8,
+                          device=torch.device("cpu"))
+        per_request = {}
+        for name, lm in (("hf", hf), ("megatron", mega)):
+            out = lm_eval.simple_evaluate(model=lm, tasks=[TASK], limit=24, task_manager=manager, log_samples=True)
+            per_request[name] = [float(r[0][0]) for s in out["samples"][TASK] for r in s["resps"]]
+        a, b = per_request["hf"], per_request["megatron"]
+        assert len(a) == len(b) > 24 and all(math.isclose(x, y, rel_tol=LOGPROB_RTOL) for x, y in zip(a, b)), \
+            max(abs(x - y) / abs(x) for x, y in zip(a, b))
+        text = (project / "evals" / "quickstart_next_line" / "test.jsonl").read_text()[:1500]  # > 128 tokens: 2+ windows
+        rolling = [Instance("loglikelihood_rolling", {}, (t,), 0) for t in (text, text[:200])]
+        assert all(math.isclose(x, y, rel_tol=LOGPROB_RTOL)
+                   for x, y in zip(hf.loglikelihood_rolling(rolling), mega.loglikelihood_rolling(rolling)))
+        gen = [Instance("generate_until", {}, (t, {"until": ["\n"], "max_gen_toks": 6, "do_sample": False}), 0)
+               for t in (text[:300], text[:90])]
+        assert hf.generate_until(gen) == mega.generate_until(gen)
+    # `mcx eval` through the other interface: the same key (it is not part of it) and the identical scores
+    spec_eval = loads_spec((run_dir / "spec.toml").read_text(), str(run_dir / "spec.toml")).eval
+    other = "hf" if spec_eval.model == "megatron" else "megatron"
+    again = evaluate_run(trained["run_id"], project, overrides=EvalOverrides(fresh=True),
+                         spec_eval=evolve(spec_eval, model=other))
+    recorded = json.loads((run_dir / "eval.json").read_text())
+    assert again.evaluation.settings["interface"] == other == recorded["settings"]["interface"]
+    assert {s.name: (s.value, s.stderr) for s in again.evaluation.scores} == {
+        k: (v, trained["final"][k + "_stderr"]) for k, v in trained["final"].items() if k.startswith(f"eval/{TASK}/")
+        and not k.endswith("_stderr")}
+    assert again.evaluation.key == recorded["key"]

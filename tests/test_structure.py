@@ -43,9 +43,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 HEAVY = ("torch", "megatron", "mlflow", "dvc", "safetensors")
 # Variables that would send records elsewhere or change what a command does (conftest.E2E_ENV_DROP).
 ENV_DROP = ("MLFLOW_TRACKING_URI", "MCX_PROJECT", "MCX_LOCKFILE")
-# What may import torch and megatron at module level: the worker, and the modules of mcx.weights that move
-# tensors (the control plane reaches them only inside the functions of the commands that need them).
-WORKER = ("mcx.train", "mcx.weights.canonical", "mcx.weights.hf_convert", "mcx.weights.dist")
+# What may import torch and megatron at module level: the worker, the modules of mcx.weights that move
+# tensors, and the harness's model over the Megatron-Core model (the control plane reaches none of them: only
+# the functions of the commands that need them, or the worker processes, import them).
+WORKER = ("mcx.train", "mcx.weights.canonical", "mcx.weights.hf_convert", "mcx.weights.dist", "mcx.eval.megatron_lm")
 
 
 # -- the import graph --------------------------------------------------------------------------------

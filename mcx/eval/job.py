@@ -30,7 +30,7 @@ class EvalSettings:
 
 @frozen(kw_only=True)
 class EvalJob:
-    """What the worker evaluates: the Hugging Face model directory ``model_dir`` on ``device``."""
+    """What the worker evaluates: the model in ``model_dir`` on ``device``, through ``interface``."""
 
     model: dict[str, str]  # the model's identity: {"run": ID} or {"hf": content sha256}
     model_dir: str
@@ -38,6 +38,9 @@ class EvalJob:
     tasks: tuple[TaskSource, ...]
     settings: EvalSettings
     harness: str  # lm-eval's version
+    # The harness's model: "hf" (HFLM on the Hugging Face directory ``model_dir``) or "megatron" (MegatronLM over
+    # the run's own weights, ``model_dir`` its run directory). Not in the key: both score alike (D72).
+    interface: str = "hf"
 
     def key(self) -> str:
         """The evaluation's content address: model, settings, harness version and each task's identity. The
@@ -69,4 +72,5 @@ def read_job(directory: Path) -> EvalJob:
     tasks = tuple(TaskSource(given=t["given"], names=tuple(t["names"]), directory=t["directory"],
                              files=tuple(tuple(f) for f in t["files"])) for t in raw["tasks"])
     return EvalJob(model=raw["model"], model_dir=raw["model_dir"], device=raw["device"], tasks=tasks,
-                   settings=EvalSettings(**raw["settings"]), harness=raw["harness"])
+                   settings=EvalSettings(**raw["settings"]), harness=raw["harness"],
+                   interface=raw.get("interface", "hf"))

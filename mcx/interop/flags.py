@@ -90,7 +90,7 @@ def _r(key: str, kind: Kind, args: str | tuple[str, ...], absent: Any, doc: str,
 _SMOKE = "the smoke stage is mcx's own short run before the full one"
 _INIT = "the source's identity is part of the run ID (docs/lineage.md)"
 _TRACK = "mcx records runs to MLflow and DVC"
-_EVAL = "evaluation is mcx's (lm-evaluation-harness on the Hugging Face export); not part of the run ID"
+_EVAL = "evaluation is mcx's (lm-evaluation-harness on the run's weights); not part of the run ID"
 
 FLAGS: tuple[Row, ...] = (
     # ---- top level
@@ -406,10 +406,14 @@ FLAGS: tuple[Row, ...] = (
        "the project), e.g. `[\"evals/quickstart_next_line\"]`. Empty: no evaluation.", _EVAL),
     _r("eval.num_fewshot", "mcx", (), NA, "Examples put before each item.", _EVAL),
     _r("eval.limit", "mcx", (), NA, "Items per task (the first N); unset: every item.", _EVAL),
-    _r("eval.batch_size", "mcx", (), NA, "Requests per forward pass of the Hugging Face model.", _EVAL),
     _r("eval.every", "mcx", (), NA, "Also evaluate the full stage's checkpoints at every multiple of N steps "
        "(each saved and kept for it), after the stage; scores logged at their step (D71). Unset or 0: only the "
        "final weights.", _EVAL),
+    _r("eval.batch_size", "mcx", (), NA, "Requests per forward pass of the model.", _EVAL),
+    _r("eval.model", "mcx", (), NA, "The harness's model: `\"megatron\"`, its model interface over the run's own "
+       "Megatron-Core model (no export; greedy generation without a KV cache), or `\"hf\"`, its Hugging Face "
+       "model on an export of the run (`eval-hf` in the run directory). The same scores either way (D72); "
+       "`mcx eval hf:DIR` is always `\"hf\"`.", _EVAL),
     # ---- debug (fault injection)
     _r("debug.perturb_params", "mcx", (), NA, "Fault injection: `{step = N, amount = 1e-2}` adds amount to every "
        "floating-point model weight just before step N of each stage that reaches it, so the run departs there "

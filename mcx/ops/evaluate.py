@@ -30,9 +30,9 @@ from mcx.errors import InputError, McxError, RunIdError
 from mcx.eval.job import LOG_FILE, SCORES_FILE, EvalJob, EvalSettings, write_job
 from mcx.eval.scores import PREFIX, RUN_FILE, STEPS_FILE, Evaluation, read_evaluation, steps_to_dict
 from mcx.eval.steps import every_steps
-from mcx.fingerprint.init_from import run_source
 from mcx.eval.tasks import harness_version, resolve_tasks
 from mcx.eval.worker import OFFLINE
+from mcx.fingerprint.init_from import check_checkpoint, run_source
 from mcx.hashing import digest, file_sha256
 from mcx.jsonfile import write_json_atomic
 from mcx.ops.progress import Note, Progress, quiet
@@ -44,6 +44,9 @@ EVALS = "evals"  # under .mcx/: one directory per evaluation key
 EXPORT_DIR = "eval-hf"  # a run directory's Hugging Face export, made for its first evaluation
 STEP_EXPORTS = "eval-hf-steps"  # a checkpoint's export while it is evaluated (removed after: one model each)
 LOG_TAIL = 30  # lines of the harness's log quoted when it fails
+# [eval] model -> (what the progress line calls it, the worker module that runs it)
+WORKERS = {"hf": ("its Hugging Face model on the export", "mcx.eval"),
+           "megatron": ("its model interface over the run's Megatron-Core model", "mcx.train.eval_model")}
 
 
 @frozen(kw_only=True)
@@ -101,7 +104,8 @@ def evaluate_run(run_id: str, root: Path, *, overrides: EvalOverrides = EvalOver
     if spec_eval is None:
         spec_eval = loads_spec((run_dir / "spec.toml").read_text(encoding="utf-8"), str(run_dir / "spec.toml")).eval
     device = "cuda" if full.details.get("device") == "cuda" else "cpu"  # the run's own hardware
-    job = _job({"run": run_id}, "", device, spec_eval, overrides, root, what=f"run {run_id}")
+    job = evolve(_job({"run": run_id}, "", device, spec_eval, overrides, root, what=f"run {run_id}"),
+                 interface=spec_eval.model)
     last = full.steps or 0
     every = spec_eval.every if overrides.every is None else overrides.every
     if every is not None and every < 0:
@@ -113,7 +117,8 @@ def evaluate_run(run_id: str, root: Path, *, overrides: EvalOverrides = EvalOver
     def export() -> str:
         return str(_export(run_id, root, run_dir, full.steps, progress))
 
-    evaluation, directory = _cached_or_run(job, root, export, overrides.fresh, progress)
+    model_dir = (lambda: _own_weights(root, run_id, run_dir, full.steps)) if job.interface == "megatron" else export
+    evaluation, directory = _cached_or_run(job, root, model_dir, overrides.fresh, progress)
     write_json_atomic(run_dir / RUN_FILE, evaluation.to_dict())
     if recorder is None:  # a finished run evaluated afterwards: its summary gains the scores (`mcx run` adds its own)
         _add_to_summary(run_dir, evaluation.metrics())
@@ -135,18 +140,27 @@ def evaluate_run(run_id: str, root: Path, *, overrides: EvalOverrides = EvalOver
 
 def _evaluate_step(job: EvalJob, run_id: str, root: Path, run_dir: Path, step: int, fresh: bool,
                    progress: Progress) -> Evaluation:
-    """The checkpoint of ``step`` evaluated as the final weights are: exported (for this evaluation only), keyed by
-    the run ID and the step."""
+    """The checkpoint of ``step`` evaluated as the final weights are (read by the Megatron-Core interface, or
+    exported for this evaluation only), keyed by the run ID and the step."""
     dest = run_dir / STEP_EXPORTS / f"step-{step}"
+    at_step = evolve(job, model={"run": run_id, "step": str(step)})
+    model_dir = (lambda: _own_weights(root, run_id, run_dir, step)) if job.interface == "megatron" else \
+        (lambda: str(_export(run_id, root, run_dir, step, progress, dest=dest)))
     try:
-        evaluation, _ = _cached_or_run(evolve(job, model={"run": run_id, "step": str(step)}), root,
-                                       lambda: str(_export(run_id, root, run_dir, step, progress, dest=dest)),
-                                       fresh, progress, label=f" at step {step}")
+        evaluation, _ = _cached_or_run(at_step, root, model_dir, fresh, progress, label=f" at step {step}")
     finally:
         shutil.rmtree(dest, ignore_errors=True)
         with contextlib.suppress(OSError):  # another evaluation's export may still be there
             dest.parent.rmdir()
     return evaluation
+
+
+def _own_weights(root: Path, run_id: str, run_dir: Path, step: int | None) -> str:
+    """The Megatron-Core interface reads the checkpoint of ``step`` itself (the job's model names the step, or the
+    final one): checked as an export checks it."""
+    found = run_source(root, run_id, step, key="eval", step_key="--step")
+    check_checkpoint(root, run_id, Path(found["info"]["path"]), "eval")
+    return str(run_dir)
 
 
 def _evaluate_dir(target: str, root: Path, overrides: EvalOverrides, progress: Progress) -> EvalOutcome:
@@ -195,10 +209,10 @@ def _cached_or_run(job: EvalJob, root: Path, model_dir: Callable[[], str], fresh
     job = evolve(job, model_dir=model_dir())
     write_job(job, directory)
     progress(Note(lead="eval", text=f": {', '.join(job.names())}{label} with lm-evaluation-harness {job.harness} on "
-                  f"{job.device} (log: {(directory / LOG_FILE).relative_to(root)})"))
+                  f"{job.device}, {WORKERS[job.interface][0]} (log: {(directory / LOG_FILE).relative_to(root)})"))
     env = {**os.environ, **OFFLINE}
     with open(directory / LOG_FILE, "wb") as log:
-        code = subprocess.call([sys.executable, "-m", "mcx.eval", str(directory)], cwd=root, env=env,
+        code = subprocess.call([sys.executable, "-m", WORKERS[job.interface][1], str(directory)], cwd=root, env=env,
                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     evaluation = read_evaluation(directory / SCORES_FILE) if code == 0 else None
     if evaluation is None:

@@ -221,8 +221,10 @@ debug.swap_micro_batches_at_step, as before that key existed); so are
         del tree["launch"]["watchdog"]
     if spec.eval == EvalSpec():  # likewise no [eval]: a spec without one records as before it existed (D68)
         del tree["eval"]
-    elif spec.eval.every is None:  # an [eval] without `every` records as before the key existed (D71)
-        del tree["eval"]["every"]
+    else:  # an [eval] without `every` (D71), on the default model interface (D72), records as before those keys
+        for key, default in (("every", None), ("model", EvalSpec().model)):
+            if getattr(spec.eval, key) == default:
+                del tree["eval"][key]
     for table in MIXTURE_TABLES:  # likewise a single dataset's spec: no empty mixture tables (D60)
         if not tree["data"][table]:
             del tree["data"][table]

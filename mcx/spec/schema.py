@@ -363,6 +363,9 @@ class EvalSpec:
     # also evaluate the full stage's checkpoints at every multiple of this step (saved and kept for it), after the
     # stage; None or 0: only the final weights
     every: int | None = None
+    # the harness's model: "megatron" (its model interface over the run's own Megatron-Core model) or "hf" (its
+    # Hugging Face model on an export of the run); both give the same scores (D72). `mcx eval hf:DIR` is always "hf"
+    model: Literal["hf", "megatron"] = "megatron"
 
 
 @frozen(kw_only=True)
