@@ -33,6 +33,7 @@ from mcx.fingerprint.diff import explain
 from mcx.fingerprint.record import record_from_dict
 from mcx.jsonfile import write_json_atomic
 from mcx.launch import launcher_for, placement, worker_env
+from mcx.metrics.curves import read_metrics
 from mcx.ops.progress import Note, Progress
 from mcx.report.located import (FIXES, Kind, Located, difference, first_pair, only_updates_differ,
                                 structure_problem)
@@ -58,16 +59,25 @@ def run_path(project: Path, ref: str) -> Path:
     return path
 
 
-def _train_records(stage: Path) -> dict[int, dict[str, Any]]:
-    lines = (stage / METRICS_FILE).read_text(encoding="utf-8").splitlines()
-    return {r["step"]: r for r in map(json.loads, filter(None, lines)) if r.get("kind") == "train"}
+COMPARED = ("train/loss", "train/grad_norm")  # what says two steps trained alike
+
+
+def _train_curves(stage: Path) -> dict[str, dict[int, float]]:
+    """Each compared metric of the stage's metrics.jsonl, step -> value (mcx.metrics's reader)."""
+    curves, _ = read_metrics(stage / METRICS_FILE)
+    return {name: dict(zip(c.steps, c.values)) for name in COMPARED if (c := curves.get(name)) is not None}
+
+
+def _last_step(curves: dict[str, dict[int, float]]) -> int:
+    return max(curves.get("train/loss", {}), default=0)
 
 
 def first_differing_step(a: Path, b: Path) -> int | None:
     """The first step whose train loss or gradient norm differs (bitwise) between the two stages; None: none."""
-    ra, rb = _train_records(a), _train_records(b)
-    for step in sorted(set(ra) & set(rb)):
-        if any(ra[step].get(k) != rb[step].get(k) for k in ("loss", "grad_norm")):
+    ca, cb = _train_curves(a), _train_curves(b)
+    both = sorted(set(ca.get("train/loss", {})) & set(cb.get("train/loss", {})))
+    for step in both:
+        if any(ca.get(k, {}).get(step) != cb.get(k, {}).get(step) for k in COMPARED):
             return step
     return None
 
@@ -166,7 +176,7 @@ def locate(ref_a: str, ref_b: str, *, project: Path, step: int | None = None, pr
         if step is None:
             return Located(run_a=ref_a, run_b=ref_b, step=None, first=None, kind=None, cause="every recorded step's "
                            "loss and gradient norm are bitwise equal", fix="nothing to fix", records=0, replays=())
-    last = min(max(_train_records(stage_a), default=0), max(_train_records(stage_b), default=0))
+    last = min(_last_step(_train_curves(stage_a)), _last_step(_train_curves(stage_b)))
     if not 1 <= step <= last:
         raise InputError(f"--step {step} is outside the steps both runs trained (1 to {last});",
                          "give a step both recorded.")
