@@ -94,8 +94,15 @@ def load_model(stage: Path, device: str, step: int | None = None) -> tuple[torch
     for name, tensor in own.items():  # one source tensor read at a time
         if not is_extra_state(name):
             tensor.copy_(weights[name])
-    model.eval()
-    return model, tokenizer, vocab, DTYPE_NAMES.get(config.params_dtype, str(config.params_dtype))
+    held: torch.nn.Module = model
+    if device == "cuda":  # as the worker holds it (gpu.py): on the GPU, in bf16/fp16 behind Float16Module
+        model.cuda(torch.cuda.current_device())  # the torch norms are built on the host
+        if config.fp16 or config.bf16:
+            from megatron.core.transformer.module import Float16Module
+
+            held = Float16Module(config, model)  # the norms in bf16 too, the logits back in fp32
+    held.eval()
+    return held, tokenizer, vocab, DTYPE_NAMES.get(config.params_dtype, str(config.params_dtype))
 
 
 def evaluate(directory: Path) -> Path:
