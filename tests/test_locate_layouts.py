@@ -1,10 +1,12 @@
-"""`mcx locate A B` across layouts (D74): a run of one process (two micro-batches a step) against the same
-model data-parallel over two gloo processes (one micro-batch each; the CPU backend runs no tensor parallelism), both started from one run's checkpoint as their canonical weights on the same data,
-compared layer by layer on gathered full tensors within the band a rounding-noise replay measures; and a
-fault planted in the DP 2 run named as the first layer where the layouts part.
+"""`mcx locate A B` across layouts (D74): a run of one process (one micro-batch of 4 a step) against the same
+model data-parallel over two gloo processes (one micro-batch of 2 each; the CPU backend runs no tensor
+parallelism), both started from one run's checkpoint as their canonical weights on the same data, compared
+layer by layer on gathered full tensors within the band a rounding-noise replay measures; and a fault planted
+in a DP 2 run named as the first layer where the layouts part.
 
 The runs are stage directories the real worker trains (no `mcx run`: its tracking and DVC add nothing here
-and cost half a minute a run); locate replays them through the launchers as it does any run's.
+and cost half a minute a run), the one-process ones in this process; locate replays them through the
+launchers as it does any run's.
 """
 
 from __future__ import annotations
@@ -51,14 +53,18 @@ def stage(project: Path, name: str, overrides: list[str], init: Path | None = No
     return out
 
 
-def train(out: Path, nproc: int) -> None:
-    cmd = [sys.executable, "-m", "mcx.train", str(out)] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "mcx.train",
-        str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env={**e2e_env(), "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0 and json.loads((out / "result.json").read_text())["status"] == "finished", \
-        proc.stderr[-3000:]
+def in_process(out: Path) -> None:
+    """One process's stage, trained in this process (no interpreter start)."""
+    from mcx.train import train_stage
+
+    assert train_stage(out)["status"] == "finished", (out / "worker.log").read_text()[-3000:]
+
+
+def data_parallel(out: Path) -> subprocess.Popen:
+    """A DP 2 stage: torchrun, two gloo processes."""
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                             "mcx.train", str(out)], cwd=ROOT, env={**e2e_env(), "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +74,15 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("xlayout")
     (root / "data").mkdir()
     os.symlink(quickstart_dataset(), root / "data" / "quickstart")
-    train(stage(root, "source", []), 1)
+    in_process(stage(root, "source", []))
     start = root / ".mcx" / "runs" / IDS["source"] / "full" / "checkpoints" / "iter_0000001"
     fault = "{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in PLANT.items()) + "}"
-    runs = [(stage(root, "one", ONE, start), 1), (stage(root, "dp2", DP2, start, dp=2), 2),
-            (stage(root, "dp2_fault", [*DP2, f"debug.perturb_output={fault}"], start, dp=2), 2)]
-    procs = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.path[:0] = {[str(ROOT / 'tests'), str(ROOT)]!r}; "
-                               f"from test_locate_layouts import train; from pathlib import Path; "
-                               f"train(Path({str(out)!r}), {n})"], cwd=ROOT, env=e2e_env(),
-                              stderr=subprocess.PIPE, text=True) for out, n in runs]
-    for p in procs:
-        _, err = p.communicate(timeout=900)
-        assert p.returncode == 0, err[-3000:]
+    procs = [data_parallel(stage(root, "dp2", DP2, start, dp=2)),
+             data_parallel(stage(root, "dp2_fault", [*DP2, f"debug.perturb_output={fault}"], start, dp=2))]
+    in_process(stage(root, "one", ONE, start))  # while the two DP 2 runs train
+    for proc in procs:
+        _, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
     return root
 
 
