@@ -237,7 +237,7 @@ class Tracer:
         counter = _MicroBatches(self.chunks)
         handles = [m.register_forward_hook(self._forward(i, path, layer, counter))
                    for i, path, layer, m in logical_modules(self.chunks)]
-        if self.request.noise:  # after the tracing hooks: a record sees the output as the next module does
+        if self.request.noise:  # after the tracing hooks: the record holds the output, the next module gets it noised
             handles += [m.register_forward_hook(_noise(i, path, counter, step))
                         for i, path, _, m in logical_modules(self.chunks) if NOISED.match(path)]
         own = vars(self.optimizer).get("step")  # an instance attribute of its own, if any, comes back after
