@@ -396,3 +396,33 @@ def test_gc_after_a_real_tiny_run_then_restore_and_reproduce(tmp_path: Path):
     reps = {str(i.path.relative_to(rdir)) for i in after.removed if i.kind == "intermediate checkpoint"}
     assert reps == {f"reproductions/r1/{s}/checkpoints/{n}" for s, n in (("smoke", "iter_0000008"),
                                                                           ("full", "iter_0000006"))}
+
+
+def test_locate_replays_are_caches_that_go_once_they_ended(git_dvc_project: Path):
+    """A run's and a reproduction's `mcx locate` replays (D74): each that ended goes, its link to the run's
+    checkpoint with it (the checkpoint itself is judged as a checkpoint); one still replaying stays."""
+    project = git_dvc_project
+    rdir = finished_run(project)
+
+    def replay(where: Path, name: str, ended: bool) -> Path:
+        out = where / "replays" / name
+        (out / "trace").mkdir(parents=True)
+        (out / "trace" / "rank0.jsonl").write_text('{"phase": "batch"}\n' * 50)
+        (out / "trace" / "tensors.rank0.pt").write_bytes(os.urandom(5000))
+        (out / "checkpoints").mkdir()
+        os.symlink(rdir / "full" / "checkpoints" / "iter_0000006", out / "checkpoints" / "iter_0000006")
+        if ended:
+            write_result(out, 12)
+        return out
+
+    done, running = replay(rdir, "step12", True), replay(rdir, "step12.layers", False)
+    rep = replay(rdir / "reproductions" / "r1", "step12.noise", True)
+    sizes = {str(p): ("locate replay", file_bytes(p)) for p in (done, rep)}  # the trace only: a link is no file
+    dry = gc(project, dry_run=True)
+    assert done.is_dir() and rep.is_dir()
+    removed, kept = items(gc(project)), items(dry, "kept")
+    assert items(dry) == removed
+    assert {p: (k, size) for p, (k, size, _) in removed.items() if "/replays/" in p} == sizes
+    assert "the next locate of this step replays it" in removed[str(done)][2]
+    assert kept[str(running)][0] == "locate replay" and "may be replaying it now" in kept[str(running)][2]
+    assert not done.exists() and not rep.exists() and running.is_dir()

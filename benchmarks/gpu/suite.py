@@ -80,6 +80,11 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
     "ckpt-stall": (1, 3.5, "gpu_validation.py ckpt-stall: synchronous against asynchronous saves, every 40 of 121 steps",
                    [PY, *V, "ckpt-stall", "--gpus", "0", "--spec", "dense", "--steps", "121", "--every", "40",
                     "--work-dir", "{work}", "--out", "{out}", "--timeout", "125"]),
+    "trace-cost": (1, 2, "trace_cost.py: a step untraced, traced as `mcx locate` replays it and with the cross-layout "
+                         "trace, alternated (D74); tiny.toml at hidden 1024, 8 layers, bf16",
+                   [PY, "benchmarks/trace_cost.py", "--device", "cuda", "--steps", "8", "--set", "model.num_layers=8",
+                    "--set", "model.hidden_size=1024", "--set", "model.num_attention_heads=16", "--set",
+                    "model.ffn_hidden_size=2816", "--set", 'train.precision="bf16"', "--out", "{out}/trace_cost.json"]),
     "mcx-run-1gpu": (1, 4, "gpu_validation.py mcx-run: mcx run experiments/h200_1gpu.toml",
                      [PY, *V, "mcx-run", "--gpus", "0", "--out", "{out}", "--tag", "1gpu", "--timeout", "450", "--",
                       S1, "--yes"]),

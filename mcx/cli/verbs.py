@@ -292,9 +292,9 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
         _console().print(render_verdict(result))
         if located is not None:
-            from mcx.report.locate_view import render_located
+            from mcx.report.locate_view import render_any
 
-            _console().print(render_located(located))
+            _console().print(render_any(located))
     if result.status == Status.INTERRUPTED:
         return 130
     return 0 if result.kind in ("bitwise", "equivalent") else 1
@@ -309,9 +309,9 @@ def cmd_locate(args: argparse.Namespace) -> int:
     if args.json:
         _emit_json(result.to_dict())
     else:
-        from mcx.report.locate_view import render_located
+        from mcx.report.locate_view import render_any
 
-        _console().print(render_located(result))
+        _console().print(render_any(result))
     return 0
 
 

@@ -127,7 +127,8 @@ def job_to_dict(job: Job) -> dict[str, Any]:
                          "load_optimizer": job.init.load_optimizer, "reset_step": job.init.reset_step}}
                if job.init else {}),
             **({"profile": {"first": job.profile.first, "last": job.profile.last}} if job.profile else {}),
-            **({"trace": {"step": job.trace.step, "keep_bytes": job.trace.keep_bytes, "keep": list(job.trace.keep)}}
+            **({"trace": {"step": job.trace.step, "keep_bytes": job.trace.keep_bytes, "keep": list(job.trace.keep),
+                          **{k: True for k in ("layers", "noise") if getattr(job.trace, k)}}}
                if job.trace else {})}
 
 

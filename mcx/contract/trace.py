@@ -9,12 +9,14 @@ so the same operation has the same key in two runs of one model and layout.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from attrs import frozen
 
 TRACE_DIR = "trace"
+REPLAYS_DIR = "replays"  # <run>/replays/<name>/: a replay's stage directory, a cache of `mcx locate`
 # In execution order within a micro-batch: its input batch, each module's forward output (children before
 # their parent), each module's output gradient in backward; after the step's backward, each parameter's
 # gradient as the optimizer receives it, then each parameter after the optimizer's step.
@@ -27,11 +29,24 @@ POSITION = ("tp", "pp", "cp", "dp", "ep")  # a rank's parallel coordinates, as m
 class TraceRequest:
     """The job file's ``trace``: trace step ``step`` (the stage resumes from its checkpoint, trains up to
     ``step`` and stops there, saving nothing); keep the full tensors of the first records up to
-    ``keep_bytes`` a rank, and those named in ``keep`` whatever their size."""
+    ``keep_bytes`` a rank, and those named in ``keep`` whatever their size. ``layers`` (a replay across
+    layouts, D74) also keeps, whatever their size, each micro-batch's tokens, every layer-level forward output
+    (LAYER_LEVEL) and every parameter after the step; ``noise`` (the band's replay) adds one unit of rounding
+    (the dtype's eps, relative, seeded) to each NOISED output in the traced step."""
 
     step: int
     keep_bytes: int = 64 * 2**20
     keep: tuple[str, ...] = ()
+    layers: bool = False
+    noise: bool = False
+
+
+# The modules a cross-layout comparison gathers (their outputs are whole on every tensor-parallel rank, or
+# vocabulary-split for output_layer), and the ones the band's replay adds rounding noise to: the outputs of
+# the row-parallel reductions and the embedding, where layouts sum in another order.
+LAYER_LEVEL = re.compile(r"^(embedding|decoder\.final_layernorm|output_layer|"
+                         r"decoder\.layers\.\d+(\.self_attention|\.mlp)?)$")
+NOISED = re.compile(r"^(embedding|decoder\.layers\.\d+\.(self_attention|mlp))$")
 
 
 def records_file(rank: int) -> str:

@@ -9,7 +9,9 @@ Everything under ``.mcx/`` is listed, removed or kept, with a reason (docs/decis
   final checkpoint goes only once its recorded DVC hash is verified, object by object, on the remote
   it was pushed to (``--keep-final`` keeps it). In a stage that ended unfinished: ``latest`` stays
   (it resumes the stage), older checkpoints and partial saves go. A stage without ``result.json`` is
-  left as it is: a worker outlives a killed ``mcx run`` and may still be saving. The records stay.
+  left as it is: a worker outlives a killed ``mcx run`` and may still be saving. A run's replays
+  (``replays/<name>/``, D70/D74) are caches of `mcx locate`, which replays them again when asked: each one
+  that ended (its ``result.json``) goes; one without it may be replaying now and stays. The records stay.
 - archived attempts (``archive/<id>-<time>/``, left by ``mcx run --force``), unless their records
   never reached the tracking store;
 - reproduction worktrees left by a killed ``mcx reproduce`` and registrations whose directory is gone
@@ -34,6 +36,7 @@ from attrs import asdict, frozen
 from mcx.contract.checkpoints import PARTIAL, RETIRED, checkpoint_path, checkpoint_steps, read_latest
 from mcx.contract.files import CACHE_DIR, CHECKPOINTS_DIR, JOB_FILE
 from mcx.contract.result import read_stage_result
+from mcx.contract.trace import REPLAYS_DIR
 from mcx.fingerprint.filehashes import CACHE_FILE
 from mcx.ops.tune import TUNE_PREFIX
 from mcx.ops.usage import Inodes, freed_bytes, inodes, total
@@ -174,6 +177,7 @@ def _run(project: Path, run_path: Path, tally: _Tally, remote: RemoteCheck, seen
         for stage in paths.STAGES:
             if (run_path / stage).is_dir():
                 _stage(project, run_path / stage, recorded.get(stage) or {}, tally, remote, seen, keep_final=keep_final)
+        _replays(run_path / REPLAYS_DIR, tally)
         removed = tally.removed[start[0]:]
         listed = {k for _, files in (*removed, *tally.kept[start[1]:]) for k in files}
         tally.keep(run_path, "run record", "spec, fingerprint, plan, results, metrics and the tracking spool: what mcx "
@@ -233,6 +237,18 @@ def _stage(project: Path, stage_path: Path, recorded: dict[str, str], tally: _Ta
     else:
         tally.remove(final, "final checkpoint", f"the DVC remote {recorded['remote']!r} holds it as {recorded['md5']} "
                      "(every object checked); restore it by hash (README: mcx gc)")
+
+
+def _replays(replays: Path, tally: _Tally) -> None:
+    """A run's (or reproduction's) `mcx locate` replays: re-created on demand, so those that ended go."""
+    for replay in sorted(replays.iterdir()) if replays.is_dir() else []:
+        if not replay.is_dir() or replay.is_symlink():
+            tally.keep(replay, "unknown", "not a replay directory; left alone")
+        elif read_stage_result(replay) is None:
+            tally.keep(replay, "locate replay", "no result.json: an `mcx locate` may be replaying it now")
+        else:
+            tally.remove(replay, "locate replay", "a cache of `mcx locate` (its trace and log); the next locate of "
+                         "this step replays it again from the run's checkpoint")
 
 
 def _checkpoint_dir(stage_path: Path) -> Path:

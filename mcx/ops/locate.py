@@ -4,7 +4,9 @@ Each run's full stage is replayed over the first step whose train loss differs (
 newest checkpoint at or before step N-1, the worker runs the stage's own job file again (same spec, layout
 and launcher) with the job's ``trace`` set, trains up to step N and traces that step (mcx.train.trace). The
 replay is its own stage directory, ``<run>/replays/step<N>/``, holding a link to the checkpoint it starts
-from: the run's metrics and checkpoints are never written. A replay that already finished is reused.
+from: the run's metrics and checkpoints are never written (mcx.ops.replays). A replay that already finished
+is reused. Two runs of one model in different layouts or micro-batch splits are compared layer by layer
+instead (mcx.ops.locate_layouts, D74).
 
 The two traces are diffed offline (mcx.report.located): the first record whose output differs, classified
 from the runs' fingerprints (data, config, code, environment, hardware), the trace itself (only updates differ:
@@ -16,32 +18,25 @@ the replays keep for their first records, and which a second pair of replays kee
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mcx.contract.checkpoints import checkpoint_path, checkpoint_root, checkpoint_steps
-from mcx.contract.files import JOB_FILE, LOG_FILE, METRICS_FILE
-from mcx.contract.job import read_job
-from mcx.contract.result import read_stage_result
-from mcx.contract.trace import TRACE_DIR, records_file, tensors_file, trace_ranks
-from mcx.errors import InputError, RunIdError, TrainingFailed
+from mcx.contract.files import JOB_FILE, METRICS_FILE
+from mcx.contract.trace import TRACE_DIR, tensors_file
+from mcx.errors import InputError, RunIdError
 from mcx.fingerprint.diff import explain
 from mcx.fingerprint.record import record_from_dict
-from mcx.jsonfile import write_json_atomic
-from mcx.launch import launcher_for, placement, worker_env
 from mcx.metrics.curves import read_metrics
 from mcx.ops.progress import Note, Progress
+from mcx.ops.replays import Records, read_trace, replay, stage_job
 from mcx.report.located import (FIXES, Kind, Located, difference, first_pair, only_updates_differ,
                                 structure_problem)
+from mcx.report.parted import LayoutsLocated
 from mcx.track.paths import check_run_id, run_dir
-from mcx.weights.checkpoint_files import LATEST
 
 REF = re.compile(r"^([0-9a-f]{12})(?:/(r[0-9]+))?$")
-Records = list[dict[str, Any]]
 
 
 def run_path(project: Path, ref: str) -> Path:
@@ -82,60 +77,6 @@ def first_differing_step(a: Path, b: Path) -> int | None:
     return None
 
 
-def _job(stage: Path) -> dict[str, Any]:
-    job: dict[str, Any] = json.loads((stage / JOB_FILE).read_text(encoding="utf-8"))
-    return job
-
-
-def replay(stage: Path, step: int, *, keep: tuple[str, ...] = (), again: bool = False, progress: Progress) -> Path:
-    """Replay ``stage`` (a full stage directory) over ``step`` with tracing; returns the replay's directory."""
-    job = _job(stage)
-    name = f"step{step}" + (".again" if again else "") + (".keep" if keep else "")
-    out = stage.parent / "replays" / name
-    done = read_stage_result(out)
-    if done is not None and done.ok and trace_ranks(out / TRACE_DIR):
-        return out
-    if not Path(job["data_dir"]).is_dir():
-        raise InputError(f"the data {stage} read is gone ({job['data_dir']}: a reproduction's worktree, removed after "
-                         "it);", "restore that data version into the project (`dvc checkout`) and locate against the "
-                         "original run, or reproduce again with --locate.")
-    root = checkpoint_root(stage)
-    steps = [s for s in checkpoint_steps(root) if s <= step - 1]
-    if step > 1 and not steps:
-        there = ", ".join(map(str, checkpoint_steps(root))) or "none"
-        raise InputError(f"no checkpoint of {stage} at or before step {step - 1} to replay step {step} from "
-                         f"(checkpoints at steps: {there});",
-                         "pick a step just after one of those (--step), or train with a smaller checkpoint.interval "
-                         "(and a larger checkpoint.keep) to locate steps between them.")
-    shutil.rmtree(out, ignore_errors=True)
-    ckpts = out / "checkpoints"
-    ckpts.mkdir(parents=True)
-    if steps:  # the run's checkpoint, linked, never written: the replay saves nothing
-        source = checkpoint_path(root, steps[-1])
-        os.symlink(source.resolve(), ckpts / source.name)
-        (ckpts / LATEST).write_text(source.name, encoding="utf-8")
-    job = {k: v for k, v in job.items() if k != "profile"}  # a run's `--profile` is not the replay's
-    write_json_atomic(out / JOB_FILE, {**job, "checkpoint_dir": str(ckpts), "output": "quiet",
-                                       "trace": {"step": step, "keep_bytes": 64 * 2**20, "keep": list(keep)}})
-    parsed = read_job(out)
-    start = f"checkpoint {steps[-1]}" if steps else "the stage's start"
-    progress(Note(lead="locate", text=f": replaying step {step} of {stage.parent.name} from {start} -> {out}"))
-    handle = launcher_for(parsed.spec.launch).start(out, placement(parsed.layout, parsed.device), parsed.spec.launch,
-                                                    worker_env(parsed.spec))
-    handle.wait()
-    result = read_stage_result(out)
-    if result is None or not result.ok or not trace_ranks(out / TRACE_DIR):
-        raise TrainingFailed(f"the replay of step {step} in {out} failed: "
-                             f"{result.error if result else 'no result written'};", f"see {out / LOG_FILE}.")
-    return out
-
-
-def read_trace(replay_dir: Path) -> Records:
-    where = replay_dir / TRACE_DIR
-    return [json.loads(line) for rank in trace_ranks(where)
-            for line in (where / records_file(rank)).read_text(encoding="utf-8").splitlines() if line]
-
-
 def _kept(replay_dir: Path, rank: int, key: str) -> Any:
     import torch  # only here: reading the kept tensors of the record found
 
@@ -160,19 +101,25 @@ def _named(changes: Sequence[Any]) -> str:
     return ", ".join(f"{c.key} ({c.a!r} -> {c.b!r})" for c in changes[:6]) + (" ..." if len(changes) > 6 else "")
 
 
-def locate(ref_a: str, ref_b: str, *, project: Path, step: int | None = None, progress: Progress) -> Located:
+def _micro_batches(job: dict[str, Any]) -> int:
+    t = job["spec"]["train"]
+    return int(t["global_batch_size"]) // (int(t["micro_batch_size"]) * int(job["layout"]["dp"]))
+
+
+def locate(ref_a: str, ref_b: str, *, project: Path, step: int | None = None,
+           progress: Progress) -> Located | LayoutsLocated:
     """Replay both runs over ``step`` (default: the first step whose loss differs) and name the first operation
-    whose output differs while its inputs matched, with its class and the fix to try."""
+    whose output differs while its inputs matched, with its class and the fix to try; for two layouts (or
+    micro-batch splits) of one model, compare them layer by layer within a measured band (D74)."""
     path_a, path_b = run_path(project, ref_a), run_path(project, ref_b)
     stage_a, stage_b = path_a / "full", path_b / "full"
-    ja, jb = _job(stage_a), _job(stage_b)
-    if ja["layout"] != jb["layout"] or ja.get("device") != jb.get("device"):
-        raise InputError(f"{ref_a} and {ref_b} ran in different layouts ({ja['layout']} on {ja.get('device')}, "
-                         f"{jb['layout']} on {jb.get('device')}); `mcx locate` compares runs of one layout "
-                         "record by record;", "compare runs of one layout; across layouts, `mcx compare` judges "
-                         "their curves.")
+    ja, jb = stage_job(stage_a), stage_job(stage_b)
+    across = ja["layout"] != jb["layout"] or ja.get("device") != jb.get("device") or \
+        _micro_batches(ja) != _micro_batches(jb)
     if step is None:
         step = first_differing_step(stage_a, stage_b)
+        if step is None and across:  # equal curves say little of two layouts' tensors: the last step both trained
+            step = min(_last_step(_train_curves(stage_a)), _last_step(_train_curves(stage_b))) or None
         if step is None:
             return Located(run_a=ref_a, run_b=ref_b, step=None, first=None, kind=None, cause="every recorded step's "
                            "loss and gradient norm are bitwise equal", fix="nothing to fix", records=0, replays=())
@@ -180,6 +127,10 @@ def locate(ref_a: str, ref_b: str, *, project: Path, step: int | None = None, pr
     if not 1 <= step <= last:
         raise InputError(f"--step {step} is outside the steps both runs trained (1 to {last});",
                          "give a step both recorded.")
+    if across:
+        from mcx.ops.locate_layouts import locate_across
+
+        return locate_across(ref_a, ref_b, path_a, path_b, ja, jb, step, progress=progress)
     ra, rb = replay(stage_a, step, progress=progress), replay(stage_b, step, progress=progress)
     ta, tb = read_trace(ra), read_trace(rb)
     replays: tuple[str, ...] = (str(ra), str(rb))
@@ -232,7 +183,7 @@ def _classify(path_a: Path, path_b: Path, stage_a: Path, step: int, first: Any, 
 
 
 def locate_reproduction(run_id: str, reproduction: str, diverged: bool, *, project: Path,
-                        progress: Progress) -> Located:
+                        progress: Progress) -> Located | LayoutsLocated:
     """`mcx reproduce RUN --locate`: after a verdict, the original and its reproduction located against each
     other around the first step whose loss differs (nothing replayed when they never differ)."""
     if not diverged:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from mcx.contract.trace import TraceRequest, record_key, records_file, tensors_file
+from mcx.contract.trace import LAYER_LEVEL, NOISED, TraceRequest, record_key, records_file, tensors_file
 from mcx.errors import InputError
 from mcx.spec.schema import OutputPerturbSpec
 from mcx.train.backend import Batch
@@ -182,6 +182,21 @@ class OutputFault:
         return hook
 
 
+def _noise(chunk: int, path: str, counter: _MicroBatches, step: int):
+    """The band's replay (D74): the output times (1 + eps * u), u uniform in [-1, 1] from a generator seeded by
+    the module path, micro-batch and step: one unit of rounding, as a different summation order makes."""
+    def hook(module, args, output):
+        first = output if isinstance(output, torch.Tensor) else output[0]
+        gen = torch.Generator().manual_seed(int(hashlib.sha256(f"{path}/{counter.count[chunk]}/{step}".encode())
+                                                .hexdigest()[:15], 16))
+        u = torch.rand(first.shape, generator=gen, dtype=torch.float64).mul_(2).sub_(1)
+        noised = (first.double() * (1 + torch.finfo(first.dtype).eps * u.to(first.device))).to(first.dtype)
+        if isinstance(output, torch.Tensor):
+            return noised
+        return type(output)([noised, *output[1:]])
+    return hook
+
+
 class Tracer:
     """One step's trace on this rank (see the module docstring), written when the step ends."""
 
@@ -204,7 +219,9 @@ class Tracer:
                "layer": layer, "occurrence": occurrence, "rank": self.world.rank, **fingerprint(tensors), **extra}
         rec["key"] = key = record_key(rec)
         size = sum(t.numel() * t.element_size() for t in tensors[:1])
-        if tensors and (key in self.request.keep or self.kept_bytes + size <= self.request.keep_bytes):
+        forced = key in self.request.keep or (self.request.layers and (
+            phase in ("batch", "update") or (phase == "forward" and LAYER_LEVEL.match(module) is not None)))
+        if tensors and (forced or self.kept_bytes + size <= self.request.keep_bytes):
             self.kept[key] = tensors[0].detach().to("cpu", copy=True)
             self.kept_bytes += size
             rec["kept"] = True
@@ -220,6 +237,9 @@ class Tracer:
         counter = _MicroBatches(self.chunks)
         handles = [m.register_forward_hook(self._forward(i, path, layer, counter))
                    for i, path, layer, m in logical_modules(self.chunks)]
+        if self.request.noise:  # after the tracing hooks: the record holds the output, the next module gets it noised
+            handles += [m.register_forward_hook(_noise(i, path, counter, step))
+                        for i, path, _, m in logical_modules(self.chunks) if NOISED.match(path)]
         own = vars(self.optimizer).get("step")  # an instance attribute of its own, if any, comes back after
         self.optimizer.step = self._step(self.optimizer.step)  # this instance only, for this step
         try:
@@ -257,8 +277,9 @@ class Tracer:
                 if grad is not None:
                     self._record("grad", path, layer, -1, [grad])
             out = step_fn(*args, **kwargs)
-            for path, layer, p in params:
-                self._record("update", path, layer, -1, [p.data])
+            for path, layer, p in params:  # tp_dim: the dimension tensor parallelism splits it along (gathering)
+                tp_dim = int(getattr(p, "partition_dim")) if getattr(p, "tensor_model_parallel", False) else None
+                self._record("update", path, layer, -1, [p.data], tp_dim=tp_dim)
             return out
         return traced_step
 
