@@ -47,3 +47,35 @@ def test_a_non_deterministic_run_and_its_rerun_are_located_at_a_non_deterministi
     assert first["inputs_identical"] is True and first["phase"] in ("forward", "backward"), first
     assert first["module"] and first["max_abs"] is not None and first["max_abs"] > 0, first
     assert "replayed twice already differs" in loc["cause"], loc["cause"]
+
+
+# Across layouts on one GPU (D74): the same model and data, one step from one run's checkpoint, in two micro-batch
+# splits of the same global batch (2 micro-batches of 4 against 4 of 2: other GEMM shapes and gradient sums).
+XL = ["--set", 'train.precision="bf16"', "--set", "train.train_iters=1", "--set", "train.lr_warmup_iters=0",
+      "--set", "train.eval_interval=100", "--set", "train.eval_iters=1", "--set", "train.global_batch_size=8",
+      "--skip-smoke", "--yes", "--json"]
+
+
+def test_two_micro_batch_splits_from_one_start_are_equivalent_within_the_band(project):
+    """`mcx locate` of two Transformer Engine runs in bf16 that differ only in their micro-batch split, started
+    from one run's checkpoint: every layer's gathered output and every parameter after the step within the band
+    that the rounding-noise replay measures (the CPU test, tests/test_locate_layouts.py, runs fp32 over two gloo
+    processes; this is bf16 on the kernels users run, where a tensor-parallel pair needs two GPUs)."""
+
+    def run(*extra: str) -> str:
+        res = mcx(project, "run", "experiments/tiny.toml", *XL, *gpu_set(), *extra)
+        assert res.code == 0, res
+        return res.json()["run_id"]
+
+    source = run("--set", "train.micro_batch_size=8")
+    a = run("--set", "train.micro_batch_size=4", "--set", f'init.from="run:{source}"')
+    b = run("--set", "train.micro_batch_size=2", "--set", f'init.from="run:{source}"')
+    res = mcx(project, "locate", a, b, "--json", timeout=1200)
+    assert res.code == 0 and "Traceback" not in res.err, res
+    v = res.json()
+    worst = max(v["checks"], key=lambda c: c["max_abs"] / c["band"] if c["band"] else 0)
+    print("locate:", v["summary"], "| closest to its band:", worst)  # docs/benchmarks.md
+    assert v["across_layouts"] is True and v["step"] == 1, v
+    assert v["differs"] is False, [c for c in v["checks"] if not c["within"]]
+    assert v["summary"].startswith("step 1: equivalent up to layer 4 within the band"), v["summary"]
+    assert any(c["max_abs"] > 0 for c in v["checks"] if c["what"] == "parameter")  # the splits do differ
