@@ -21,6 +21,8 @@ import mcx
 from conftest import _git, e2e_env, git_head, make_e2e_project, mcx_inprocess, mcx_subprocess
 from test_e2e import FAST, SPEC
 
+RUN = [*FAST, "--skip-smoke"]  # the full stage only: whether the smoke stage ran is recorded, not hashed into the ID
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("e2e_clean_env")]
 
 CORPUS = "".join(f"def step_{i}(model, batch):\n    return model(batch) * {i}\n\n" for i in range(400))
@@ -33,7 +35,7 @@ def commit(project: Path, message: str, *paths: str) -> None:
 
 def test_a_teams_repository_workflow_keeps_a_trained_specs_id(tmp_path: Path) -> None:
     project = make_e2e_project(tmp_path / "project")
-    trained = mcx_inprocess(project, "run", SPEC, *FAST, "--json", "--quiet")
+    trained = mcx_inprocess(project, "run", SPEC, *RUN, "--json", "--quiet")
     assert trained.code == 0, trained
     rid, first_commit = trained.json()["run_id"], git_head(project)
 
@@ -59,7 +61,7 @@ def test_a_teams_repository_workflow_keeps_a_trained_specs_id(tmp_path: Path) ->
 
     planned = mcx_inprocess(project, "plan", SPEC, *FAST, "--json")
     assert planned.code == 0 and planned.json()["run_id"] == rid, planned
-    again = mcx_inprocess(project, "run", SPEC, *FAST, "--json", "--quiet")
+    again = mcx_inprocess(project, "run", SPEC, *RUN, "--json", "--quiet")
     assert again.code == 0, again
     assert again.json()["run_id"] == rid and again.json()["cached"] is True
     same = mcx_inprocess(project, "explain", rid, SPEC, *FAST)
@@ -79,7 +81,7 @@ def test_an_edited_module_is_another_run_whose_reproduction_rebuilds_the_recorde
     shutil.copytree(Path(mcx.__file__).parent, project / "mcx", ignore=shutil.ignore_patterns("__pycache__"))
     commit(project, "mcx, vendored")
     env = e2e_env(PYTHONPATH=str(project))
-    trained = mcx_subprocess(project, "run", SPEC, *FAST, "--json", "--quiet", env=env)
+    trained = mcx_subprocess(project, "run", SPEC, *RUN, "--json", "--quiet", env=env)
     assert trained.code == 0, trained
     rid, recorded_commit = trained.json()["run_id"], git_head(project)
     fp = json.loads((project / ".mcx" / "runs" / rid / "fingerprint.json").read_text())

@@ -54,7 +54,7 @@ SWEEPS = {
         "train.lr": {"low": 1e-4, "high": 1e-2, "log": True}, "train.seed": {"low": 1, "high": 50}}},
              {"train": {"min_lr": 1e-5}}),
     "resume": ({"method": "grid", "parameters": {"train.lr": [1e-3, 2e-3, 3e-3]}},
-               {"train": {"train_iters": 200, "eval_interval": 50}}),
+               {"train": {"train_iters": 60, "eval_interval": 30}}),  # long enough to catch the second trial training
     "prune": ({"method": "grid", "prune": True, "prune_startup_trials": 1, "prune_warmup_evals": 0,
                "parameters": {"train.lr": [3e-3, 0.5]}}, {"train": {"train_iters": 60}}),
 }
