@@ -50,7 +50,7 @@ _share_cpus()
 # and no long file starts last, while the other worker runs the many short ones.
 SLOW_FILES = ("test_reproduce.py", "test_sweep.py", "test_faults.py", "test_watchdog.py", "test_eval.py", "test_detach.py", "test_hf.py",
               "test_locate_layouts.py", "test_outages.py",
-              "test_mixture.py", "test_slurm.py", "test_identity.py", "test_train.py", "test_lineage.py",
+              "test_mixture.py", "test_slurm.py", "test_identity.py", "test_train.py", "test_lineage.py", "test_detach_local.py",
               "test_types.py", "test_e2e.py", "test_data.py", "test_gc.py", "test_prepare.py", "test_container.py")
 
 
