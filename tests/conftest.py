@@ -48,10 +48,11 @@ _share_cpus()
 # The files that take longest, longest first (their summed test times in a clean-clone run, D59). xdist hands
 # whole files to its workers in collection order (./dev passes --no-loadscope-reorder), so these start first
 # and no long file starts last, while the other worker runs the many short ones.
-SLOW_FILES = ("test_reproduce.py", "test_sweep.py", "test_faults.py", "test_watchdog.py", "test_eval.py", "test_detach.py", "test_hf.py",
-              "test_locate_layouts.py", "test_outages.py",
-              "test_mixture.py", "test_slurm.py", "test_identity.py", "test_train.py", "test_lineage.py", "test_detach_local.py",
-              "test_types.py", "test_e2e.py", "test_data.py", "test_gc.py", "test_prepare.py", "test_container.py")
+SLOW_FILES = ("test_reproduce.py", "test_slurm.py", "test_faults.py", "test_sweep.py", "test_outages.py",
+              "test_watchdog.py", "test_eval.py", "test_types.py", "test_locate_layouts.py", "test_detach.py",
+              "test_hf.py", "test_lineage.py", "test_e2e.py", "test_mixture.py", "test_detach_local.py",
+              "test_identity.py", "test_gc.py", "test_data.py", "test_share.py", "test_prepare.py", "test_track.py",
+              "test_fullstate.py", "test_artifacts.py", "test_train.py", "test_container.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
