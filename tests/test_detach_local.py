@@ -5,12 +5,12 @@ work as on Slurm (tests/test_detach.py), the run recorded at the end."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
-from conftest import make_e2e_project, mcx_subprocess
+from conftest import make_e2e_project
+from test_detach import mcx_json, wait_until  # the Slurm test's helpers
 
 SPEC = "experiments/tiny.toml"
 STEPS = 120
@@ -26,21 +26,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("e2e_clean_env")]
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_e2e_project(tmp_path_factory.mktemp("detach_local") / "project")
-
-
-def mcx_json(project: Path, *args: str):
-    res = mcx_subprocess(project, *args, "--json", timeout=600)
-    assert res.code == 0, res
-    return res.json()
-
-
-def wait_until(what, timeout: float, every: float = 1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if found := what():
-            return found
-        time.sleep(every)
-    raise AssertionError(f"not within {timeout} s: {what.__doc__}")
 
 
 def finished(project: Path, run_id: str):
