@@ -29,6 +29,7 @@ from mcx.errors import InputError, RunIdError
 from mcx.fingerprint.diff import explain
 from mcx.fingerprint.record import record_from_dict
 from mcx.metrics.curves import read_metrics
+from mcx.ops.locate_layouts import locate_across, micro_split
 from mcx.ops.progress import Note, Progress
 from mcx.ops.replays import Records, read_trace, replay, stage_job
 from mcx.report.located import (FIXES, Kind, Located, difference, first_pair, only_updates_differ,
@@ -67,9 +68,8 @@ def _last_step(curves: dict[str, dict[int, float]]) -> int:
     return max(curves.get("train/loss", {}), default=0)
 
 
-def first_differing_step(a: Path, b: Path) -> int | None:
-    """The first step whose train loss or gradient norm differs (bitwise) between the two stages; None: none."""
-    ca, cb = _train_curves(a), _train_curves(b)
+def first_differing_step(ca: dict[str, dict[int, float]], cb: dict[str, dict[int, float]]) -> int | None:
+    """The first step whose train loss or gradient norm differs (bitwise) between two stages' curves; None: none."""
     both = sorted(set(ca.get("train/loss", {})) & set(cb.get("train/loss", {})))
     for step in both:
         if any(ca.get(k, {}).get(step) != cb.get(k, {}).get(step) for k in COMPARED):
@@ -101,11 +101,6 @@ def _named(changes: Sequence[Any]) -> str:
     return ", ".join(f"{c.key} ({c.a!r} -> {c.b!r})" for c in changes[:6]) + (" ..." if len(changes) > 6 else "")
 
 
-def _micro_batches(job: dict[str, Any]) -> int:
-    t = job["spec"]["train"]
-    return int(t["global_batch_size"]) // (int(t["micro_batch_size"]) * int(job["layout"]["dp"]))
-
-
 def locate(ref_a: str, ref_b: str, *, project: Path, step: int | None = None,
            progress: Progress) -> Located | LayoutsLocated:
     """Replay both runs over ``step`` (default: the first step whose loss differs) and name the first operation
@@ -114,22 +109,20 @@ def locate(ref_a: str, ref_b: str, *, project: Path, step: int | None = None,
     path_a, path_b = run_path(project, ref_a), run_path(project, ref_b)
     stage_a, stage_b = path_a / "full", path_b / "full"
     ja, jb = stage_job(stage_a), stage_job(stage_b)
-    across = ja["layout"] != jb["layout"] or ja.get("device") != jb.get("device") or \
-        _micro_batches(ja) != _micro_batches(jb)
+    across = (ja["layout"], ja.get("device"), micro_split(ja)) != (jb["layout"], jb.get("device"), micro_split(jb))
+    ca, cb = _train_curves(stage_a), _train_curves(stage_b)
+    last = min(_last_step(ca), _last_step(cb))
     if step is None:
-        step = first_differing_step(stage_a, stage_b)
+        step = first_differing_step(ca, cb)
         if step is None and across:  # equal curves say little of two layouts' tensors: the last step both trained
-            step = min(_last_step(_train_curves(stage_a)), _last_step(_train_curves(stage_b))) or None
+            step = last or None
         if step is None:
             return Located(run_a=ref_a, run_b=ref_b, step=None, first=None, kind=None, cause="every recorded step's "
                            "loss and gradient norm are bitwise equal", fix="nothing to fix", records=0, replays=())
-    last = min(_last_step(_train_curves(stage_a)), _last_step(_train_curves(stage_b)))
     if not 1 <= step <= last:
         raise InputError(f"--step {step} is outside the steps both runs trained (1 to {last});",
                          "give a step both recorded.")
     if across:
-        from mcx.ops.locate_layouts import locate_across
-
         return locate_across(ref_a, ref_b, path_a, path_b, ja, jb, step, progress=progress)
     ra, rb = replay(stage_a, step, progress=progress), replay(stage_b, step, progress=progress)
     ta, tb = read_trace(ra), read_trace(rb)

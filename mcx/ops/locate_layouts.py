@@ -23,8 +23,8 @@ from mcx.report.parted import BAND_MARGIN, LayoutsLocated, TensorCheck, layout_n
 DEGREES = ("tp", "pp", "cp", "ep", "dp")
 
 
-def _micro(job: dict[str, Any]) -> tuple[int, int]:
-    """(micro-batches a data-parallel rank trains a step, their size)."""
+def micro_split(job: dict[str, Any]) -> tuple[int, int]:
+    """(micro-batches a data-parallel rank trains a step, their size) of a stage's job."""
     t = job["spec"]["train"]
     return t["global_batch_size"] // (t["micro_batch_size"] * job["layout"]["dp"]), t["micro_batch_size"]
 
@@ -49,7 +49,7 @@ def _refusals(ref_a: str, ref_b: str, stage_a: Path, stage_b: Path, ja: dict[str
             raise InputError(f"{ref} runs with {', '.join(f'{k.upper()} {job['layout'][k]}' for k in unsupported)}; "
                              "across layouts, locate gathers tensor, pipeline and data parallelism and micro-batch "
                              "splits only;", "compare layouts without context or expert parallelism.")
-    if _micro(ja) == _micro(jb) and ja["layout"]["dp"] == jb["layout"]["dp"]:  # one split: the hashes compare
+    if micro_split(ja) == micro_split(jb) and ja["layout"]["dp"] == jb["layout"]["dp"]:  # one split: the hashes compare
         check = compare_batches(read_batches(stage_a), read_batches(stage_b))
         if check is not None and check.first is not None and check.first.step <= step:
             raise InputError(f"{ref_a} and {ref_b} did not train on the same data order: their {check.describe()};",
@@ -123,7 +123,7 @@ def locate_across(ref_a: str, ref_b: str, path_a: Path, path_b: Path, ja: dict[s
                                   max_abs=gathered.max_abs(x, gb.parameters[name]), noise=noise,
                                   band=max(BAND_MARGIN * noise, gathered.ulp_floor(x)), samples=0, where=""))
     first = next((c for c in checks if not c.within), None)
-    (ma, sa), (mb, sb) = _micro(ja), _micro(jb)
+    (ma, sa), (mb, sb) = micro_split(ja), micro_split(jb)
     return LayoutsLocated(
         run_a=ref_a, run_b=ref_b, layouts=(layout_name(ja["layout"], ma, sa), layout_name(jb["layout"], mb, sb)),
         step=step, start=start, checks=tuple(checks), first=first, layers=int(model["num_layers"]),
