@@ -7,6 +7,9 @@ One process runs, one after the other (in ``--runners`` order):
            (local, or torchrun for several GPUs) on a job.json built here as the control plane builds
            it (spec with the same overrides, ``mcx.plan.layout_rules.resolve_layout``: the full stage trains the
            spec as written), reading the spec's real dataset
+    graphs mcx's worker as above with ``train.cuda_graphs = true`` (each step's forward and backward replayed as
+           one CUDA graph after the eager warm-up steps, D75; one GPU): ``ratio_graphs_bare`` and
+           ``ratio_graphs_mcx`` beside it
 
 Both train ``--warmup`` untimed steps, then ``--steps`` timed optimizer steps of the spec's global
 batch. A timed step lasts from the end of the previous step to its own end, so the whole loop
@@ -69,13 +72,17 @@ from mcx.launch.env import omp_threads
 from mcx.plan.flops import flops_per_iteration
 from mcx.plan.gpus import gpu_from_name, mfu_peak_flops
 from mcx.plan.layout_rules import Layout, resolve_layout
+from mcx.plan.memory import estimate_memory
 from mcx.plan.params import padded_vocab_size
+from mcx.plan.steptime import predict_worker
 from mcx.spec import ExperimentSpec, load_spec, spec_to_dict
 from mcx.train.metrics import read_records
 
 HERE = Path(__file__).resolve().parent
 TARGET_RATIO = 0.99
 IMPLS = {"local": "local", "te": "transformer_engine"}
+# bare: bare_mcore.py's loop; mcx: mcx's worker on the spec; graphs: mcx's worker with train.cuda_graphs = true (D75)
+RUNNERS = ("bare", "mcx", "graphs")
 FP8 = {"hybrid": "fp8-hybrid", "e4m3": "fp8-e4m3"}
 
 # Issue 41's small shapes: (spec, overrides, what). The GPU ones train bf16 without deterministic mode;
@@ -169,6 +176,30 @@ def score(spec: ExperimentSpec, world_size: int, padded_vocab: int, step_times: 
             "step_time_s_mean": mean, "step_time_s_median": median, "step_time_s_min": min(step_times),
             "step_time_s_max": max(step_times), "steps_timed": len(step_times),
             "tokens_per_step_per_gpu": tokens, "flops_per_step_per_gpu": flops}
+
+
+def plan_beside(spec: ExperimentSpec, layout: Layout, *, vocab: int, padded_vocab: int, impl: str,
+                gpu_name: str | None) -> dict[str, Any] | None:
+    """What `mcx plan` says of this spec on the GPU that runs it (step time and peak memory), for the result to
+    put beside the measured ones: a configuration outside the model's calibration is a held-out check of it.
+    None where the GPU is not in the table."""
+    gpu = gpu_from_name(gpu_name) if gpu_name else None
+    if gpu is None:
+        return None
+    ran = evolve(spec, hardware=evolve(spec.hardware, gpu=gpu))
+    st = predict_worker(ran, layout, padded_vocab=padded_vocab, impl=impl)
+    mem = estimate_memory(ran, layout, vocab_size=vocab, transformer_impl=impl, suggest_fixes=False)
+    return {"gpu": gpu, "step_s": st.step_s if st else None, "device_s": (st.step_s - st.overhead_s) if st else None,
+            "overhead_s": st.overhead_s if st else None, "mem_bytes": mem.total, "mem_verdict": mem.verdict,
+            "mem_breakdown": mem.breakdown()}
+
+
+def against_plan(plan: dict[str, Any] | None, run: dict[str, Any]) -> dict[str, float] | None:
+    """predicted / measured - 1 of the median step and of the peak allocated memory (above zero: the plan is
+    slower or larger than what ran)."""
+    if plan is None or not plan["step_s"]:
+        return None
+    return {"step": plan["step_s"] / run["step_time_s_median"] - 1, "mem": plan["mem_bytes"] / run["mem_peak_bytes"] - 1}
 
 
 # -- the mcx run ------------------------------------------------------------------------------------
@@ -335,7 +366,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps, both runners")
     p.add_argument("--warmup", type=int, default=5, help="untimed optimizer steps first, both runners")
-    p.add_argument("--runners", default="bare,mcx", help="which runs, in this order (bare,mcx | mcx,bare | one)")
+    p.add_argument("--runners", default="bare,mcx", help="which runs, in this order, of bare (the bare loop), mcx (mcx's "
+                   "worker) and graphs (mcx's worker with train.cuda_graphs = true, one GPU)")
     p.add_argument("--project", default=".", help="project root (the spec's data path is relative to it)")
     p.add_argument("--work-dir", help="where mcx's stage directory goes (default: a new temporary directory)")
     p.add_argument("--timeout", type=float, default=1200.0, help="seconds per run")
@@ -346,8 +378,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     runners = [r.strip() for r in args.runners.split(",") if r.strip()]
-    if not runners or set(runners) - {"bare", "mcx"} or len(set(runners)) != len(runners):
-        raise SystemExit("throughput: --runners takes bare and/or mcx, comma-separated")
+    if not runners or set(runners) - set(RUNNERS) or len(set(runners)) != len(runners):
+        raise SystemExit(f"throughput: --runners takes {', '.join(RUNNERS)}, comma-separated")
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("throughput: --steps and --warmup must be >= 1 (a timed step starts where the previous ended)")
     if args.preset and args.spec:
@@ -369,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     _say(f"{args.spec} {' '.join(overrides)}; layout {layout.job_dict()}; work dir {work}")
 
+    plan = plan_beside(spec, layout, vocab=vocab, padded_vocab=padded, impl=IMPLS[args.impl], gpu_name=gpu_name)
     runs: dict[str, dict[str, Any]] = {}
     for runner in runners:
         _say(f"running {runner}")
@@ -376,10 +409,12 @@ def main(argv: list[str] | None = None) -> int:
             run = run_bare(spec, overrides, args.impl, args.spec, project, work / "bare.json", warmup=args.warmup,
                            steps=args.steps, timeout=args.timeout, profiled=args.profile)
         else:
-            run = run_mcx(spec, layout, project, work / "mcx" / "full", warmup=args.warmup, steps=args.steps,
+            graphed = evolve(spec, train=evolve(spec.train, cuda_graphs=True)) if runner == "graphs" else spec
+            run = run_mcx(graphed, layout, project, work / runner / "full", warmup=args.warmup, steps=args.steps,
                           timeout=args.timeout, profiled=args.profile)
         runs[runner] = {**run, **score(spec, world, padded, run["step_times_s"], peak),
                         "self_timed": score(spec, world, padded, run["self_timed_step_times_s"], peak)}
+        runs[runner]["plan_error"] = against_plan(plan, runs[runner])
 
     result: dict[str, Any] = {
         "spec": args.spec, "preset": args.preset, "overrides": overrides, "impl": IMPLS[args.impl], "precision": spec.train.precision,
@@ -389,8 +424,13 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps, "order": runners,
         "statistic": "tokens/s per GPU = global-batch tokens x timed steps / summed step times / GPUs "
                      "(time-weighted mean); *_median from the median step time",
-        "runs": runs, "target": TARGET_RATIO,
+        "runs": runs, "target": TARGET_RATIO, "plan": plan,
     }
+    if "graphs" in runs:
+        for other in ("bare", "mcx"):
+            if other in runs:
+                result[f"ratio_graphs_{other}"] = \
+                    runs["graphs"]["tokens_per_s_per_gpu"] / runs[other]["tokens_per_s_per_gpu"]
     if {"bare", "mcx"} <= runs.keys():
         bare, mcx = runs["bare"], runs["mcx"]
         ratio = mcx["tokens_per_s_per_gpu"] / bare["tokens_per_s_per_gpu"]

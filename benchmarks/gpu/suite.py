@@ -58,13 +58,14 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
                             [PY, *T, "--spec", S1, "--impl", "te", "--fp8", "hybrid", "--mbs", "4", "--steps", "5",
                              "--warmup", "2", "--runners", "mcx", "--set", "train.te_op_fuser=true",
                              "--work-dir", "{work}", "--out", "{out}/throughput.json"]),
-    # Issue 41's small shapes (throughput.py PRESETS): bare loop and mcx, then 3 profiled steps of each.
-    **{f"throughput-{name}": (1, minutes, f"throughput.py --preset {name}: Transformer Engine, bare and mcx, then 3 "
-                                          "profiled steps of each (their op tables in throughput.json)",
-                              [PY, *T, "--preset", name, "--impl", "te", "--steps", "10", "--warmup", "3",
-                               "--profile", "3", "--runners", "bare,mcx", "--work-dir", "{work}",
+    # Issue 41's small shapes (throughput.py PRESETS): bare loop, mcx and mcx with CUDA graphs, then 3 profiled
+    # steps of each; 5 warm-up steps, the graphs' capture (after 3 eager steps) among them.
+    **{f"throughput-{name}": (1, minutes, f"throughput.py --preset {name}: Transformer Engine, bare, mcx and mcx with "
+                                          "CUDA graphs, then 3 profiled steps of each (op tables in throughput.json)",
+                              [PY, *T, "--preset", name, "--impl", "te", "--steps", "10", "--warmup", "5",
+                               "--profile", "3", "--runners", "bare,mcx,graphs", "--work-dir", "{work}",
                                "--out", "{out}/throughput.json"])
-       for name, minutes in (("quickstart", 2), ("layout", 2.5), ("350m", 3), ("1b", 3.5))},
+       for name, minutes in (("quickstart", 2.5), ("layout", 3.5), ("350m", 4), ("1b", 4.5))},
     "throughput-2gpu": (2, 3.5, "throughput.py: LLaMA-3 8B, DP 2, Transformer Engine, bf16, mcx",
                         [PY, *T, "--spec", S2, "--gpus", "2", "--impl", "te", "--steps", "4", "--warmup", "2",
                          "--runners", "mcx", "--work-dir", "{work}", "--out", "{out}/throughput.json"]),
@@ -85,6 +86,9 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
                    [PY, "benchmarks/trace_cost.py", "--device", "cuda", "--steps", "8", "--set", "model.num_layers=8",
                     "--set", "model.hidden_size=1024", "--set", "model.num_attention_heads=16", "--set",
                     "model.ffn_hidden_size=2816", "--set", 'train.precision="bf16"', "--out", "{out}/trace_cost.json"]),
+    "plan-check": (1, 5, "plan_check.py: the plan's step time and peak memory against mcx's worker on configurations "
+                         "outside the calibration (full recomputation at micro-batch 4, selective, MoE on one GPU)",
+                   [PY, "benchmarks/plan_check.py", "--out", "{out}"]),
     "mcx-run-1gpu": (1, 4, "gpu_validation.py mcx-run: mcx run experiments/h200_1gpu.toml",
                      [PY, *V, "mcx-run", "--gpus", "0", "--out", "{out}", "--tag", "1gpu", "--timeout", "450", "--",
                       S1, "--yes"]),
@@ -168,9 +172,13 @@ def throughput_figures(path: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     data = json.loads(path.read_text())
-    keep = ("tokens_per_s_per_gpu", "tokens_per_s_per_gpu_median", "tflops_per_gpu", "mfu", "mem_peak_bytes", "error")
-    out: dict[str, Any] = {k: data.get(k) for k in ("spec", "impl", "precision", "micro_batch_size", "gpu_name", "ratio",
-                                                     "ratio_median", "meets_target")}
+    keep = ("tokens_per_s_per_gpu", "tokens_per_s_per_gpu_median", "tflops_per_gpu", "mfu", "mem_peak_bytes", "error",
+            "step_time_s_median", "plan_error")
+    out: dict[str, Any] = {k: data.get(k) for k in ("spec", "preset", "impl", "precision", "micro_batch_size", "gpu_name",
+                                                     "ratio", "ratio_median", "meets_target", "ratio_graphs_bare",
+                                                     "ratio_graphs_mcx")}
+    plan = data.get("plan") or {}
+    out["plan"] = {k: plan.get(k) for k in ("step_s", "device_s", "mem_bytes")}
     for runner, run in (data.get("runs") or {}).items():
         if isinstance(run, dict):
             out[runner] = {k: run[k] for k in keep if k in run}
