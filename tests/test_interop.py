@@ -792,6 +792,22 @@ def test_argument_forms() -> None:
     assert _mini("--split 98,2").spec.data.split == "98,2,0"  # Megatron-LM reads missing weights as 0
 
 
+def test_full_iteration_cuda_graphs_carry_over_and_per_layer_ones_do_not() -> None:
+    """train.cuda_graphs is Megatron-LM's --cuda-graph-impl full_iteration (D75), both ways; per-layer graphs
+    import as false, said so, and are not problems (they do not change the math)."""
+    for args in ("--cuda-graph-impl full_iteration", "--cuda-graph-scope full_iteration"):
+        r = _mini(f"{args} --eval-interval 5", launcher="torchrun --nproc_per_node 1")
+        assert r.spec.train.cuda_graphs is True and not r.problems, (args, r.problems)
+    local = _mini("--cuda-graph-impl local --eval-interval 5", launcher="torchrun --nproc_per_node 1")
+    said = [m for m in local.mapped if m.key == "train.cuda_graphs"]
+    assert local.spec.train.cuda_graphs is False and "per layer" in said[0].origin and not local.problems
+    assert _mini("", launcher="torchrun --nproc_per_node 1").spec.train.cuda_graphs is False
+    args = export_args(attrs.evolve(local.spec, train=attrs.evolve(local.spec.train, cuda_graphs=True)))
+    i = args.index("--cuda-graph-impl")
+    assert args[i + 1] == "full_iteration" and "--no-check-for-nan-in-loss-and-grad" in args
+    assert "--cuda-graph-impl" not in export_args(local.spec)
+
+
 def test_what_cannot_be_carried_over_is_reported() -> None:
     r = _mini("--num-query-groups 2 --lr-warmup-fraction 0.33 --optimizer sgd --apply-residual-connection-post-layernorm --fp16 "
               "--fp8-format hybrid --data-path 0.7 a/x 0.3 b/y --position-embedding-type yarn",

@@ -232,6 +232,39 @@ def test_transformer_engine_features_error_warn_or_pass_by_availability():
         assert not any("te_op_fuser" in a for a in plan.recommendations)
 
 
+def test_cuda_graphs_refuse_what_a_captured_step_cannot_hold_and_stay_out_of_the_hash_when_off():
+    """train.cuda_graphs (D75): one GPU, bf16 or fp32, a dense model; refused on CPU, with fp16, MoE, several GPUs
+    (each with its fix), and on a machine without a GPU when hardware.gpu = "any"."""
+    one = {"hardware": {"gpus_per_node": 1}, "train": {"global_batch_size": 8, "cuda_graphs": True}}
+    assert resolve_layout(spec(**one), te_available=True)[0].world_size == 1
+    plan = make_plan(spec(**one), te_available=True, local_device="cuda")
+    assert plan.full.device == "cuda" and plan.smoke is not None and plan.smoke.spec.train.cuda_graphs
+    found = dict(problems_of(spec(train={"cuda_graphs": True})))  # 8 GPUs
+    assert list(found) == ["train.cuda_graphs"] and "this layout has 8" in found["train.cuda_graphs"] \
+        and "hardware.gpus_per_node = 1" in found["train.cuda_graphs"]
+    for over, words in ((dict(train={"precision": "fp16"}), "dynamic loss scaling"),
+                        (dict(model={"num_experts": 4}), "mixture-of-experts"),
+                        (dict(hardware={"gpu": "cpu"}, train={"precision": "fp32"}), "needs a GPU")):
+        merged = deep_merge(copy.deepcopy(one), over)
+        found = problems_of(spec(**merged))
+        assert [k for k, _ in found] == ["train.cuda_graphs"] and words in found[0][1], found
+    anywhere = deep_merge(copy.deepcopy(one), {"hardware": {"gpu": "any"}})
+    with pytest.raises(SpecError) as exc:
+        make_plan(spec(**anywhere), te_available=False, local_device="cpu")
+    assert exc.value.problems[0][0] == "train.cuda_graphs" and "no GPU" not in exc.value.problems[0][1] \
+        and "none visible" in exc.value.problems[0][1]
+    # a GPU smoke stage keeps the graphs (its resume check then compares a graphed run with an eager restart);
+    # a CPU one drops them
+    cpu_smoke = make_plan(spec(**deep_merge(copy.deepcopy(one), {"smoke": {"gpu": "cpu"}})), te_available=True,
+                          local_device="cuda")
+    assert cpu_smoke.smoke is not None and not cpu_smoke.smoke.spec.train.cuda_graphs
+    # off, the key is not in the hashed spec: every run ID from before it stays
+    from mcx.spec import spec_to_dict
+    assert "cuda_graphs" not in spec_to_dict(spec()).get("train", {})
+    assert spec_to_dict(spec(**one))["train"]["cuda_graphs"] is True
+    assert digest(spec_to_dict(spec())) != digest(spec_to_dict(spec(train={"cuda_graphs": True})))
+
+
 def test_fp8_needs_an_fp8_gpu_and_transformer_engine():
     path, msg = one_problem(spec(train={"precision": "fp8-hybrid"}, hardware={"gpu": "A100-80GB"}))
     assert path == "train.precision" and "A100-80GB (Ampere)" in msg and "use \"bf16\"" in msg

@@ -103,6 +103,8 @@ def _rule(key: str, v: Any, flat: dict[str, Any]) -> list[str]:
                 "fp8-e4m3": ["--bf16", "--fp8-format", "e4m3"]}[v]
     if key == "train.recompute_granularity":
         return [] if v == "none" else ["--recompute-granularity", v]
+    if key == "train.cuda_graphs":  # Megatron-LM refuses a full-iteration graph with its NaN check on (a host sync)
+        return ["--cuda-graph-impl", "full_iteration", "--no-check-for-nan-in-loss-and-grad"] if v else []
     if key == "data.path":
         return export_data(flat)
     if key == "data.tokenizer.kind":

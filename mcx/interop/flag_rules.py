@@ -283,6 +283,18 @@ def _recompute(ctx: Ctx, row: F.Row) -> None:
         ctx.set(row.key, "selective", "--recompute-activations", "script (deprecated alias of selective)")
 
 
+def _cuda_graphs(ctx: Ctx, row: F.Row) -> None:
+    """--cuda-graph-impl full_iteration is mcx's graphs; the per-layer ones are not run (they do not change the math)."""
+    impl = ctx.one("--cuda-graph-impl") if ctx.has("--cuda-graph-impl") else None
+    scopes = [v for v in ctx.given.get("--cuda-graph-scope", []) if isinstance(v, str)]
+    if impl == "full_iteration" or (impl in (None, "none") and "full_iteration" in scopes):
+        ctx.set(row.key, True, "--cuda-graph-impl" if impl else "--cuda-graph-scope")
+    elif impl not in (None, "none"):
+        ctx.set(row.key, False, "--cuda-graph-impl",
+                f"script's {impl} graphs are per layer, which mcx does not run (its graphs are the full iteration's; "
+                "either way the math is the same)")
+
+
 def _data(ctx: Ctx, row: F.Row) -> None:
     """Every data form at once (mcx.interop.data_blend), after data.split, which per-split paths leave unused."""
     import_data(ctx)
@@ -381,6 +393,7 @@ RULES: dict[str, Callable[[Ctx, F.Row], None]] = {
     "train.lr_decay_iters": _decay_iters,
     "train.precision": _precision,
     "train.recompute_granularity": _recompute,
+    "train.cuda_graphs": _cuda_graphs,
     "data.path": _nothing,
     "data.prefix": _nothing,
     "data.tokenizer.kind": _tokenizer,

@@ -228,6 +228,11 @@ FLAGS: tuple[Row, ...] = (
        "On GPUs, torch's expandable-segments allocator: less memory lost to fragments near the GPU's capacity.",
        f"an environment setting, not a flag: the script export writes `export {ALLOCATOR_ENV}={ALLOCATOR_VALUE}`, "
        "the import reads the variable where the script launches"),
+    _r("train.cuda_graphs", "rule", ("--cuda-graph-impl", "--cuda-graph-scope"), False,
+       "One GPU: each step's forward and backward captured once as one CUDA graph and replayed (no per-layer host "
+       "time).",
+       "--cuda-graph-impl full_iteration (or its older spelling --cuda-graph-scope full_iteration); Megatron-LM's "
+       "per-layer graphs (local, transformer_engine) are not run, and the importer keeps false for them (D75)"),
     _r("train.recompute_granularity", "rule", ("--recompute-granularity", "--recompute-activations"), "none",
        "Activation recomputation: none, selective (attention core) or full (whole layers).",
        "\"none\" is the flag's absence; --recompute-activations (deprecated) imports as \"selective\""),

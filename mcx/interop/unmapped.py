@@ -74,8 +74,6 @@ HANDLED: dict[str, str] = {
     "--distributed-timeout-minutes": "mcx's launcher sets the collective timeouts",
     "--enable-cuda-graph": "CUDA graphs are the worker's choice; the math is the same",
     "--external-cuda-graph": "CUDA graphs are the worker's choice; the math is the same",
-    "--cuda-graph-impl": "CUDA graphs are the worker's choice; the math is the same",
-    "--cuda-graph-scope": "CUDA graphs are the worker's choice; the math is the same",
     "--te-rng-tracker": "RNG tracking follows model.transformer_impl",
     "--use-cpu-initialization": "where weights are initialised is the worker's choice",
     "--fp8-param-gather": "fp8 parameter all-gather is a memory optimisation the worker chooses",

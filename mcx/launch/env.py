@@ -41,6 +41,8 @@ def worker_env(spec: ExperimentSpec, inherited: Mapping[str, str] | None = None)
     env.update({k: v for k, v in MKL_REPRODUCIBLE.items() if k not in inherited})
     if spec.train.deterministic:
         env.update(DETERMINISTIC_ENV)
+    if spec.train.cuda_graphs and spec.train.expandable_segments:
+        env["NCCL_GRAPH_REGISTER"] = "0"  # NCCL cannot register expandable segments' memory in a graph (as Megatron-LM)
     return env
 
 

@@ -87,6 +87,8 @@ def _static_rules(spec: ExperimentSpec, te_available: bool | None) -> tuple[Prob
         elif fp8 is None:
             warnings.append(f"train.precision = \"{t.precision}\" needs an Ada, Hopper or newer GPU; hardware.gpu = "
                             f"\"{gpu}\" does not say which; name the GPU to have this checked")
+    if t.cuda_graphs:
+        problems += cuda_graph_problems(spec)
     if par.overlap_param_gather and not par.distributed_optimizer:
         problems.append(("parallel.overlap_param_gather", "true needs parallel.distributed_optimizer = true (only the "
                          "distributed optimizer gathers parameters); set overlap_param_gather = false"))
@@ -94,6 +96,21 @@ def _static_rules(spec: ExperimentSpec, te_available: bool | None) -> tuple[Prob
         problems.append(("parallel.overlap_param_gather", "true needs parallel.overlap_grad_reduce = true, as in "
                          "Megatron-LM; enable overlap_grad_reduce or set overlap_param_gather = false"))
     return problems, warnings
+
+
+def cuda_graph_problems(spec: ExperimentSpec) -> Problems:
+    """What a step captured as one CUDA graph cannot hold (train.cuda_graphs, D75)."""
+    t, m = spec.train, spec.model
+    out: Problems = []
+    if spec.hardware.gpu == "cpu":
+        out.append(("train.cuda_graphs", "true needs a GPU (CUDA graphs); hardware.gpu = \"cpu\"; set it to false"))
+    if t.precision == "fp16":
+        out.append(("train.cuda_graphs", "true cannot run with train.precision = \"fp16\": dynamic loss scaling "
+                    "replaces its scale tensor between steps, which a captured graph would not see; use \"bf16\""))
+    if m.num_experts is not None:
+        out.append(("train.cuda_graphs", "true cannot capture a mixture-of-experts layer: Megatron-Core sizes its "
+                    "token buffers from counts it reads back to the host every step; set it to false"))
+    return out
 
 
 def te_features(spec: ExperimentSpec, *, cp: int, sequence_parallel: bool) -> list[tuple[str, str, str]]:
@@ -197,6 +214,10 @@ def layout_problems(spec: ExperimentSpec, layout: Layout, te_available: bool | N
         if tp > 1 and not layout.sequence_parallel:
             out.append(("parallel.sequence_parallel", f"a mixture-of-experts model with parallel.tensor = {tp} needs "
                         "sequence parallel (Megatron-Core's MoE layer refuses to train without it); set it to true"))
+    if t.cuda_graphs and world > 1:
+        out.append(("train.cuda_graphs", f"true runs one GPU a run in this version, and this layout has {world}: a graph "
+                    "that holds the collectives of several GPUs is not validated yet (D75); train on one GPU "
+                    "(hardware.nodes = 1, hardware.gpus_per_node = 1) or set cuda_graphs = false"))
     if layout.sequence_parallel and tp == 1:
         out.append(("parallel.sequence_parallel", "true needs parallel.tensor > 1 (it splits the sequence over the "
                     "tensor-parallel ranks; Megatron turns it off at TP = 1); set it to false or raise tensor"))

@@ -117,6 +117,9 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
     cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu, predicted=step)
     warnings = [*warnings, *_memory_warnings(spec, memory), *_cost_warnings(spec, cost)]
     full = StagePlan(stage="full", spec=spec, layout=layout, device=_device(spec, local_device), memory=memory)
+    if t.cuda_graphs and full.device == "cpu":  # hardware.gpu = "any" on a machine without one
+        raise SpecError([("train.cuda_graphs", "true needs a GPU (CUDA graphs), and this machine has none visible, so "
+                          "the run would train on CPU; set it to false here, or run where a GPU is")])
     smoke = None
     if spec.smoke.enabled:
         sspec, slayout = smoke_spec(spec, layout, te_available=te_available, vocab_size=vocab)

@@ -169,7 +169,7 @@ def _smoke(spec: ExperimentSpec, layout: Layout, te_available: bool | None,
                    deterministic=True)
     if cpu:  # what the CPU backend trains (mcx.train.cpu.check_cpu_job)
         train = evolve(train, precision="fp32", recompute_granularity="none", grad_reduce_in_bf16=False,
-                       te_op_fuser=False)
+                       te_op_fuser=False, cuda_graphs=False)
     moe_tp = experts is not None and tp > 1
     parallel = evolve(spec.parallel, tensor=tp, pipeline=pp, context=deg["cp"],
                       expert=deg["ep"] if experts is not None else None, virtual_pipeline=vpp,

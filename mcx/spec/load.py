@@ -207,7 +207,7 @@ def spec_to_dict(spec: ExperimentSpec) -> dict[str, Any]:
     injects nothing is left out, so a spec without one hashes, records and dumps as before it existed (and an unset
 debug.swap_micro_batches_at_step, as before that key existed); so are
     empty mixture tables ([data.mix], [data.valid], [data.test]), a [launch.container] that names no image, a
-    [launch.watchdog] table at its defaults and an [eval] table that evaluates nothing."""
+    [launch.watchdog] table at its defaults, an [eval] table that evaluates nothing and train.cuda_graphs off."""
     tree: dict[str, Any] = convert.unstructure(spec)
     if spec.debug == DebugSpec():
         del tree["debug"]
@@ -225,6 +225,8 @@ debug.swap_micro_batches_at_step, as before that key existed); so are
         for key, default in (("every", None), ("model", EvalSpec().model)):
             if getattr(spec.eval, key) == default:
                 del tree["eval"][key]
+    if not spec.train.cuda_graphs:  # off, train hashes as it did before the key existed (D75)
+        del tree["train"]["cuda_graphs"]
     for table in MIXTURE_TABLES:  # likewise a single dataset's spec: no empty mixture tables (D60)
         if not tree["data"][table]:
             del tree["data"][table]

@@ -108,6 +108,9 @@ class TrainSpec:
     cross_entropy_fusion: bool = True  # GPU, bf16 parameters, not deterministic: Megatron's fused loss
     rope_fusion: bool = True  # GPU: Transformer Engine's fused RoPE, or MCore's RoPE torch.compile'd (local spec)
     expandable_segments: bool = False  # GPU: torch's expandable-segments allocator (fewer fragments; D23, D27)
+    # GPU, one GPU: each step's forward and backward captured once as one CUDA graph (Megatron-Core's full-iteration
+    # graph) and replayed, which removes the host's per-layer time from small models' steps (D75)
+    cuda_graphs: bool = False
     recompute_granularity: RecomputeGranularity = "none"
     recompute_method: RecomputeMethod = "uniform"
     recompute_num_layers: int = 1

@@ -61,6 +61,8 @@ def check_cpu_job(job: Job) -> None:
         problems.append(("train.precision", f"\"{t.precision}\" needs a GPU; set train.precision = \"fp32\" for CPU runs"))
     if t.recompute_granularity != "none":
         problems.append(("train.recompute_granularity", "needs the CUDA backend; set it to \"none\" for CPU runs"))
+    if t.cuda_graphs:
+        problems.append(("train.cuda_graphs", "needs the CUDA backend; set it to false for CPU runs"))
     if problems:
         raise SpecError(problems)
 

@@ -59,7 +59,8 @@ def eval_spec(spec: ExperimentSpec) -> ExperimentSpec:
     """The spec the evaluation model is built from: FP8 runs compute in bf16 (the local layer spec has no FP8;
     their weights are bf16), and nothing of training's recomputation."""
     precision = "bf16" if spec.train.precision.startswith("fp8") else spec.train.precision
-    return evolve(spec, train=evolve(spec.train, precision=precision, recompute_granularity="none", te_op_fuser=False))
+    return evolve(spec, train=evolve(spec.train, precision=precision, recompute_granularity="none", te_op_fuser=False,
+                                                             cuda_graphs=False))
 
 
 @torch.no_grad()

@@ -13,7 +13,11 @@
   plan cached after the first save (D19), and are committed when every rank has written; each rank's
   files are checksummed right after their write, in the writer for async saves (D36);
 * FP8 (Transformer Engine spec only), recompute and deterministic mode are TransformerConfig fields
-  (model.py); the deterministic environment is set in runtime.py before CUDA starts.
+  (model.py); the deterministic environment is set in runtime.py before CUDA starts;
+* ``train.cuda_graphs`` (D75): Megatron-Core's full-iteration graph (``FullCudaGraphWrapper``) around the
+  training schedule: the first ``GRAPH_WARMUP_STEPS`` steps eager, the next one captured (and run once by a
+  replay), every later one replayed; graph-safe RNG states, DDP built on the capture stream, evaluation and the
+  optimizer step eager.
 
 Megatron-LM details kept: forward pre-hooks (overlapped param all-gather) are off for the first
 step and during evaluation, params are force-synced before a checkpoint, the scheduler steps only
@@ -40,9 +44,11 @@ from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQu
 from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
 from megatron.core.dist_checkpointing.strategies.torch import HAVE_NVRX, TorchDistSaveShardedStrategy
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.full_cuda_graph import FullCudaGraphWrapper, StaticBufferLoader, get_shared_capture_stream
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel.random import convert_cuda_rng_state
 from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank, unwrap_model
 
@@ -56,6 +62,7 @@ from mcx.train.runtime import World, seed_everything
 
 log = logging.getLogger("mcx.train")
 
+GRAPH_WARMUP_STEPS = 3  # eager steps before the capture (Megatron-LM's --cuda-graph-warmup-steps default)
 _SHARDING = "dp_reshardable"  # Megatron-LM's distributed-optimizer checkpoint format (MCore >= 0.14)
 _TE_PICKLE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
 
@@ -81,6 +88,16 @@ def _own_te_extra_state():
             os.environ[_TE_PICKLE_ENV] = before
 
 
+def reset_graphs() -> None:
+    """Forget Megatron-Core's full-iteration graph, its captured outputs and its static input buffers.
+
+    They are class-level state in 0.19.2: one graphed model a process. A backend built after another (the smoke
+    check's fresh model) or reloaded from a checkpoint (its RNG generators are new objects, which a captured
+    graph would not advance) starts again from eager steps and captures its own."""
+    FullCudaGraphWrapper(None).reset_cuda_graph()
+    StaticBufferLoader.static_buffers = {"training": [], "validation": []}
+
+
 def save_strategy() -> FullyParallelSaveStrategyWrapper:
     """Megatron-LM's --ckpt-format torch_dist --ckpt-fully-parallel-save --ckpt-assume-constant-structure:
     each DP rank writes its share, and the plan and metadata of the first save are reused (D19)."""
@@ -96,13 +113,19 @@ class GpuBackend:
         spec, lay, t = job.spec, job.layout, job.spec.train
         self.job, self.world, self.spec = job, world, spec
         self.layer_spec = model_lib.choose_layer_spec(spec, lay, "cuda")
+        # A locate replay's hooks and an output fault's must run on every step: a replayed graph runs none (D75).
+        self.graphed = t.cuda_graphs and job.trace is None and spec.debug.perturb_output is None
         self.config = model_lib.transformer_config(spec, lay, "cuda", self.layer_spec)
         padded = model_lib.padded_vocab_size(vocab_size, spec.model.make_vocab_size_divisible_by, lay.tp)
         self.vocab_size, self.padded_vocab = vocab_size, padded
         # Megatron's _set_random_seed: a different seed per pipeline stage, then MCore's CUDA RNG tracker.
         seed = t.seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
         seed_everything(seed)
-        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+        # Graph-safe states (generators a graph advances on replay) start from the same seeds, so they draw what
+        # the eager tracker draws.
+        tensor_parallel.model_parallel_cuda_manual_seed(seed, force_reset_rng=True, use_cudagraphable_rng=self.graphed)
+        if self.graphed:
+            reset_graphs()
         layer_spec = model_lib.gpt_layer_spec(spec, self.layer_spec)
         model_lib.compiled_rope(spec, self.layer_spec)
         chunks = []
@@ -122,18 +145,25 @@ class GpuBackend:
             chunks.append(chunk)
         par = spec.parallel
         dist_opt = par.distributed_optimizer
-        self.overlap_param_gather = par.overlap_param_gather and dist_opt
+        overlap_grad_reduce = par.overlap_grad_reduce and not self.graphed  # one GPU: nothing to overlap
+        self.overlap_param_gather = par.overlap_param_gather and dist_opt and not self.graphed
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=not t.grad_reduce_in_bf16,
-            overlap_grad_reduce=par.overlap_grad_reduce,
+            overlap_grad_reduce=overlap_grad_reduce,
             overlap_param_gather=self.overlap_param_gather,
             use_distributed_optimizer=dist_opt,
             check_for_nan_in_grad=False,  # the divergence guard reports NaN/Inf (as "diverged", not a crash)
             bucket_size=max(40_000_000, 1_000_000 * parallel_state.get_data_parallel_world_size(with_context_parallel=True))
-            if par.overlap_grad_reduce else None,
+            if overlap_grad_reduce else None,
         )
-        self.model = [DistributedDataParallel(self.config, ddp_config, chunk, disable_bucketing=i > 0)
-                      for i, chunk in enumerate(chunks)]
+        # DDP keeps each parameter's gradient-accumulation node, bound to the stream it was made on; a graph can
+        # capture them only if that is the capture stream (Megatron-LM's train() builds DDP on it likewise).
+        stream = get_shared_capture_stream() if self.graphed else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self.model = [DistributedDataParallel(self.config, ddp_config, chunk, disable_bucketing=i > 0)
+                          for i, chunk in enumerate(chunks)]
+        torch.cuda.current_stream().wait_stream(stream)
         self.optimizer = get_megatron_optimizer(OptimizerConfig(
             optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
             adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, clip_grad=t.clip_grad,
@@ -146,7 +176,7 @@ class GpuBackend:
         # What Megatron-LM's train() sets on the config for the schedules.
         cfg = self.config
         cfg.grad_scale_func = self.optimizer.scale_loss
-        if par.overlap_grad_reduce:
+        if overlap_grad_reduce:
             syncs = [m.no_sync for m in self.model]
             cfg.no_sync_func = syncs[0] if len(syncs) == 1 else syncs
             # Megatron-LM's default --align-grad-reduce: launch each chunk's reduce at the same
@@ -162,6 +192,9 @@ class GpuBackend:
         self._pre_hook_enabled = False
         cfg.finalize_model_grads_func = finalize_model_grads
         self.forward_backward = get_forward_backward_func()
+        self.train_forward_backward = FullCudaGraphWrapper(
+            self.forward_backward, cuda_graph_warmup_steps=GRAPH_WARMUP_STEPS, use_single_mempool=True) \
+            if self.graphed else self.forward_backward
         # Megatron-LM's --async-save --use-persistent-ckpt-worker --ckpt-assume-constant-structure: one
         # long-lived writer process, and one save strategy whose plan and metadata are computed at the
         # first save and reused (the state dict's structure does not change within a run).
@@ -174,7 +207,8 @@ class GpuBackend:
         self.details = {**model_lib.describe(self.config, self.layer_spec, padded),
                         "distributed_optimizer": dist_opt, "precision": t.precision,
                         "allocator": os.environ.get(ALLOCATOR_ENV) or "default",
-                        "deterministic": t.deterministic, "pipeline_schedule": (
+                        "deterministic": t.deterministic, "cuda_graphs": "full_iteration" if self.graphed else "off",
+                        "pipeline_schedule": (
                             "interleaved_1f1b" if vpp else "1f1b" if lay.pp > 1 else "no_pipelining")}
 
     # -- forward / loss ---------------------------------------------------------------------------
@@ -185,10 +219,19 @@ class GpuBackend:
         report = torch.cat([loss.clone().detach().view(1), num_tokens.view(1).float()])
         return loss, num_tokens, {"lm loss": report}
 
+    @staticmethod
+    def _on_device(microbatches: list[Batch]) -> list[dict[str, Any]]:
+        """Every micro-batch of a step copied to the GPU up front, from pinned host memory, without waiting.
+
+        A copy from pageable memory blocks the host until the stream has drained up to it, so copying each
+        micro-batch as its forward starts kept the host from running ahead of the GPU (issue 41). Pinned
+        copies (torch's caching host allocator keeps a buffer until its copy has run) are asynchronous; the
+        values are the same bytes. A plain dict: Megatron's context-parallel split (untyped) takes one."""
+        return [{k: (v.pin_memory().cuda(non_blocking=True) if v is not None else None) for k, v in mb.items()}
+                for mb in microbatches]
+
     def _forward_step(self, data_iterator, model):
-        # A plain dict: Megatron's context-parallel split (untyped) takes and returns one.
-        batch: dict[str, Any] = {k: (v.cuda(non_blocking=True) if v is not None else None)
-                                 for k, v in next(data_iterator).items()}
+        batch: dict[str, Any] = next(data_iterator)
         if self.job.layout.cp > 1:
             batch = get_batch_on_this_cp_rank(batch, is_hybrid_cp=False,
                                               cp_group=parallel_state.get_context_parallel_group())
@@ -197,13 +240,24 @@ class GpuBackend:
 
     def _run(self, microbatches: list[Batch], forward_only: bool) -> tuple[float, int]:
         n_chunks = len(self.model)
-        iterators = [iter(microbatches) for _ in range(n_chunks)]
+        staged = self._on_device(microbatches)
+        iterators = [iter(staged) for _ in range(n_chunks)]
         seq = self.spec.model.seq_length
-        losses = self.forward_backward(
+        schedule = self.forward_backward if forward_only else self.train_forward_backward
+        capture = self.graphed and not forward_only and \
+            FullCudaGraphWrapper.curr_iteration["training"] == GRAPH_WARMUP_STEPS
+        t0 = time.perf_counter()
+        # A replayed graph's losses are its captured output tensors, rewritten by each replay: read below, before
+        # the next step.
+        losses = schedule(
             forward_step_func=self._forward_step,
             data_iterator=iterators if n_chunks > 1 else iterators[0],
             model=self.model, num_microbatches=len(microbatches), seq_length=seq,
             micro_batch_size=self.spec.train.micro_batch_size, decoder_seq_length=seq, forward_only=forward_only)
+        if capture:
+            log.info("CUDA graph captured: the step's forward and backward over %d micro-batches, in %.2f s; "
+                     "%.2f GiB reserved", len(microbatches), time.perf_counter() - t0,
+                     torch.cuda.memory_reserved() / 2**30)
         # Only the last pipeline stage has losses; count each (dp, cp) replica once (tp rank 0).
         contributes = parallel_state.is_pipeline_last_stage(ignore_virtual=True) and \
             parallel_state.get_tensor_model_parallel_rank() == 0
@@ -256,15 +310,19 @@ class GpuBackend:
     # -- checkpoints ------------------------------------------------------------------------------
 
     def _rng_state(self) -> dict[str, Any]:
+        # The tracker's states as tensors whether or not they are graph-safe generators: one checkpoint format.
+        tracker = {k: convert_cuda_rng_state(v, to_graphable=False)
+                   for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()}
         return {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state(), "tracker": tensor_parallel.get_cuda_rng_tracker().get_states()}
+                "cuda": torch.cuda.get_rng_state(), "tracker": tracker}
 
     def _set_rng_state(self, state: dict[str, Any]) -> None:
         random.setstate(state["random"])
         np.random.set_state(state["numpy"])
         torch.set_rng_state(state["torch"])
         torch.cuda.set_rng_state(state["cuda"])
-        tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+        tensor_parallel.get_cuda_rng_tracker().set_states(
+            {k: convert_cuda_rng_state(v, to_graphable=self.graphed) for k, v in state["tracker"].items()})
 
     def _model_sharded_state_dict(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The model chunks' sharded state dicts ("model", or "model0", "model1", ... with VPP) and the metadata."""
@@ -381,6 +439,8 @@ class GpuBackend:
         self.scheduler = make_scheduler(self.optimizer, self.spec)  # MCore's load adds to num_steps
         self.scheduler.load_state_dict(loaded["opt_param_scheduler"])
         self._set_rng_state(loaded["rng_state"])
+        if self.graphed:
+            reset_graphs()
 
     @torch.no_grad()
     def start_from(self, init: InitFrom, step: int) -> None:
@@ -486,5 +546,7 @@ class GpuBackend:
         for m in self.model:
             if self._pre_hook_enabled:
                 m.disable_forward_pre_hook(param_sync=False)
+        if self.graphed:
+            reset_graphs()
         self.model, self.optimizer = [], None
         torch.cuda.empty_cache()

@@ -147,6 +147,9 @@ def _config(spec: ExperimentSpec, layout: Layout, *, cpu: bool, te: bool, dtype,
         cross_entropy_loss_fusion=cross_entropy_fusion(spec, device),
         cross_entropy_fusion_impl="native",
         deterministic_mode=t.deterministic,
+        # The step's forward and backward as one graph is the worker's (gpu.py, D75); the config says so for
+        # what reads it (Transformer Engine's cross entropy).
+        cuda_graph_impl="full_iteration" if t.cuda_graphs and not cpu else "none",
         use_cpu_initialization=cpu,
         # Activation recomputation.
         recompute_granularity=recompute,
