@@ -110,6 +110,24 @@ def test_the_pipeline_bubble_is_pp_minus_one_micro_batches_over_the_chunks():
     assert inter.bubble_s == pytest.approx(3 * (stage_mb - st.pp_s / micro) / 2)  # its sends overlap the compute
 
 
+def test_the_host_floor_sets_a_small_models_step_and_graphs_lower_it_to_the_fixed_part():
+    """step = max(the GPU's step, the host's): micro-batches x layers x host_layer_s + host_step_s eager, host_step_s
+    alone with train.cuda_graphs; a large model's step is its GPU's."""
+    floor = attrs.evolve(PLAIN, host_layer_s=1e-3, host_step_s=0.02)
+    small = spec(model={"num_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "num_query_groups": 2,
+                        "ffn_hidden_size": 512, "seq_length": 256, "vocab_size": 4096},
+                 train={"micro_batch_size": 2, "global_batch_size": 16}, hardware={"gpus_per_node": 1})
+    eager, bare = step(small, floor), step(small)  # 8 micro-batches x 4 layers
+    assert eager.host_s == pytest.approx(8 * 4 * 1e-3 + 0.02) and eager.step_s == pytest.approx(eager.host_s)
+    assert bare.step_s < 0.01 and eager.host_wait_s == pytest.approx(eager.step_s - bare.step_s)
+    assert eager.breakdown()["waiting on the host"] == pytest.approx(eager.host_wait_s)
+    assert sum(eager.breakdown().values()) == pytest.approx(eager.step_s)
+    graphed = step(small, floor, cuda_graphs=True)
+    assert graphed.host_s == pytest.approx(0.02) and graphed.step_s == pytest.approx(0.02)
+    large = step(spec(), floor)  # 8 layers of LLaMA-3 8B: seconds of GEMMs
+    assert large.step_s == pytest.approx(step(spec()).step_s) and "waiting on the host" not in large.breakdown()
+
+
 def test_an_unknown_gpu_has_no_prediction():
     s = spec(hardware={"gpu": "any"})
     plan = make_plan(s, te_available=True)

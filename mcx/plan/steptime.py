@@ -22,6 +22,10 @@ micro-batch is priced layer by layer, then the schedule and the data-parallel st
 * **The schedule**: 1F1B's bubble ``(pp - 1)`` micro-batch times, ``1 / vpp`` of it interleaved, paced by
   the slowest stage (the last one computes the logits); activation recomputation adds its forward passes.
 * **The optimizer**: Adam over this GPU's share of the fp32 main parameters, at HBM bandwidth.
+* **The host floor**: a GPU cannot run ahead of the host that launches its kernels. The host's time for a step
+  (Megatron-Core's Python and launches, per layer and micro-batch, plus a fixed part a step) is priced beside
+  the GPU's, and the step is the longer of the two; ``train.cuda_graphs`` replays the whole forward and backward
+  as one graph, leaving the fixed part only. Small models' steps are this floor.
 
 Model FLOPs (mcx.plan.flops) over the predicted step give the predicted MFU, as the worker measures it.
 """
@@ -58,6 +62,11 @@ class Calibration:
     comm: float  # fraction of a link's bandwidth NCCL reaches
     dp_tail: float  # share of the overlapped data-parallel communication that stays exposed (last bucket)
     step_s: float  # per step: the optimizer's launch, the loss and grad-norm reductions, logging
+    # The host floor (issue 41): the host's time a step, which the GPU's work cannot go under. Eager: per layer and
+    # micro-batch, forward and backward (Megatron-Core's Python and launches); per step: the optimizer, the loss and
+    # metrics, a graph's replay. 0: no floor.
+    host_layer_s: float = 0.0
+    host_step_s: float = 0.0
 
 
 CALIBRATIONS: dict[str, Calibration] = {  # benchmarks/steptime_fit.py --fit (docs/benchmarks.md)
@@ -77,6 +86,7 @@ class Features:
     tp_comm_overlap: bool = False  # TP collectives hidden behind GEMMs (Transformer Engine's userbuffers)
     fp8_param_gather: bool = False  # the distributed optimizer all-gathers FP8 parameters
     grouped_gemm: bool = False  # MoE experts as one grouped GEMM
+    cuda_graphs: bool = False  # the forward and backward replayed as one CUDA graph (train.cuda_graphs): no per-layer host time
 
 
 @frozen(kw_only=True)
@@ -93,14 +103,18 @@ class StepTime:
     dp_s: float  # exposed data-parallel communication
     optimizer_s: float
     overhead_s: float  # per-layer host work and the per-step fixed cost
+    host_s: float  # the host floor: the host's own time for the step (the step is at least this)
+    host_wait_s: float  # how much of the step the GPU waits on the host: host_s above the GPU's step, else 0
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float
     mfu: float | None  # of the bf16 dense peak, as the worker reports it
 
     def breakdown(self) -> dict[str, float]:
-        return {"compute": self.compute_s, "tensor parallel": self.tp_s, "context parallel": self.cp_s,
-                "expert parallel": self.ep_s, "pipeline sends": self.pp_s, "pipeline bubble": self.bubble_s,
-                "data parallel": self.dp_s, "optimizer": self.optimizer_s, "overhead": self.overhead_s}
+        """Seconds by part, summing to the step; "waiting on the host" only where the host floor sets the step."""
+        parts = {"compute": self.compute_s, "tensor parallel": self.tp_s, "context parallel": self.cp_s,
+                 "expert parallel": self.ep_s, "pipeline sends": self.pp_s, "pipeline bubble": self.bubble_s,
+                 "data parallel": self.dp_s, "optimizer": self.optimizer_s, "overhead": self.overhead_s}
+        return {**parts, "waiting on the host": self.host_wait_s} if self.host_wait_s > 0 else parts
 
 
 @frozen
@@ -179,7 +193,9 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
     pipeline = micro * stage_mb + bubble
     forward = per_stage * (layer_fwd + tp / 3 + cp / 3 + ep / 3) + logits / 3
     optimizer, dp = _optimizer_and_dp(spec, lay, f, dev, padded_vocab, (forward, stage_mb - forward), replica <= node)
-    step = pipeline + optimizer + dp + dev.cal.step_s
+    device = pipeline + optimizer + dp + dev.cal.step_s
+    host = (0.0 if f.cuda_graphs else micro * per_stage * dev.cal.host_layer_s) + dev.cal.host_step_s
+    step = max(device, host)
 
     compute = micro * (per_stage * (layer_fwd + layer_bwd) + recompute + logits)
     flops = flops_per_iteration(m, padded_vocab=padded_vocab, global_batch_size=t.global_batch_size)
@@ -188,6 +204,7 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
     return StepTime(step_s=step, compute_s=compute, tp_s=micro * per_stage * tp, cp_s=micro * per_stage * cp,
                     ep_s=micro * per_stage * ep, pp_s=micro * send, bubble_s=bubble, dp_s=dp, optimizer_s=optimizer,
                     overhead_s=micro * per_stage * dev.cal.layer_s + dev.cal.step_s,
+                    host_s=host, host_wait_s=step - device,
                     tokens_per_s_per_gpu=t.global_batch_size * seq / step / world,
                     tflops_per_gpu=flops / step / world / 1e12, mfu=flops / step / world / peak)
 
@@ -346,7 +363,8 @@ def predict_worker(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, i
     """The model's step for what mcx's worker runs: ``impl``'s layers, grouped GEMMs as the spec says, no TP
     communication overlap or FP8 parameter all-gather."""
     return predict(spec, layout, padded_vocab=padded_vocab,
-                   features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm))
+                   features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm,
+                                     cuda_graphs=spec.train.cuda_graphs))
 
 
 def check_prediction(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str, gpu: GpuModel | None,
