@@ -15,6 +15,11 @@ the model's error on a configuration its calibration never saw.
     .venv/bin/python benchmarks/steptime_fit.py                  # the table at mcx's shipped calibration
     .venv/bin/python benchmarks/steptime_fit.py --fit --out F    # the fit, the held-out errors; paste
                                                                  # "calibration" into CALIBRATIONS
+
+``--host FILE...`` fits the host floor instead (``host_layer_s``, ``host_step_s``; the other constants as
+shipped) on throughput.py results of the small shapes (``--preset``): each file's ``mcx`` runner (eager) and
+``graphs`` runner (``train.cuda_graphs``) are points, priced on the GPU that ran them; each file is then held
+out in turn (its error from a fit on the others).
 """
 
 from __future__ import annotations
@@ -143,11 +148,73 @@ def table(cal: Calibration | None, loo: dict[str, Calibration] | None = None) ->
     return rows
 
 
+HOST_FITTED = ("host_layer_s", "host_step_s")
+
+
+def host_points(files: list[str]) -> list[dict[str, Any]]:
+    """One point per runner (mcx, graphs) of each throughput.py result: its spec on the GPU that ran it."""
+    from mcx.plan.gpus import gpu_from_name
+
+    out = []
+    for path in files:
+        d = json.loads(Path(path).read_text())
+        gpu = gpu_from_name(d["gpu_name"] or "")
+        if gpu is None:
+            raise SystemExit(f"steptime_fit: {path}: the GPU {d['gpu_name']!r} is not in mcx's table")
+        spec = load_spec(ROOT / d["spec"], [*d["overrides"], f'hardware.gpu="{gpu}"'])
+        if spec.model.vocab_size is None:  # the tokenizer's, as the worker padded it
+            spec = load_spec(ROOT / d["spec"], [*d["overrides"], f'hardware.gpu="{gpu}"',
+                                                f"model.vocab_size={d['padded_vocab_size']}"])
+        for runner, graphed in (("mcx", False), ("graphs", True)):
+            run = d["runs"].get(runner)
+            if run:
+                out.append({"label": f"{Path(path).name}:{runner}", "file": path, "spec": spec,
+                            "measured_s": run["step_time_s_median"],
+                            "features": Features(impl=d["impl"], cuda_graphs=graphed)})
+    return out
+
+
+def fit_host(points: list[dict[str, Any]]) -> Calibration:
+    """host_layer_s and host_step_s by least squares on log(predicted / measured), the rest as shipped."""
+    from scipy.optimize import least_squares
+
+    base = CALIBRATIONS["Hopper"]
+    x0 = [1e-3, 0.01]
+
+    def residuals(x):
+        cal = attrs.evolve(base, **dict(zip(HOST_FITTED, x)))
+        return [math.log(predicted(p, cal).step_s / p["measured_s"]) for p in points]
+
+    found = least_squares(residuals, x0, bounds=([0.0, 0.0], [0.05, 1.0]), x_scale=[1e-3, 1e-2])
+    return attrs.evolve(base, **{k: float(f"{v:.3g}") for k, v in zip(HOST_FITTED, found.x)})
+
+
+def host_table(points: list[dict[str, Any]]) -> dict[str, Any]:
+    cal = fit_host(points)
+    rows = []
+    for p in points:
+        held = fit_host([o for o in points if o["file"] != p["file"]]) if len({o["file"] for o in points}) > 1 else cal
+        st, st_held, shipped = predicted(p, cal), predicted(p, held), predicted(p, None)
+        rows.append({"run": p["label"], "measured_s": round(p["measured_s"], 4), "predicted_s": round(st.step_s, 4),
+                     "error": round(st.step_s / p["measured_s"] - 1, 4),
+                     "held_out_error": round(st_held.step_s / p["measured_s"] - 1, 4),
+                     "shipped_error": round(shipped.step_s / p["measured_s"] - 1, 4),
+                     "device_s": round(st.step_s - st.host_wait_s, 4), "host_s": round(st.host_s, 4)})
+    return {"host_calibration": {k: getattr(cal, k) for k in HOST_FITTED}, "host": rows}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fit", action="store_true", help="fit the constants on the measured and published steps first")
+    p.add_argument("--host", nargs="+", metavar="FILE", help="fit the host floor on these throughput.py results")
     p.add_argument("--out")
     args = p.parse_args()
+    if args.host:
+        text = json.dumps(host_table(host_points(args.host)), indent=1)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return
     cal = loo = None
     if args.fit:
         points = measured_points() + published_points()
