@@ -227,7 +227,7 @@ class GpuBackend:
         micro-batch as its forward starts kept the host from running ahead of the GPU (issue 41). Pinned
         copies (torch's caching host allocator keeps a buffer until its copy has run) are asynchronous; the
         values are the same bytes. A plain dict: Megatron's context-parallel split (untyped) takes one."""
-        return [{k: (v.pin_memory().cuda(non_blocking=True) if v is not None else None) for k, v in mb.items()}
+        return [{k: (v.pin_memory().cuda(non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in mb.items()}
                 for mb in microbatches]
 
     def _forward_step(self, data_iterator, model):
