@@ -486,9 +486,17 @@ def data_stays_home(ws: Workspace, path: Path, overrides: list[str]) -> bool:
         if isinstance(value, str) and "\x00" not in value:
             full = Path(os.path.normpath(ws.project / value))
             kernel = any(full.is_relative_to(root) for root in ("/proc", "/sys", "/dev"))  # refused, never walked
-            if full.exists() and not full.is_relative_to(ws.project) and not kernel:
+            if _exists(full) and not full.is_relative_to(ws.project) and not kernel:
                 return False
     return True
+
+
+def _exists(path: Path) -> bool:
+    """Path.exists, with a name the kernel refuses (ENAMETOOLONG, a generated 2,000-character path) as absent."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def check_cli(ws: Workspace, argv: list[str], quiet_verbs: tuple[str, ...] = ("plan", "explain"),
