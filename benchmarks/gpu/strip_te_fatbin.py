@@ -5,7 +5,7 @@ transformer_engine_cu13-2.20.2-py3-none-manylinux_2_28_x86_64.whl (PyPI, md5 356
 PTX) has cubins for sm_75/80/89/90/100/103/107/120. Every container has an sm_90 cubin (one has two). The payload
 bytes of every non-sm_90 entry are overwritten with zeros in place (headers and file layout unchanged: 245.2 MB
 zeroed, 18.3 MB kept, the sm_90 code byte-identical), the wheel's RECORD line for the .so updated, and the wheel
-re-zipped at deflate level 9: 32.3 MB, md5 c29340e1fe12c0a12a7b1e63531ec40e, the same bytes each time.
+re-zipped at deflate level 9: 32.3 MB, the same bytes each time with one zlib (docs/gpu.md gives the md5s seen).
 docs/gpu.md says where it goes.
 
     python3 benchmarks/gpu/strip_te_fatbin.py ORIGINAL.whl OUT.whl
