@@ -112,6 +112,14 @@ def test_impossible_layout_names_the_key_and_the_valid_values(project):
     assert err.startswith("mcx: error: 2 problems")
 
 
+def test_cuda_graphs_where_no_gpu_will_train_are_refused(project):
+    """train.cuda_graphs (D75) on a machine without a GPU: the spec's "any" would train on CPU."""
+    err = bad_input(project, "plan", "tiny.toml", "--set", "train.cuda_graphs=true")
+    assert "train.cuda_graphs: true needs a GPU (CUDA graphs), and this machine has none visible" in err
+    err = bad_input(project, "plan", "tiny.toml", "--set", "train.cuda_graphs=true", "--set", 'hardware.gpu="cpu"')
+    assert 'train.cuda_graphs: true needs a GPU (CUDA graphs); hardware.gpu = "cpu"; set it to false' in err
+
+
 def test_unknown_keys_suggest_the_nearest(project):
     write(project, "typo.toml", tiny(model={"num_layer": 4}, launch={"slurm": {"partion": "gpu"}}))
     err = bad_input(project, "plan", "typo.toml", "--set", "train.seeds=1")
