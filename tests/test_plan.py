@@ -263,6 +263,9 @@ def test_cuda_graphs_refuse_what_a_captured_step_cannot_hold_and_stay_out_of_the
     assert "cuda_graphs" not in spec_to_dict(spec()).get("train", {})
     assert spec_to_dict(spec(**one))["train"]["cuda_graphs"] is True
     assert digest(spec_to_dict(spec())) != digest(spec_to_dict(spec(train={"cuda_graphs": True})))
+    # `mcx tune` leaves a graphed trial's eager steps and its capture out of the figures
+    from mcx.plan.fusions import GRAPH_WARMUP_STEPS, unmeasured_steps
+    assert unmeasured_steps(spec(**one).train) == GRAPH_WARMUP_STEPS + 1 and unmeasured_steps(spec().train) == 0
 
 
 def test_fp8_needs_an_fp8_gpu_and_transformer_engine():

@@ -32,6 +32,7 @@ from mcx.ops.outputs import check_output_file, write_text
 from mcx.ops.plan import PlanResult, plan_loaded
 from mcx.ops.progress import Note, Progress
 from mcx.ops.stage import stage_job
+from mcx.plan.fusions import unmeasured_steps
 from mcx.plan.memory import ALLOCATOR_SETTING, OOM_TEXTS, fragments
 from mcx.plan.smoketime import STARTUP_S as SLURM_STARTUP_S
 from mcx.report.tune_results import MEASURED_KEYS, Measured, MicroBatchTrial, Trial, TuneResult
@@ -106,6 +107,8 @@ def _trial(spec: ExperimentSpec, mbs: int, steps: int, project: Path, work: Path
 
 def measure_trial(spec: ExperimentSpec, steps: int, project: Path, stage_path: Path, label: str) -> Trial:
     """A few real optimizer steps of ``spec`` through its own launcher: its figures, or that it ran out of memory."""
+    skip = unmeasured_steps(spec.train)  # a graphed trial's eager steps and capture come first, unmeasured
+    steps += skip
     tspec = evolve(spec, train=evolve(spec.train, train_iters=steps + 1, eval_interval=10**9,
                                       lr_warmup_iters=min(spec.train.lr_warmup_iters, steps)),
                    checkpoint=evolve(spec.checkpoint, interval=0, async_save=False))
@@ -135,6 +138,8 @@ def measure_trial(spec: ExperimentSpec, steps: int, project: Path, stage_path: P
                              f"({outcome.state}: {outcome.detail}); the last lines of its worker.log:\n"
                              + _log_tail(stage_path), "fix what it names and run mcx tune again.")
     # The trial's figures as docs/metrics.md defines them (the first of its few steps is the warm-up left out).
+    recs = recs[skip:]
+
     def summary(key: str) -> float | None:
         return reduce_values(BY_KEY[key].reduce, [r[key] for r in recs if r.get(key) is not None])
 

@@ -11,6 +11,14 @@ if TYPE_CHECKING:
     from mcx.spec.schema import TrainSpec
 
 BF16_PARAMS = ("bf16", "fp8-hybrid", "fp8-e4m3")  # precisions whose parameters (and logits) are bf16
+# train.cuda_graphs (D75): the worker's eager steps before the one it captures (Megatron-LM's
+# --cuda-graph-warmup-steps default); `mcx tune` leaves them and the capture out of a trial's figures.
+GRAPH_WARMUP_STEPS = 3
+
+
+def unmeasured_steps(train: TrainSpec) -> int:
+    """Steps a short measurement leaves out before its own warm-up step: the graphs' eager steps and capture."""
+    return GRAPH_WARMUP_STEPS + 1 if train.cuda_graphs else 0
 
 
 def cross_entropy_fusion(train: TrainSpec, on_gpu: bool) -> bool:

@@ -53,6 +53,7 @@ from megatron.core.transformer.module import Float16Module
 from megatron.core.utils import get_batch_on_this_cp_rank, unwrap_model
 
 from mcx.errors import InputError
+from mcx.plan.fusions import GRAPH_WARMUP_STEPS
 from mcx.plan.memory import ALLOCATOR_ENV
 from mcx.train import model as model_lib
 from mcx.train import writer
@@ -62,7 +63,6 @@ from mcx.train.runtime import World, seed_everything
 
 log = logging.getLogger("mcx.train")
 
-GRAPH_WARMUP_STEPS = 3  # eager steps before the capture (Megatron-LM's --cuda-graph-warmup-steps default)
 _SHARDING = "dp_reshardable"  # Megatron-LM's distributed-optimizer checkpoint format (MCore >= 0.14)
 _TE_PICKLE_ENV = "NVTE_ALLOW_UNSAFE_PICKLE_EXTRA_STATE"
 
