@@ -70,6 +70,7 @@ from mcx.hashing import digest, short_id
 from mcx.launch import Placement, launcher_for, worker_env
 from mcx.launch.env import omp_threads
 from mcx.plan.flops import flops_per_iteration
+from mcx.plan.fusions import GRAPH_WARMUP_STEPS
 from mcx.plan.gpus import gpu_from_name, mfu_peak_flops
 from mcx.plan.layout_rules import Layout, resolve_layout
 from mcx.plan.memory import estimate_memory
@@ -382,6 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"throughput: --runners takes {', '.join(RUNNERS)}, comma-separated")
     if args.steps < 1 or args.warmup < 1:
         raise SystemExit("throughput: --steps and --warmup must be >= 1 (a timed step starts where the previous ended)")
+    if "graphs" in runners and args.warmup < GRAPH_WARMUP_STEPS + 1:
+        raise SystemExit(f"throughput: the graphs runner needs --warmup >= {GRAPH_WARMUP_STEPS + 1} (its eager steps "
+                         "and the capture must not be timed)")
     if args.preset and args.spec:
         raise SystemExit("throughput: give --spec or --preset, not both")
     if args.profile < 0:
