@@ -179,6 +179,11 @@ def score(spec: ExperimentSpec, world_size: int, padded_vocab: int, step_times: 
             "tokens_per_step_per_gpu": tokens, "flops_per_step_per_gpu": flops}
 
 
+def runner_spec(runner: str, spec: ExperimentSpec) -> ExperimentSpec:
+    """The spec a runner trains: the graphs runner's with train.cuda_graphs on."""
+    return evolve(spec, train=evolve(spec.train, cuda_graphs=True)) if runner == "graphs" else spec
+
+
 def plan_beside(spec: ExperimentSpec, layout: Layout, *, vocab: int, padded_vocab: int, impl: str,
                 gpu_name: str | None) -> dict[str, Any] | None:
     """What `mcx plan` says of this spec on the GPU that runs it (step time and peak memory), for the result to
@@ -190,7 +195,9 @@ def plan_beside(spec: ExperimentSpec, layout: Layout, *, vocab: int, padded_voca
     ran = evolve(spec, hardware=evolve(spec.hardware, gpu=gpu))
     st = predict_worker(ran, layout, padded_vocab=padded_vocab, impl=impl)
     mem = estimate_memory(ran, layout, vocab_size=vocab, transformer_impl=impl, suggest_fixes=False)
-    return {"gpu": gpu, "step_s": st.step_s if st else None, "device_s": (st.step_s - st.overhead_s) if st else None,
+    # compute_bound_s: the step without the per-layer and per-step host costs (the issue's "compute-bound prediction")
+    return {"gpu": gpu, "step_s": st.step_s if st else None,
+            "compute_bound_s": (st.step_s - st.host_wait_s - st.overhead_s) if st else None,
             "overhead_s": st.overhead_s if st else None, "mem_bytes": mem.total, "mem_verdict": mem.verdict,
             "mem_breakdown": mem.breakdown()}
 
@@ -413,15 +420,13 @@ def main(argv: list[str] | None = None) -> int:
             run = run_bare(spec, overrides, args.impl, args.spec, project, work / "bare.json", warmup=args.warmup,
                            steps=args.steps, timeout=args.timeout, profiled=args.profile)
         else:
-            graphed = evolve(spec, train=evolve(spec.train, cuda_graphs=True)) if runner == "graphs" else spec
-            run = run_mcx(graphed, layout, project, work / runner / "full", warmup=args.warmup, steps=args.steps,
-                          timeout=args.timeout, profiled=args.profile)
+            run = run_mcx(runner_spec(runner, spec), layout, project, work / runner / "full", warmup=args.warmup,
+                          steps=args.steps, timeout=args.timeout, profiled=args.profile)
         runs[runner] = {**run, **score(spec, world, padded, run["step_times_s"], peak),
                         "self_timed": score(spec, world, padded, run["self_timed_step_times_s"], peak)}
-        # the graphs runner against the plan of its own spec (the host floor without the per-layer part)
-        own = plan if runner != "graphs" else plan_beside(evolve(spec, train=evolve(spec.train, cuda_graphs=True)), layout,
-                                                          vocab=vocab, padded_vocab=padded, impl=IMPLS[args.impl],
-                                                          gpu_name=gpu_name)
+        # each runner against the plan of the spec it ran (the graphs' host floor has no per-layer part)
+        own = plan if runner != "graphs" else plan_beside(runner_spec(runner, spec), layout, vocab=vocab,
+                                                          padded_vocab=padded, impl=IMPLS[args.impl], gpu_name=gpu_name)
         runs[runner]["plan_error"] = against_plan(own, runs[runner])
 
     result: dict[str, Any] = {

@@ -253,6 +253,8 @@ def test_cuda_graphs_refuse_what_a_captured_step_cannot_hold_and_stay_out_of_the
         make_plan(spec(**anywhere), te_available=False, local_device="cpu")
     assert exc.value.problems[0][0] == "train.cuda_graphs" and "no GPU" not in exc.value.problems[0][1] \
         and "none visible" in exc.value.problems[0][1]
+    # a named GPU's spec plans away from its machine (there its worker trains on the GPU)
+    assert make_plan(spec(**one), te_available=True, local_device="cpu").full.spec.train.cuda_graphs
     # a GPU smoke stage keeps the graphs (its resume check then compares a graphed run with an eager restart);
     # a CPU one drops them
     cpu_smoke = make_plan(spec(**deep_merge(copy.deepcopy(one), {"smoke": {"gpu": "cpu"}})), te_available=True,

@@ -178,7 +178,7 @@ def throughput_figures(path: Path) -> dict[str, Any] | None:
                                                      "ratio", "ratio_median", "meets_target", "ratio_graphs_bare",
                                                      "ratio_graphs_mcx")}
     plan = data.get("plan") or {}
-    out["plan"] = {k: plan.get(k) for k in ("step_s", "device_s", "mem_bytes")}
+    out["plan"] = {k: plan.get(k) for k in ("step_s", "compute_bound_s", "mem_bytes")}
     for runner, run in (data.get("runs") or {}).items():
         if isinstance(run, dict):
             out[runner] = {k: run[k] for k in keep if k in run}

@@ -1,4 +1,4 @@
-"""Which of Megatron's optional fused kernels run, from the spec and the device.
+"""Which of Megatron's optional fused kernels run, from the spec and the device; the CUDA graphs' warm-up.
 
 Pure (no torch): the planner's memory model and the worker's TransformerConfig read the same rule.
 """

@@ -117,7 +117,8 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
     cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu, predicted=step)
     warnings = [*warnings, *_memory_warnings(spec, memory), *_cost_warnings(spec, cost)]
     full = StagePlan(stage="full", spec=spec, layout=layout, device=_device(spec, local_device), memory=memory)
-    if t.cuda_graphs and full.device == "cpu":  # hardware.gpu = "any" on a machine without one
+    # "any" trains on what this machine has; a named GPU may be planned away from it (its worker refuses CPU)
+    if t.cuda_graphs and spec.hardware.gpu == "any" and full.device == "cpu":
         raise SpecError([("train.cuda_graphs", "true needs a GPU (CUDA graphs), and this machine has none visible, so "
                           "the run would train on CPU; set it to false here, or run where a GPU is")])
     smoke = None
