@@ -1,16 +1,16 @@
 """`mcx reproduce --locate` on the GPU (issue 40, D70): a run with non-deterministic kernels against its rerun.
 
-The quickstart MoE model (experiments/tiny_moe.toml: 4 experts, top-2) on the Transformer Engine spec in bf16
-with ``train.deterministic = false``: Transformer Engine and PyTorch may then pick kernels that accumulate
-with atomics, in an order that changes from launch to launch (the MoE layer's scatter-add of the experts'
-outputs back to their tokens; NVTE_ALLOW_NONDETERMINISTIC_ALGO's default for fused attention). Its reproduction
-parts from it; the replays over the first differing step name the first operation whose output differs while
-its inputs matched, and, everything recorded being equal, a second replay of the original that differs from
-the first classifies it as a non-deterministic kernel. CPU kernels are deterministic, so the CPU tests plant
-their difference (tests/test_reproduce.py); this is the case users meet. The dense quickstart model
-(experiments/tiny.toml) with the same settings reran bitwise on an H100 (2026-12-06): none of its kernels
-was non-deterministic at that size, so it cannot serve here.
+The quickstart MoE model (experiments/tiny_moe.toml: 4 experts) routed top-4 on the Transformer Engine spec in
+bf16 with ``train.deterministic = false``: the MoE layer then adds each token's four expert outputs back into
+its row with ``scatter_add_`` (and its backward gathers with atomics the same way), in an order that changes
+from launch to launch. Its reproduction parts from it; the replays over the first differing step name the
+first operation whose output differs while its inputs matched, and, everything recorded being equal, a second
+replay of the original that differs from the first classifies it as a non-deterministic kernel. CPU kernels
+are deterministic, so the CPU tests plant their difference (tests/test_reproduce.py); this is the case users
+meet. Top-2 routing cannot serve: two atomic adds into a zero row give a + b = b + a exactly, and the top-2
+model reran bitwise on an H100 (2026-12-07), as did the dense quickstart model (2026-12-06).
 """
+
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from gpuwork import gpu_set, make_project, mcx
 pytestmark = pytest.mark.gpu
 
 RUN = ["run", "experiments/tiny_moe.toml", "--set", 'train.precision="bf16"', "--set", "train.deterministic=false",
+       "--set", "model.moe_router_topk=4",
        "--set", "train.train_iters=8", "--set", "train.lr_warmup_iters=2", "--set", "train.eval_interval=4", "--set", "checkpoint.interval=4",
        "--skip-smoke", "--yes", "--json"]  # the smoke stage's resume check is bitwise: not for this run
 
