@@ -1039,7 +1039,8 @@ def test_the_step_time_check_reaches_mlflow_and_mcx_show(mlflow_project: Path) -
     # A step too short for the model (the quickstart on one H100, docs/benchmarks.md) says why it is off.
     short = StepTimeCheck(gpu="H200", predicted_s=0.0123, measured_s=0.063, error=0.0123 / 0.063 - 1)
     assert ("0.063 s measured (median step), 0.0123 s predicted on H200: the model is -80.5% off; a step this short "
-            "is set by the host and kernel launches, which the model does not price") in shown_text(evolve(remote, entry=evolve(remote.entry, step_time=short)))
+            "is set by the host and kernel launches, priced by a floor fitted on one machine's host; another host can be "
+            "far off it") in shown_text(evolve(remote, entry=evolve(remote.entry, step_time=short)))
 
 
 # --- redaction ------------------------------------------------------------------------------------------

@@ -72,7 +72,8 @@ class Calibration:
 CALIBRATIONS: dict[str, Calibration] = {  # benchmarks/steptime_fit.py --fit (docs/benchmarks.md)
     "Hopper": Calibration(gemm_bf16=0.621, gemm_fp8=0.5, attention_te=0.568, attention_local=0.395,
                           attention_backward=2.5, attention_len=517.0, elementwise=1.03, moe_layer_s=5e-4,
-                          launch_s=6e-6, layer_s=2.02e-4, comm=0.75, dp_tail=0.1, step_s=0.01),
+                          launch_s=6e-6, layer_s=2.02e-4, comm=0.75, dp_tail=0.1, step_s=0.01,
+                          host_layer_s=0.0066, host_step_s=0.0123),
 }
 # Other architectures start from Hopper's fractions (their own peaks and bandwidths apply) until measured.
 CALIBRATIONS["Ampere"] = CALIBRATIONS["Blackwell"] = CALIBRATIONS["Ada Lovelace"] = CALIBRATIONS["Hopper"]
@@ -338,8 +339,8 @@ def short_step_note(predicted_s: float) -> str | None:
     """What to read into the model's error where the step is too short for it; None where it is not."""
     if predicted_s >= SHORT_STEP_S:
         return None
-    return ("a step this short is set by the host and kernel launches, which the model does not price "
-            '(docs/steptime.md, "Small models")')
+    return ("a step this short is set by the host and kernel launches, priced by a floor fitted on one machine's "
+            'host; another host can be far off it (docs/steptime.md, "Small models")')
 
 
 @frozen(kw_only=True)
