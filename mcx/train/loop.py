@@ -1,7 +1,7 @@
 """The training loop, the same over both backends.
 
-Per step: take the step's micro-batches (this data-parallel rank's share of the global batch),
-``backend.train_step``, one metrics line, the divergence guard, evaluation every
+Per step: take the step's micro-batches (this data-parallel rank's share of the global batch; read on a
+thread while the step before trains, mcx.train.prefetch), ``backend.train_step``, one metrics line, the divergence guard, evaluation every
 ``train.eval_interval`` steps, a checkpoint every ``checkpoint.interval`` steps. At the end: a
 final checkpoint, a validation pass (unless the last step just ran one) and the test pass.
 
@@ -64,6 +64,7 @@ from mcx.train.console import Progress
 from mcx.train.datasets import Datasets, iterate_batches
 from mcx.train.guard import DivergenceGuard, advice
 from mcx.train.metrics import MetricsFile
+from mcx.train.prefetch import StepPrefetch
 from mcx.train.profiler import StepProfiler
 from mcx.train.rankfiles import RankFiles
 from mcx.train.runtime import World
@@ -347,57 +348,59 @@ class Trainer:
         train_it = self.batches(self.data.train, consumed)
         interval = self.spec.checkpoint.interval
         faults = self.faults()
-        while step < t.train_iters:
-            if self.world.any(stop.signal is not None):
-                return self._preempt(outcome, step, consumed)
-            if step + 1 in faults:
-                self._perturb(step + 1, *faults[step + 1])
-            if self.profiler is not None:
-                self.profiler.begin(step + 1)
-            t0 = time.perf_counter()
-            mbs = self.take(train_it, self.num_micro, "training")
-            if step + 1 == self.spec.debug.swap_micro_batches_at_step:
-                mbs = self._swap(step + 1, mbs)
-            digests = batch_digests(mbs) if self.batch_hashes is not None else None
-            with ExitStack() as taps:
-                if self.fault is not None:
-                    taps.enter_context(self.fault.armed(step + 1))
-                if self.tracer is not None and self.job.trace and step + 1 == self.job.trace.step:
-                    taps.enter_context(self.tracer.traced(step + 1, mbs))
-                out = self.backend.train_step(mbs)
-            step_time = time.perf_counter() - t0
-            step += 1
-            consumed += t.global_batch_size
-            outcome.step, outcome.consumed_samples = step, consumed
-            self.step = step
-            record = self.step_record(step, out, step_time)
-            self.metrics.append(record)
-            if self.rank_files is not None:
-                self.rank_files.step(step, step_time)
-            if self.batch_hashes is not None and digests is not None:
-                self.batch_hashes.record(step, digests)
-            self.progress.record(record)
-            outcome.measured.append(record)
-            if self.job.trace is not None:  # a replay: no guard, evaluation or checkpoint; it ends at the traced step
-                if step >= self.job.trace.step:
+        # The next step's micro-batches are read while this one trains (mcx.train.prefetch).
+        with StepPrefetch(lambda: self.take(train_it, self.num_micro, "training"), t.train_iters - step) as ahead:
+            while step < t.train_iters:
+                if self.world.any(stop.signal is not None):
+                    return self._preempt(outcome, step, consumed)
+                if step + 1 in faults:
+                    self._perturb(step + 1, *faults[step + 1])
+                if self.profiler is not None:
+                    self.profiler.begin(step + 1)
+                t0 = time.perf_counter()
+                mbs = ahead.next()
+                if step + 1 == self.spec.debug.swap_micro_batches_at_step:
+                    mbs = self._swap(step + 1, mbs)
+                digests = batch_digests(mbs) if self.batch_hashes is not None else None
+                with ExitStack() as taps:
+                    if self.fault is not None:
+                        taps.enter_context(self.fault.armed(step + 1))
+                    if self.tracer is not None and self.job.trace and step + 1 == self.job.trace.step:
+                        taps.enter_context(self.tracer.traced(step + 1, mbs))
+                    out = self.backend.train_step(mbs)
+                step_time = time.perf_counter() - t0
+                step += 1
+                consumed += t.global_batch_size
+                outcome.step, outcome.consumed_samples = step, consumed
+                self.step = step
+                record = self.step_record(step, out, step_time)
+                self.metrics.append(record)
+                if self.rank_files is not None:
+                    self.rank_files.step(step, step_time)
+                if self.batch_hashes is not None and digests is not None:
+                    self.batch_hashes.record(step, digests)
+                self.progress.record(record)
+                outcome.measured.append(record)
+                if self.job.trace is not None:  # a replay: no guard, evaluation or checkpoint; it ends at the traced step
+                    if step >= self.job.trace.step:
+                        return outcome
+                    continue
+                reason = guard.check(step, out.loss, out.grad_norm, out.skipped)
+                if reason:
+                    outcome.status, outcome.error = Status.DIVERGED, f"Training diverged: {reason}. {advice(self.spec)}"
+                    log.error(outcome.error)
+                    self._finish_saves()
                     return outcome
-                continue
-            reason = guard.check(step, out.loss, out.grad_norm, out.skipped)
-            if reason:
-                outcome.status, outcome.error = Status.DIVERGED, f"Training diverged: {reason}. {advice(self.spec)}"
-                log.error(outcome.error)
-                self._finish_saves()
-                return outcome
-            self.backend.finalize_saves(blocking=False)
-            if t.eval_interval > 0 and step % t.eval_interval == 0 and step < t.train_iters:
-                outcome.evals["valid"] = self.evaluate("valid", step, step // t.eval_interval - 1) or {}
-            final = step == t.train_iters and self.spec.checkpoint.final
-            if (interval and step % interval == 0) or step in self.pinned or final:
-                self.save(step, consumed)
-            elif not self.saves_prepared and (interval or self.pinned or self.spec.checkpoint.final):
-                self.prepare_saves()
-            if self.profiler is not None:
-                self.profiler.end(step)
+                self.backend.finalize_saves(blocking=False)
+                if t.eval_interval > 0 and step % t.eval_interval == 0 and step < t.train_iters:
+                    outcome.evals["valid"] = self.evaluate("valid", step, step // t.eval_interval - 1) or {}
+                final = step == t.train_iters and self.spec.checkpoint.final
+                if (interval and step % interval == 0) or step in self.pinned or final:
+                    self.save(step, consumed)
+                elif not self.saves_prepared and (interval or self.pinned or self.spec.checkpoint.final):
+                    self.prepare_saves()
+                if self.profiler is not None:
+                    self.profiler.end(step)
         if self.world.any(stop.signal is not None):
             return self._preempt(outcome, step, consumed)
         if self.spec.checkpoint.final:
