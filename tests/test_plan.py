@@ -302,6 +302,34 @@ def test_layout_warnings():
 # --- recommendations ----------------------------------------------------------------------------
 
 
+# The layout runs' model (benchmarks/throughput.py --preset layout): 340 ms a step on one H100, 62 ms of it
+# kernels; graphed, 72.9 ms (docs/benchmarks.md, "Small shapes").
+_HOST_BOUND = ['hardware.gpu="H100"', 'train.precision="bf16"', "model.seq_length=2048",
+               "model.max_position_embeddings=2048", "model.num_layers=8", "model.hidden_size=1024",
+               "model.num_attention_heads=16", "model.num_query_groups=4", "model.ffn_hidden_size=2816",
+               "train.micro_batch_size=2", "train.global_batch_size=16"]
+
+
+def test_a_host_bound_step_is_named_with_the_lever_that_removes_it():
+    tiny = REPO / "experiments" / "tiny.toml"
+    eager = make_plan(load_spec(tiny, _HOST_BOUND), te_available=True)
+    advice = [r for r in eager.recommendations if "the host sets this step" in r]
+    assert len(advice) == 1 and advice[0].startswith("train.cuda_graphs = true: the host sets this step (435 ms "
+                                                     "predicted for 76 ms of GPU work"), advice
+    graphed = make_plan(load_spec(tiny, [*_HOST_BOUND, "train.cuda_graphs=true"]), te_available=True)
+    assert not any("the host sets this step" in r for r in graphed.recommendations)
+    assert graphed.cost.predicted.step_s < eager.cost.predicted.step_s / 4
+    # Where a graph cannot hold the step (a mixture of experts), fewer micro-batches are the lever.
+    moe = make_plan(load_spec(REPO / "experiments" / "tiny_moe.toml", _HOST_BOUND), te_available=True)
+    advice = [r for r in moe.recommendations if "the host sets this step" in r]
+    assert len(advice) == 1 and advice[0].startswith("a larger train.micro_batch_size, if memory allows"), advice
+    assert advice[0].endswith("the 8 micro-batches a step")
+    # A step the GPU sets (the one-H200 spec) and a CPU plan (no step-time model) say nothing of the host.
+    h200 = make_plan(load_spec(REPO / "experiments" / "h200_1gpu.toml"), te_available=True)
+    cpu = make_plan(load_spec(tiny), te_available=True)
+    assert not any("the host sets this step" in r for p in (h200, cpu) for r in p.recommendations)
+
+
 def _unset(**over):
     return spec(drop=[("parallel", "tensor"), ("parallel", "pipeline"), ("parallel", "context")], **over)
 
