@@ -53,8 +53,9 @@ if TYPE_CHECKING:
 LOCAL_ACTIVATION_FACTOR = 1.07
 RUNTIME_OVERHEAD_BYTES = 1 * GiB  # CUDA context (0.53 GiB measured on H200), cuBLAS/NCCL workspaces
 TIGHT_FRACTION = 0.90  # above this share of the GPU's memory the verdict is "tight"
-# Above this share the planner warns of the allocator's fragments: on H200 a run planned at 87% ran
-# out of memory with 10 GiB reserved but unallocated, and fitted with expandable segments (D23).
+# Above this share the allocator's fragments decide, and without expandable segments the verdict is "tight":
+# on H200 a run planned at 87% ran out of memory with 10 GiB reserved but unallocated, and fitted with
+# expandable segments (D23); on H100 one planned at 89.6% ran out allocating its 7.8 GiB fp32 logits (D76).
 FRAGMENTATION_FRACTION = 0.85
 ALLOCATOR_SETTING = "train.expandable_segments = true"
 ALLOCATOR_ENV, ALLOCATOR_VALUE = "PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"  # what the worker sets for it
@@ -89,10 +90,16 @@ class MemoryEstimate:
                 "activations": self.activations, "logits": self.logits, "overhead": self.overhead}
 
 
-def verdict(total: int, capacity: int | None) -> str:
+def fits_fraction(expandable: bool) -> float:
+    """The share of a GPU's memory a plan may take and still be said to fit: with the caching allocator's
+    expandable segments off, its fragments make the last 15% unsafe (FRAGMENTATION_FRACTION)."""
+    return TIGHT_FRACTION if expandable else FRAGMENTATION_FRACTION
+
+
+def verdict(total: int, capacity: int | None, *, expandable: bool) -> str:
     if capacity is None:
         return "unknown"
-    if total <= TIGHT_FRACTION * capacity:
+    if total <= fits_fraction(expandable) * capacity:
         return "fits"
     return "tight" if total <= capacity else "does not fit"
 
@@ -184,7 +191,7 @@ def estimate_memory(spec: ExperimentSpec, layout: Layout, *, vocab_size: int, tr
             logits=int(tokens * (logits_per_token + final_norm)) if last else 0,
             overhead=RUNTIME_OVERHEAD_BYTES, capacity=capacity, verdict="unknown"))
     worst = max(candidates, key=lambda c: c.total)  # the first of equal peaks, in stage order
-    est = attrs.evolve(worst, verdict=verdict(worst.total, capacity))
+    est = attrs.evolve(worst, verdict=verdict(worst.total, capacity, expandable=t.expandable_segments))
     if suggest_fixes and est.verdict in ("tight", "does not fit"):
         est = attrs.evolve(est, fixes=tuple(memory_fixes(spec, layout, est, vocab_size, transformer_impl)))
     return est

@@ -17,7 +17,8 @@ from mcx.plan.flops import flops_per_iteration, flops_per_token
 from mcx.plan.gpus import GiB, gpu_info
 from mcx.plan.layout import Device
 from mcx.plan.layout_rules import Layout, cuda_graph_problems, resolve_layout, transformer_impl
-from mcx.plan.memory import ALLOCATOR_HINT, FRAGMENTATION_FRACTION, TIGHT_FRACTION, MemoryEstimate, estimate_memory
+from mcx.plan.memory import (ALLOCATOR_HINT, ALLOCATOR_SETTING, FRAGMENTATION_FRACTION, TIGHT_FRACTION,
+                             MemoryEstimate, estimate_memory, fits_fraction)
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
 from mcx.plan.smoketime import SmokeTime, smoke_time_limit
 from mcx.plan.stages import Stage, smoke_spec
@@ -142,12 +143,20 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
 def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:
     if mem.capacity is None or mem.total <= FRAGMENTATION_FRACTION * mem.capacity:
         return []
-    fix = f"; try {mem.fixes[0]}" if mem.fixes else ""
-    what = {"does not fit": "does not fit in", "tight": f"is tight in (over {TIGHT_FRACTION:.0%} of)"}.get(
-        mem.verdict, f"fits, but is over {FRAGMENTATION_FRACTION:.0%} of")
-    hint = "" if mem.verdict == "does not fit" or spec.train.expandable_segments else f"; {ALLOCATOR_HINT}"
-    return [f"memory: {mem.total / GiB:.1f} GiB per GPU {what} the {mem.capacity / GiB:.1f} GiB of each "
-            f"{spec.hardware.gpu}{fix}{hint}"]
+    expandable = spec.train.expandable_segments
+    fix = f"try {mem.fixes[0]}" if mem.fixes else ""
+    head = f"memory: {mem.total / GiB:.1f} GiB per GPU"
+    gpus = f"the {mem.capacity / GiB:.1f} GiB of each {spec.hardware.gpu}"
+    if mem.verdict == "does not fit":
+        return [f"{head} does not fit in {gpus}" + (f"; {fix}" if fix else "")]
+    if mem.verdict == "fits":  # expandable segments on, between 85% and 90%
+        return [f"{head} fits, but is over {FRAGMENTATION_FRACTION:.0%} of {gpus}"]
+    limit = fits_fraction(expandable)
+    if not expandable and mem.total <= TIGHT_FRACTION * mem.capacity:  # the allocator's fragments decide
+        return [f"{head} is tight in (over {limit:.0%} of) {gpus}: without {ALLOCATOR_SETTING} the allocator's "
+                "fragments can run it out of memory; set it" + (f", or {fix}" if fix else "")]
+    return [f"{head} is tight in (over {limit:.0%} of) {gpus}" + (f"; {fix}" if fix else "")
+            + ("" if expandable else f"; {ALLOCATOR_HINT}")]
 
 
 def _seconds(s: float) -> str:

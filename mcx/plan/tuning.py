@@ -164,4 +164,5 @@ def _evaluate(spec: ExperimentSpec, settings: dict[str, Any], te_available: bool
     step = predict_worker(spec, layout, padded_vocab=padded, impl=impl)
     assert step is not None  # the GPU is in the table
     return Candidate(settings=settings, layout=layout, memory_bytes=memory, step=step,
-                     verdict=verdict(memory, gpu.memory_bytes if (gpu := gpu_info(hw.gpu)) else None))
+                     verdict=verdict(memory, gpu.memory_bytes if (gpu := gpu_info(hw.gpu)) else None,
+                                     expandable=spec.train.expandable_segments))
