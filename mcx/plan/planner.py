@@ -17,12 +17,12 @@ from mcx.plan.flops import flops_per_iteration, flops_per_token
 from mcx.plan.gpus import GiB, gpu_info
 from mcx.plan.layout import Device
 from mcx.plan.layout_rules import Layout, cuda_graph_problems, resolve_layout, transformer_impl
-from mcx.plan.memory import (ALLOCATOR_HINT, ALLOCATOR_SETTING, FRAGMENTATION_FRACTION, TIGHT_FRACTION,
-                             MemoryEstimate, estimate_memory, fits_fraction)
+from mcx.plan.memory import (ALLOCATOR_HINT, ALLOCATOR_SETTING, FRAGMENTATION_FRACTION, MemoryEstimate,
+                             estimate_memory, fits_fraction, verdict)
 from mcx.plan.params import ParamCounts, count_params, require_vocab_size, stage_params
 from mcx.plan.smoketime import SmokeTime, smoke_time_limit
 from mcx.plan.stages import Stage, smoke_spec
-from mcx.plan.steptime import StepTime, predict_worker
+from mcx.plan.steptime import StepTime, predict_worker, step_seconds
 from mcx.spec.schema import ExperimentSpec
 
 _STAND_IN_VOCAB = 32000  # only to find the other problems of a spec whose vocabulary is unknown
@@ -118,7 +118,8 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
     step = predict_worker(spec, layout, padded_vocab=counts.padded_vocab, impl=impl)
     cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu, predicted=step)
     warnings = [*warnings, *_memory_warnings(spec, memory), *_cost_warnings(spec, cost)]
-    recommendations = [*recommendations, *_host_advice(spec, layout, step)]
+    micro = t.global_batch_size // (t.micro_batch_size * layout.dp)  # micro-batches a step, per DP rank
+    recommendations = [*recommendations, *_host_advice(spec, layout, step, micro)]
     full = StagePlan(stage="full", spec=spec, layout=layout, device=_device(spec, local_device), memory=memory)
     # "any" trains on what this machine has; a named GPU may be planned away from it (its worker refuses CPU)
     if t.cuda_graphs and spec.hardware.gpu == "any" and full.device == "cpu":
@@ -136,7 +137,7 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
                 params=counts, params_per_gpu=per_gpu, memory=memory, flops_per_step=flops,
                 flops_per_token=flops_per_token(m, padded_vocab=counts.padded_vocab),
                 tokens_per_step=t.global_batch_size * m.seq_length,
-                num_microbatches=t.global_batch_size // (t.micro_batch_size * layout.dp),
+                num_microbatches=micro,
                 cost=cost, warnings=tuple(warnings), recommendations=tuple(recommendations), full=full, smoke=smoke)
 
 
@@ -152,28 +153,23 @@ def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:
     if mem.verdict == "fits":  # expandable segments on, between 85% and 90%
         return [f"{head} fits, but is over {FRAGMENTATION_FRACTION:.0%} of {gpus}"]
     limit = fits_fraction(expandable)
-    if not expandable and mem.total <= TIGHT_FRACTION * mem.capacity:  # the allocator's fragments decide
+    if verdict(mem.total, mem.capacity, expandable=True) == "fits":  # the allocator's fragments decide
         return [f"{head} is tight in (over {limit:.0%} of) {gpus}: without {ALLOCATOR_SETTING} the allocator's "
                 "fragments can run it out of memory; set it" + (f", or {fix}" if fix else "")]
     return [f"{head} is tight in (over {limit:.0%} of) {gpus}" + (f"; {fix}" if fix else "")
             + ("" if expandable else f"; {ALLOCATOR_HINT}")]
 
 
-def _seconds(s: float) -> str:
-    return f"{s * 1e3:.0f} ms" if s < 1 else f"{s:.2f} s"
-
-
-def _host_advice(spec: ExperimentSpec, layout: Layout, step: StepTime | None) -> list[str]:
+def _host_advice(spec: ExperimentSpec, layout: Layout, step: StepTime | None, micro: int) -> list[str]:
     """Where the host, not the GPU, sets the predicted step (docs/steptime.md, "Small models"): what removes it."""
     if step is None or step.host_wait_s <= HOST_ADVICE_SHARE * step.step_s:
         return []
     t = spec.train
-    why = (f"the host sets this step ({_seconds(step.step_s)} predicted for {_seconds(step.step_s - step.host_wait_s)} "
+    why = (f"the host sets this step ({step_seconds(step.step_s)} predicted for {step_seconds(step.step_s - step.host_wait_s)} "
            "of GPU work: Megatron-Core's Python and kernel launches, per layer and micro-batch)")
     if not t.cuda_graphs and layout.world_size == 1 and not cuda_graph_problems(spec):
         return [f"train.cuda_graphs = true: {why}; one CUDA graph a step replays them without the host "
                 "(4.7x at an 8-layer, 1024-wide model on one H100, D75)"]
-    micro = t.global_batch_size // (t.micro_batch_size * layout.dp)
     if micro > 1:
         return [f"a larger train.micro_batch_size, if memory allows: {why}, and the host's part grows with the "
                 f"{micro} micro-batches a step"]

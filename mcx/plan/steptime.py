@@ -335,6 +335,11 @@ def _optimizer_and_dp(spec: ExperimentSpec, lay: Layout, f: Features, dev: _Devi
 SHORT_STEP_S = 0.25
 
 
+def step_seconds(s: float) -> str:
+    """A step's seconds as the plan shows them: milliseconds under a second."""
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:,.2f} s"
+
+
 def short_step_note(predicted_s: float) -> str | None:
     """What to read into the model's error where the step is too short for it; None where it is not."""
     if predicted_s >= SHORT_STEP_S:

@@ -11,6 +11,7 @@ from mcx.plan.gpus import gpu_info
 from mcx.plan.mixture import DataRow
 from mcx.plan.planner import Plan, StagePlan
 from mcx.plan.shown import ShownPlan
+from mcx.plan.steptime import step_seconds
 from mcx.report.titled import titled_table
 
 _GiB = 1 << 30
@@ -50,9 +51,7 @@ def _hours(h: float | None) -> str:
 
 
 def _seconds(s: float | None) -> str:
-    if s is None:
-        return "unknown"
-    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:,.2f} s"
+    return "unknown" if s is None else step_seconds(s)
 
 
 def _table(title: str, *columns: str, right: tuple[int, ...] = ()) -> Table:
