@@ -168,7 +168,8 @@ def host_points(files: list[str]) -> list[dict[str, Any]]:
         for runner, graphed in (("mcx", False), ("graphs", True)):
             run = d["runs"].get(runner)
             if run:
-                out.append({"label": f"{Path(path).name}:{runner}", "file": path, "spec": spec,
+                label = f"{Path(path).parent.name}/{Path(path).name}:{runner}"  # two hosts' results share names
+                out.append({"label": label, "file": path, "spec": spec,
                             "measured_s": run["step_time_s_median"],
                             "features": Features(impl=d["impl"], cuda_graphs=graphed)})
     return out

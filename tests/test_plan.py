@@ -302,8 +302,8 @@ def test_layout_warnings():
 # --- recommendations ----------------------------------------------------------------------------
 
 
-# The layout runs' model (benchmarks/throughput.py --preset layout): 340 ms a step on one H100, 62 ms of it
-# kernels; graphed, 72.9 ms (docs/benchmarks.md, "Small shapes").
+# The layout runs' model (benchmarks/throughput.py --preset layout): 218 and 340 ms a step on two H100 hosts,
+# about 62 ms of it kernels; graphed, 68.6 and 72.9 ms (docs/benchmarks.md, "Small shapes").
 _HOST_BOUND = ['hardware.gpu="H100"', 'train.precision="bf16"', "model.seq_length=2048",
                "model.max_position_embeddings=2048", "model.num_layers=8", "model.hidden_size=1024",
                "model.num_attention_heads=16", "model.num_query_groups=4", "model.ffn_hidden_size=2816",
@@ -314,11 +314,11 @@ def test_a_host_bound_step_is_named_with_the_lever_that_removes_it():
     tiny = REPO / "experiments" / "tiny.toml"
     eager = make_plan(load_spec(tiny, _HOST_BOUND), te_available=True)
     advice = [r for r in eager.recommendations if "the host sets this step" in r]
-    assert len(advice) == 1 and advice[0].startswith("train.cuda_graphs = true: the host sets this step (435 ms "
+    assert len(advice) == 1 and advice[0].startswith("train.cuda_graphs = true: the host sets this step (244 ms "
                                                      "predicted for 76 ms of GPU work"), advice
     graphed = make_plan(load_spec(tiny, [*_HOST_BOUND, "train.cuda_graphs=true"]), te_available=True)
     assert not any("the host sets this step" in r for r in graphed.recommendations)
-    assert graphed.cost.predicted.step_s < eager.cost.predicted.step_s / 4
+    assert graphed.cost.predicted.step_s < eager.cost.predicted.step_s / 3
     # Where a graph cannot hold the step (a mixture of experts), fewer micro-batches are the lever.
     moe = make_plan(load_spec(REPO / "experiments" / "tiny_moe.toml", _HOST_BOUND), te_available=True)
     advice = [r for r in moe.recommendations if "the host sets this step" in r]

@@ -192,6 +192,34 @@ def test_calibrated_within_10_percent_of_measured_h200_steps_and_15_of_published
         assert abs(r["error"]) <= 0.15, r
 
 
+def test_the_shipped_host_floor_is_the_fit_of_the_small_shapes_on_record():
+    """The host floor's constants are what `steptime_fit.py --host` fits on the four small shapes measured on one
+    H100 host (docs/benchmarks.md, "Small shapes"); there, every eager and the three larger graphed steps within
+    15%; the quickstart's graphed step (6.4 ms) is under the model's fixed 10 ms a step, which no fit moves."""
+    fit = _fit_module()
+    files = sorted(str(p) for p in (ROOT / "docs" / "results" / "2026-12-07-h100b").glob("throughput_*.json"))
+    assert len(files) == 4
+    points = fit.host_points(files)
+    cal = fit.fit_host(points)
+    shipped = CALIBRATIONS["Hopper"]
+    assert (cal.host_layer_s, cal.host_step_s) == (shipped.host_layer_s, shipped.host_step_s)
+    for row in fit.host_table(points)["host"]:
+        if row["run"] != "2026-12-07-h100b/throughput_quickstart.json:graphs":
+            assert abs(row["shipped_error"]) <= 0.15, row
+
+
+def test_the_plan_check_reads_the_kernels_time_a_step_from_a_profiled_table():
+    """benchmarks/plan_check.py --profile: torch.profiler's "Self CUDA time total" over the profiled steps, from
+    the 350M preset's recorded mcx table (3 steps, 1.103 s of kernels), so a check says host- or GPU-bound."""
+    spec_ = importlib.util.spec_from_file_location("plan_check", ROOT / "benchmarks" / "plan_check.py")
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    result = json.loads((ROOT / "docs" / "results" / "2026-12-07-h100b" / "throughput_350m.json").read_text())
+    assert module.gpu_seconds(result["runs"]["mcx"]["profile"]["table"], 3) == pytest.approx(1.103 / 3)
+    assert module.gpu_seconds("Self CUDA time total: 850.5ms\n", 2) == pytest.approx(0.42525)
+    assert module.gpu_seconds("no profile here", 3) is None
+
+
 def test_the_layout_pick_for_the_one_h200_spec_is_within_2_percent_of_the_best_measured():
     """Measured by `mcx tune` on one H200 (benchmarks/calibration/README.md): micro-batch 1, 2, 4 and 8 (8 with expandable
     segments). The model's first pick must be measured, and within 2% of the fastest."""

@@ -86,9 +86,9 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
                    [PY, "benchmarks/trace_cost.py", "--device", "cuda", "--steps", "8", "--set", "model.num_layers=8",
                     "--set", "model.hidden_size=1024", "--set", "model.num_attention_heads=16", "--set",
                     "model.ffn_hidden_size=2816", "--set", 'train.precision="bf16"', "--out", "{out}/trace_cost.json"]),
-    "plan-check": (1, 5, "plan_check.py: the plan's step time and peak memory against mcx's worker on configurations "
+    "plan-check": (1, 6, "plan_check.py: the plan's step time and peak memory against mcx's worker on configurations "
                          "outside the calibration (full recomputation at micro-batch 4, selective, MoE on one GPU)",
-                   [PY, "benchmarks/plan_check.py", "--out", "{out}"]),
+                   [PY, "benchmarks/plan_check.py", "--profile", "3", "--out", "{out}"]),
     "mcx-run-1gpu": (1, 4, "gpu_validation.py mcx-run: mcx run experiments/h200_1gpu.toml",
                      [PY, *V, "mcx-run", "--gpus", "0", "--out", "{out}", "--tag", "1gpu", "--timeout", "450", "--",
                       S1, "--yes"]),

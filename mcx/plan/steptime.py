@@ -73,7 +73,7 @@ CALIBRATIONS: dict[str, Calibration] = {  # benchmarks/steptime_fit.py --fit (do
     "Hopper": Calibration(gemm_bf16=0.621, gemm_fp8=0.5, attention_te=0.568, attention_local=0.395,
                           attention_backward=2.5, attention_len=517.0, elementwise=1.03, moe_layer_s=5e-4,
                           launch_s=6e-6, layer_s=2.02e-4, comm=0.75, dp_tail=0.1, step_s=0.01,
-                          host_layer_s=0.0066, host_step_s=0.0123),
+                          host_layer_s=0.00362, host_step_s=0.0123),
 }
 # Other architectures start from Hopper's fractions (their own peaks and bandwidths apply) until measured.
 CALIBRATIONS["Ampere"] = CALIBRATIONS["Blackwell"] = CALIBRATIONS["Ada Lovelace"] = CALIBRATIONS["Hopper"]
