@@ -2,7 +2,8 @@
 
 Each micro-batch's digest is xxh3_64 (the xxhash package) over the exact host tensors the model is given
 (tokens, labels, loss mask, position ids, and the attention mask where there is one), each prefixed by its
-name, dtype and shape. It is taken before the backend copies the batch to the device, so it adds no device
+name, dtype and shape. It is taken as the batch is read (on the prefetch thread, mcx.train.prefetch, while the
+step before trains) and before the backend copies the batch to the device, so it adds no device
 sync; its cost is in docs/benchmarks.md (D69). Tensor- and context-parallel ranks of one data-parallel
 rank, and its pipeline stages, read the same batch (each takes the whole micro-batch from the same
 sampler; CP slices it on the device), so one rank a data-parallel rank writes the file: TP rank 0, CP

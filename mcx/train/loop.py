@@ -28,8 +28,8 @@ module's output in one micro-batch of one step (mcx.train.trace.OutputFault); ``
 = N`` trains micro-batches 0 and 1 of step N in swapped order on every data-parallel rank (the same samples,
 another order: the batch hashes must name it, D69).
 
-Batch hashes (mcx.train.batch_hash): each step's micro-batches are hashed on the host before the
-backend copies them to the device, and written after the step beside its metrics line.
+Batch hashes (mcx.train.batch_hash): each step's micro-batches are hashed on the host as they are read,
+on the prefetch thread while the step before trains, and written after the step beside its metrics line.
 
 Replay (`mcx locate`, D70): a job file with ``trace`` resumes from its checkpoint, trains up to the traced
 step with nothing but the metrics line a step (no evaluation, no checkpoint), traces that step
@@ -348,8 +348,12 @@ class Trainer:
         train_it = self.batches(self.data.train, consumed)
         interval = self.spec.checkpoint.interval
         faults = self.faults()
-        # The next step's micro-batches are read while this one trains (mcx.train.prefetch).
-        with StepPrefetch(lambda: self.take(train_it, self.num_micro, "training"), t.train_iters - step) as ahead:
+        def read_step() -> tuple[list[Batch], list[str] | None]:
+            mbs = self.take(train_it, self.num_micro, "training")
+            return mbs, (batch_digests(mbs) if self.batch_hashes is not None else None)
+
+        # The next step's micro-batches are read, and hashed, while this one trains (mcx.train.prefetch).
+        with StepPrefetch(read_step, t.train_iters - step) as ahead:
             while step < t.train_iters:
                 if self.world.any(stop.signal is not None):
                     return self._preempt(outcome, step, consumed)
@@ -358,10 +362,10 @@ class Trainer:
                 if self.profiler is not None:
                     self.profiler.begin(step + 1)
                 t0 = time.perf_counter()
-                mbs = ahead.next()
+                mbs, digests = ahead.next()
                 if step + 1 == self.spec.debug.swap_micro_batches_at_step:
                     mbs = self._swap(step + 1, mbs)
-                digests = batch_digests(mbs) if self.batch_hashes is not None else None
+                    digests = batch_digests(mbs) if digests is not None else None  # in the order trained
                 with ExitStack() as taps:
                     if self.fault is not None:
                         taps.enter_context(self.fault.armed(step + 1))

@@ -1,4 +1,5 @@
-"""The next step's micro-batches, read on a background thread while this step trains (issue 41, D76).
+"""The next step's micro-batches, read (and hashed) on a background thread while this step trains (issue 41,
+D76, D77).
 
 A step's micro-batches come from the datasets (index lookups, token slices, the collated tensors): on a
 graphed GPU step the GPU waits through that at every step's boundary. One worker thread reads step N + 1's
@@ -11,17 +12,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
 
-from mcx.train.backend import Batch
+T = TypeVar("T")  # what a step reads: its micro-batches (and their hashes, mcx.train.batch_hash)
 
 
-class StepPrefetch:
+class StepPrefetch(Generic[T]):
     """``take`` called once per step, one step ahead, on one thread; ``steps`` in all."""
 
-    def __init__(self, take: Callable[[], list[Batch]], steps: int) -> None:
+    def __init__(self, take: Callable[[], T], steps: int) -> None:
         self._take, self._left = take, steps
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mcx-prefetch")
-        self._pending: Future[list[Batch]] | None = None
+        self._pending: Future[T] | None = None
         self._submit()
 
     def _submit(self) -> None:
@@ -31,7 +33,7 @@ class StepPrefetch:
         else:
             self._pending = None
 
-    def next(self) -> list[Batch]:
+    def next(self) -> T:
         """This step's micro-batches (read while the previous step trained); the next step's read starts."""
         if self._pending is None:
             raise RuntimeError("StepPrefetch: every step's micro-batches were already taken")
@@ -46,7 +48,7 @@ class StepPrefetch:
             self._pending.cancel()
         self._pool.shutdown(wait=True)
 
-    def __enter__(self) -> StepPrefetch:
+    def __enter__(self) -> StepPrefetch[T]:
         return self
 
     def __exit__(self, *exc: object) -> None:
