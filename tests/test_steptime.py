@@ -19,6 +19,7 @@ from rich.console import Console
 
 from mcx.contract.result import StageResult
 from mcx.plan.cost import check_budget
+from mcx.plan.hostfloor import HostMeasure, learned_floor
 from mcx.plan.layout_rules import Layout
 from mcx.plan.params import count_params, stage_params
 from mcx.plan.planner import make_plan, plan_to_dict
@@ -320,6 +321,91 @@ def test_a_finished_gpu_stage_gets_its_check_from_its_median_step(tmp_path):
     assert _prediction(planned, run, attrs.evolve(full, details={"device": "cpu"})) is None
     assert _prediction(planned, run, attrs.evolve(full, details={"device": "cuda", "gpu_name": "NVIDIA GH200"})) is None
     assert isinstance(check, PredictionCheck)
+
+
+# The layout runs' model on one H100 (benchmarks/throughput.py --preset layout): 8 layers, 8 micro-batches.
+_LAYOUT_MODEL = ['hardware.gpu="H100"', 'train.precision="bf16"', "model.seq_length=2048",
+                 "model.max_position_embeddings=2048", "model.num_layers=8", "model.hidden_size=1024",
+                 "model.num_attention_heads=16", "model.num_query_groups=4", "model.ffn_hidden_size=2816",
+                 "train.micro_batch_size=2", "train.global_batch_size=16"]
+
+
+def test_a_host_bound_run_says_what_its_host_took_a_layer_and_a_gpu_bound_or_graphed_one_does_not():
+    """PredictionCheck.host_layer_s: (measured step - the fixed part) over the layer passes the host launched,
+    where the measured step is at least 1.25x the model's GPU step; nothing from the GPU's steps, graphed steps or
+    a mixture of experts (whose host work the model does not price, D77)."""
+    s = load_spec(ROOT / "experiments" / "tiny.toml", _LAYOUT_MODEL)
+    plan = make_plan(s, te_available=True)
+    kw = dict(padded_vocab=plan.params.padded_vocab, impl="transformer_engine", gpu="H100")
+    slow = check_prediction(s, plan.layout, measured_s=0.3405, **kw)  # the slower H100 host of docs/benchmarks.md
+    assert slow.host_layer_s == pytest.approx((0.3405 - CALIBRATIONS["Hopper"].host_step_s) / 64)
+    assert slow.to_dict()["host_layer_s"] == slow.host_layer_s
+    gpu_bound = check_prediction(s, plan.layout, measured_s=0.08, **kw)  # 1.06x the model's 75.7 ms GPU step
+    assert gpu_bound.host_layer_s is None and "host_layer_s" not in gpu_bound.to_dict()
+    graphed = load_spec(ROOT / "experiments" / "tiny.toml", [*_LAYOUT_MODEL, "train.cuda_graphs=true"])
+    assert check_prediction(graphed, plan.layout, measured_s=0.3405, **kw).host_layer_s is None
+    moe = load_spec(ROOT / "experiments" / "tiny_moe.toml", _LAYOUT_MODEL)
+    moe_plan = make_plan(moe, te_available=True)
+    assert check_prediction(moe, moe_plan.layout, padded_vocab=moe_plan.params.padded_vocab, impl="transformer_engine",
+                            gpu="H100", measured_s=2.0).host_layer_s is None
+
+
+def test_the_median_of_the_newest_five_runs_on_the_gpu_is_the_learned_floor():
+    measures = [HostMeasure(run_id=f"{i:012x}", gpu="H100", host_layer_s=v, created=float(i))
+                for i, v in enumerate([0.009, 0.004, 0.005, 0.0051, 0.0049, 0.006])]  # 0.009 the oldest
+    other = HostMeasure(run_id="f" * 12, gpu="H200", host_layer_s=0.001, created=99.0)
+    floor = learned_floor([*measures, other], "H100", 0.00362)
+    assert floor.host_layer_s == pytest.approx(0.005) and floor.gpu == "H100"  # all six: 0.00505
+    assert floor.runs == tuple(f"{i:012x}" for i in (5, 4, 3, 2, 1)) and floor.calibrated_s == 0.00362
+    assert learned_floor([other], "H100", 0.00362) is None
+    assert learned_floor([], "H100", 0.00362) is None
+
+
+def test_a_plan_prices_its_host_floor_with_what_this_projects_runs_on_that_gpu_measured(tmp_path):
+    """A finished host-bound H100 run's check goes into its run.json; the next plan on H100 in the project uses
+    its host's time a layer (shown in the step table and plan.json), and its run's check is priced with it. Runs on
+    another GPU, and a damaged run.json, teach nothing."""
+    from mcx.ops.plan import plan_loaded
+    from mcx.ops.run import _prediction
+
+    project = make_e2e_project(tmp_path / "proj")
+    s = load_spec(ROOT / "experiments" / "tiny.toml", _LAYOUT_MODEL)
+    first = plan_loaded(s, project, probe_hardware=False)
+    assert first.plan.host_floor is None
+    assert first.plan.cost.predicted.step_s == pytest.approx(64 * 0.00362 + 0.0123)
+    run = tmp_path / "run"
+    (run / "full").mkdir(parents=True)
+    steps = [2.0] + [0.34] * 20  # the slower host's eager steps (docs/benchmarks.md, "Small shapes")
+    (run / "full" / "metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "train", "step": i + 1, "step_time_s": v, "loss": 1.0}) + "\n" for i, v in enumerate(steps)))
+    full = StageResult(status="finished", layer_spec="transformer_engine",
+                       details={"device": "cuda", "gpu_name": "NVIDIA H100 80GB HBM3"})
+    check = _prediction(first, run, full)
+    learned = (0.34 - 0.0123) / 64
+    assert check.host_layer_s == pytest.approx(learned)
+
+    runs = project / ".mcx" / "runs"
+    for name, gpu, body in (("aaaaaaaaaaa1", "H100", None), ("aaaaaaaaaaa2", "H200", None),
+                            ("aaaaaaaaaaa3", "H100", "{not json")):
+        (runs / name).mkdir(parents=True)
+        on = attrs.evolve(check, gpu=gpu, host_layer_s=0.001 if body else check.host_layer_s) if gpu != "H100" or body \
+            else check
+        text = body or json.dumps({"status": "finished", "started": 1.0, "summary": {"step_time": on.to_dict()}})
+        (runs / name / "run.json").write_text(text)
+    (runs / "aaaaaaaaaaa2" / "run.json").write_text(json.dumps(
+        {"status": "finished", "started": 2.0, "summary": {"step_time": attrs.evolve(check, gpu="H200",
+                                                                                      host_layer_s=0.001).to_dict()}}))
+    second = plan_loaded(s, project, probe_hardware=False)
+    floor = second.plan.host_floor
+    assert floor.runs == ("aaaaaaaaaaa1",) and floor.host_layer_s == pytest.approx(learned)
+    assert second.plan.cost.predicted.step_s == pytest.approx(0.34)
+    assert plan_to_dict(second.plan)["host_floor"]["runs"] == ["aaaaaaaaaaa1"]
+    console = Console(width=140, record=True, force_terminal=False)
+    console.print(render_plan(ShownPlan(second.plan), None))
+    assert f"host floor {learned * 1000:.1f} ms a layer and micro-batch, measured by 1 run of this project on H100 " \
+           "(calibrated: 3.6 ms)" in " ".join(console.export_text().split())
+    again = _prediction(second, run, full)  # priced with the floor its plan used
+    assert again.predicted_s == pytest.approx(0.34) and again.host_layer_s == pytest.approx(learned)
 
 
 # --- mcx tune --layouts -----------------------------------------------------------------------------------

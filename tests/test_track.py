@@ -1013,7 +1013,7 @@ def test_the_step_time_check_reaches_mlflow_and_mcx_show(mlflow_project: Path) -
 
     project = mlflow_project
     rdir = make_run_dir(project, stages=())
-    check = PredictionCheck(gpu="H200", predicted_s=1.6, measured_s=1.7).to_dict()
+    check = PredictionCheck(gpu="H200", predicted_s=1.6, measured_s=1.7, host_layer_s=0.0051).to_dict()
     rec = RunRecorder.for_run(project, rdir)
     rec.start()
     rec.record_prediction(check, step=60)
@@ -1028,19 +1028,21 @@ def test_the_step_time_check_reaches_mlflow_and_mcx_show(mlflow_project: Path) -
 
     local = show_run(project, RID)
     assert local.entry.step_time is not None and local.entry.step_time.to_dict() == check
-    assert "1.7 s measured (median step), 1.6 s predicted on H200: the model is -5.9% off" in shown_text(local)
+    assert ("1.7 s measured (median step), 1.6 s predicted on H200: the model is -5.9% off; its host took 5.1 ms a "
+            "layer and micro-batch, which this project's next plans on H200 use") in shown_text(local)
     shutil.rmtree(rdir)
     remote = show_run(project, RID)
     assert remote.entry.source == "tracking" and remote.entry.step_time is not None
-    assert remote.entry.step_time.gpu == "H200"
+    assert remote.entry.step_time.gpu == "H200" and remote.entry.step_time.host_layer_s == pytest.approx(0.0051)
     assert remote.entry.step_time.predicted_s == pytest.approx(1.6) and \
         remote.entry.final["step_time_model_error"] == pytest.approx(1.6 / 1.7 - 1)
     assert "the model is -5.9% off" in shown_text(remote) and "does not price" not in shown_text(remote)
     # A step too short for the model (the quickstart on one H100, docs/benchmarks.md) says why it is off.
     short = StepTimeCheck(gpu="H200", predicted_s=0.0123, measured_s=0.063, error=0.0123 / 0.063 - 1)
     assert ("0.063 s measured (median step), 0.0123 s predicted on H200: the model is -80.5% off; a step this short "
-            "is set by the host and kernel launches, priced by a floor fitted on one machine's host; another host can be "
-            "far off it") in shown_text(evolve(remote, entry=evolve(remote.entry, step_time=short)))
+            "is set by the host and kernel launches, priced by a floor fitted on one machine's host or measured by this "
+            "project's runs; another host can be far off it") in shown_text(evolve(remote, entry=evolve(remote.entry,
+                                                                                                   step_time=short)))
 
 
 # --- redaction ------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from mcx.fingerprint.data import data_paths
 from mcx.fingerprint.record import FingerprintRecord, collect, component_hashes, run_id
 from mcx.launch import preflight
 from mcx.metrics.summary import METRIC_KEYS
+from mcx.plan.hostfloor import HostFloor, HostMeasure, learned_floor
 from mcx.plan.layout import Device
 from mcx.plan.layout_rules import needs_transformer_engine
 from mcx.plan.memory import checkpoint_bytes
@@ -30,8 +31,12 @@ from mcx.plan.mixture import DataRow, data_rows
 from mcx.plan.params import count_params, effective_vocab_size
 from mcx.plan.planner import Plan, make_plan
 from mcx.plan.shown import ShownPlan
+from mcx.plan.steptime import device_for
 from mcx.spec import ExperimentSpec, load_spec
+from mcx.track import paths, runrecord
 from mcx.track.paths import STATE_DIR
+from mcx.track.query import run_created
+from mcx.track.run_entry import StepTimeCheck
 
 MIXTURE_KEYS = ("data.mix.", "data.valid.", "data.test.")  # a mixture component's keys (D60)
 
@@ -170,7 +175,8 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
     plan = None
     try:
         plan = make_plan(spec, te_available=te, vocab_size=vocab,
-                         local_device=None if record is None else local_device(record))
+                         local_device=None if record is None else local_device(record),
+                         host_floor=host_floor(spec, state_root or project))
     except SpecError as exc:
         problems += exc.problems
     if record is None:
@@ -193,6 +199,35 @@ def plan_loaded(spec: ExperimentSpec, project: Path, *, probe_hardware: bool = T
         notes += repeated
     return PlanResult(spec=spec, plan=plan, record=record, run_id=None if absent else run_id(record),
                       te_available=te, notes=tuple(notes), data=tuple(rows))
+
+
+def host_floor(spec: ExperimentSpec, project: Path) -> HostFloor | None:
+    """The host's time a layer and micro-batch on the spec's GPU model as this project's runs measured it
+    (mcx.plan.hostfloor); None where none has, or the spec names no GPU of the table."""
+    dev = device_for(spec)
+    if dev is None:
+        return None
+    return learned_floor(host_measures(project), str(spec.hardware.gpu), dev.cal.host_layer_s)
+
+
+def host_measures(project: Path) -> list[HostMeasure]:
+    """What each local run's host took a layer and micro-batch where it set the step (run.json's
+    ``summary.step_time.host_layer_s``); runs whose records are damaged are left out."""
+    runs_root = paths.runs_dir(Path(project).resolve())
+    out: list[HostMeasure] = []
+    if not runs_root.is_dir():
+        return out
+    for run_path in runs_root.iterdir():
+        if not (run_path.is_dir() and paths.RUN_ID_PATTERN.fullmatch(run_path.name)):
+            continue
+        run_json = paths.read_json(run_path / "run.json", {})
+        summary = run_json.get("summary") if isinstance(run_json, dict) else None
+        check = StepTimeCheck.from_dict(summary.get("step_time") if isinstance(summary, dict) else None)
+        if check is None or check.host_layer_s is None or check.gpu is None or runrecord.damaged(run_path):
+            continue
+        out.append(HostMeasure(run_id=run_path.name, gpu=check.gpu, host_layer_s=check.host_layer_s,
+                               created=run_created(run_path, run_json)))
+    return out
 
 
 def _dedupe(problems: Problems) -> Problems:

@@ -414,10 +414,12 @@ def _prediction(planned: PlanResult, run_path: Path, full: StageResult) -> Any:
     if curve is None or len(curve.values) < 2:
         return None
     plan = planned.plan
+    gpu = gpu_from_name(str(full.details.get("gpu_name") or ""))
+    floor = plan.host_floor if plan.host_floor is not None and plan.host_floor.gpu == gpu else None
     return check_prediction(plan.spec, plan.layout, padded_vocab=plan.params.padded_vocab,
-                            impl=full.layer_spec or plan.transformer_impl,
-                            gpu=gpu_from_name(str(full.details.get("gpu_name") or "")),
-                            measured_s=statistics.median(steady(list(curve.values))))
+                            impl=full.layer_spec or plan.transformer_impl, gpu=gpu,
+                            measured_s=statistics.median(steady(list(curve.values))),
+                            host_layer_s=None if floor is None else floor.host_layer_s)
 
 
 def _evaluate(project: Path, planned: PlanResult, progress: Progress, recorder: RunRecorder

@@ -15,6 +15,7 @@ from mcx.errors import SpecError
 from mcx.plan.cost import CostEstimate, estimate_cost
 from mcx.plan.flops import flops_per_iteration, flops_per_token
 from mcx.plan.gpus import GiB, gpu_info
+from mcx.plan.hostfloor import HostFloor
 from mcx.plan.layout import Device
 from mcx.plan.layout_rules import Layout, cuda_graph_problems, resolve_layout, transformer_impl
 from mcx.plan.memory import (ALLOCATOR_HINT, ALLOCATOR_SETTING, FRAGMENTATION_FRACTION, MemoryEstimate,
@@ -71,6 +72,7 @@ class Plan:
     recommendations: tuple[str, ...]
     full: StagePlan
     smoke: StagePlan | None  # None: smoke.enabled = false
+    host_floor: HostFloor | None = None  # the host's time a layer, learned from this project's runs (None: calibrated)
 
     def stage(self, name: str) -> StagePlan:
         """The planned stage ``name``; a smoke stage is planned whenever smoke.enabled."""
@@ -92,12 +94,14 @@ def _device(spec: ExperimentSpec, local_device: Device | None) -> Device:
 
 
 def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_size: int | None = None,
-              mfu: float | None = None, local_device: Device | None = None) -> Plan:
+              mfu: float | None = None, local_device: Device | None = None,
+              host_floor: HostFloor | None = None) -> Plan:
     """Plan ``spec``; raise SpecError listing every layout problem.
 
     ``vocab_size``: the tokenizer's size when the spec leaves model.vocab_size unset and the
     tokenizer is a file; ``mfu``: a measured MFU for the time and cost lines; ``local_device``: the
-    device a job started on this machine gets (None: not probed, the spec's GPUs are assumed).
+    device a job started on this machine gets (None: not probed, the spec's GPUs are assumed);
+    ``host_floor``: the host's time a layer as this project's runs measured it (mcx.plan.hostfloor).
     """
     try:
         vocab = require_vocab_size(spec, vocab_size)
@@ -115,7 +119,8 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
                   for first, last in ([(True, True)] if layout.pp == 1 else [(True, False), (False, True)]))
     memory = estimate_memory(spec, layout, vocab_size=vocab, transformer_impl=impl)
     flops = flops_per_iteration(m, padded_vocab=counts.padded_vocab, global_batch_size=t.global_batch_size)
-    step = predict_worker(spec, layout, padded_vocab=counts.padded_vocab, impl=impl)
+    step = predict_worker(spec, layout, padded_vocab=counts.padded_vocab, impl=impl,
+                          host_layer_s=None if host_floor is None else host_floor.host_layer_s)
     cost = estimate_cost(spec, flops_per_step=flops, world_size=layout.world_size, mfu=mfu, predicted=step)
     warnings = [*warnings, *_memory_warnings(spec, memory), *_cost_warnings(spec, cost)]
     micro = t.global_batch_size // (t.micro_batch_size * layout.dp)  # micro-batches a step, per DP rank
@@ -138,7 +143,8 @@ def make_plan(spec: ExperimentSpec, *, te_available: bool | None = None, vocab_s
                 flops_per_token=flops_per_token(m, padded_vocab=counts.padded_vocab),
                 tokens_per_step=t.global_batch_size * m.seq_length,
                 num_microbatches=micro,
-                cost=cost, warnings=tuple(warnings), recommendations=tuple(recommendations), full=full, smoke=smoke)
+                cost=cost, warnings=tuple(warnings), recommendations=tuple(recommendations), full=full, smoke=smoke,
+                host_floor=host_floor)
 
 
 def _memory_warnings(spec: ExperimentSpec, mem: MemoryEstimate) -> list[str]:
@@ -169,7 +175,7 @@ def _host_advice(spec: ExperimentSpec, layout: Layout, step: StepTime | None, mi
            "of GPU work: Megatron-Core's Python and kernel launches, per layer and micro-batch)")
     if not t.cuda_graphs and layout.world_size == 1 and not cuda_graph_problems(spec):
         return [f"train.cuda_graphs = true: {why}; one CUDA graph a step replays them without the host "
-                "(4.7x at an 8-layer, 1024-wide model on one H100, D75)"]
+                "(3.3-4.7x at an 8-layer, 1024-wide model on two H100 hosts, D75, D77)"]
     if micro > 1:
         return [f"a larger train.micro_batch_size, if memory allows: {why}, and the host's part grows with the "
                 f"{micro} micro-batches a step"]
@@ -238,6 +244,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "mfu_source": cost.mfu_source,
         "step_time_s": cost.step_time_s,
         "predicted": None if cost.predicted is None else _predicted_dict(cost.predicted),
+        "host_floor": None if plan.host_floor is None else plan.host_floor.to_dict(),
         "wall_time_h": cost.wall_time_h,
         "gpu_hours": cost.gpu_hours,
         "cost": cost.cost,

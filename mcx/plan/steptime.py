@@ -105,6 +105,7 @@ class StepTime:
     optimizer_s: float
     overhead_s: float  # per-layer host work and the per-step fixed cost
     host_s: float  # the host floor: the host's own time for the step (the step is at least this)
+    host_layers: float  # layer passes a step the host launches one by one (micro-batches x layers; 0 graphed)
     host_wait_s: float  # how much of the step the GPU waits on the host: host_s above the GPU's step, else 0
     tokens_per_s_per_gpu: float
     tflops_per_gpu: float
@@ -153,13 +154,17 @@ def device_for(spec: ExperimentSpec) -> _Device | None:
 
 
 def predict(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, features: Features | None = None,
-            calibration: Calibration | None = None) -> StepTime | None:
-    """The step of ``spec`` on ``layout``; None where the GPU is not in the table (no datasheet to model)."""
+            calibration: Calibration | None = None, host_layer_s: float | None = None) -> StepTime | None:
+    """The step of ``spec`` on ``layout``; None where the GPU is not in the table (no datasheet to model).
+    ``host_layer_s``: the host's time a layer and micro-batch as measured on the hosts that will run it
+    (mcx.plan.hostfloor), in place of the calibration's."""
     dev = device_for(spec)
     if dev is None:
         return None
     if calibration is not None:
         dev = _Device(dev.gpu, calibration)
+    if host_layer_s is not None:
+        dev = _Device(dev.gpu, attrs.evolve(dev.cal, host_layer_s=host_layer_s))
     f = features or Features()
     return _predict(spec, layout, padded_vocab, f, dev)
 
@@ -195,7 +200,8 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
     forward = per_stage * (layer_fwd + tp / 3 + cp / 3 + ep / 3) + logits / 3
     optimizer, dp = _optimizer_and_dp(spec, lay, f, dev, padded_vocab, (forward, stage_mb - forward), replica <= node)
     device = pipeline + optimizer + dp + dev.cal.step_s
-    host = (0.0 if f.cuda_graphs else micro * per_stage * dev.cal.host_layer_s) + dev.cal.host_step_s
+    host_layers = 0.0 if f.cuda_graphs else micro * per_stage
+    host = host_layers * dev.cal.host_layer_s + dev.cal.host_step_s
     step = max(device, host)
 
     compute = micro * (per_stage * (layer_fwd + layer_bwd) + recompute + logits)
@@ -205,7 +211,7 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
     return StepTime(step_s=step, compute_s=compute, tp_s=micro * per_stage * tp, cp_s=micro * per_stage * cp,
                     ep_s=micro * per_stage * ep, pp_s=micro * send, bubble_s=bubble, dp_s=dp, optimizer_s=optimizer,
                     overhead_s=micro * per_stage * dev.cal.layer_s + dev.cal.step_s,
-                    host_s=host, host_wait_s=step - device,
+                    host_s=host, host_layers=host_layers, host_wait_s=step - device,
                     tokens_per_s_per_gpu=t.global_batch_size * seq / step / world,
                     tflops_per_gpu=flops / step / world / 1e12, mfu=flops / step / world / peak)
 
@@ -345,7 +351,8 @@ def short_step_note(predicted_s: float) -> str | None:
     if predicted_s >= SHORT_STEP_S:
         return None
     return ("a step this short is set by the host and kernel launches, priced by a floor fitted on one machine's "
-            'host; another host can be far off it (docs/steptime.md, "Small models")')
+            "host or measured by this project's runs; another host can be far off it (docs/steptime.md, "
+            '"Small models")')
 
 
 @frozen(kw_only=True)
@@ -355,6 +362,7 @@ class PredictionCheck:
     gpu: str  # the hardware table's key for the GPU the stage ran on
     predicted_s: float
     measured_s: float  # the median training step (evaluations and checkpoints left out: the model prices neither)
+    host_layer_s: float | None = None  # where the host set the step: its time a layer and micro-batch (hostfloor)
 
     @property
     def error(self) -> float:
@@ -362,22 +370,45 @@ class PredictionCheck:
         return self.predicted_s / self.measured_s - 1
 
     def to_dict(self) -> dict[str, float | str]:
-        return {"gpu": self.gpu, "predicted_s": self.predicted_s, "measured_s": self.measured_s, "error": self.error}
+        out: dict[str, float | str] = {"gpu": self.gpu, "predicted_s": self.predicted_s,
+                                       "measured_s": self.measured_s, "error": self.error}
+        if self.host_layer_s is not None:
+            out["host_layer_s"] = self.host_layer_s
+        return out
 
 
-def predict_worker(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str) -> StepTime | None:
+def predict_worker(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str,
+                   host_layer_s: float | None = None) -> StepTime | None:
     """The model's step for what mcx's worker runs: ``impl``'s layers, grouped GEMMs as the spec says, no TP
     communication overlap or FP8 parameter all-gather."""
-    return predict(spec, layout, padded_vocab=padded_vocab,
+    return predict(spec, layout, padded_vocab=padded_vocab, host_layer_s=host_layer_s,
                    features=Features(impl=impl, grouped_gemm=spec.model.moe_grouped_gemm,
                                      cuda_graphs=spec.train.cuda_graphs))
 
 
+HOST_SET = 1.25  # a measured step at least this far above the model's GPU step was set by the host
+
+
+def host_layer_seconds(st: StepTime, measured_s: float, host_step_s: float) -> float | None:
+    """The host's time a layer and micro-batch that a measured step says, where the host set it: an eager step
+    at least HOST_SET times the model's GPU step; None for a graphed step or one the GPU set."""
+    gpu_step = st.step_s - st.host_wait_s
+    if st.host_layers <= 0 or measured_s < HOST_SET * gpu_step:
+        return None
+    return max(0.0, measured_s - host_step_s) / st.host_layers
+
+
 def check_prediction(spec: ExperimentSpec, layout: Layout, *, padded_vocab: int, impl: str, gpu: GpuModel | None,
-                     measured_s: float) -> PredictionCheck | None:
-    """None where the GPU that ran is not in the table or nothing was measured."""
+                     measured_s: float, host_layer_s: float | None = None) -> PredictionCheck | None:
+    """None where the GPU that ran is not in the table or nothing was measured. ``host_layer_s``: the host floor
+    the run's plan used (learned, mcx.plan.hostfloor); the check also says what this run's host took, where it
+    set the step of a dense model."""
     if gpu is None or measured_s <= 0:
         return None
     ran = attrs.evolve(spec, hardware=attrs.evolve(spec.hardware, gpu=gpu))
-    st = predict_worker(ran, layout, padded_vocab=padded_vocab, impl=impl)
-    return None if st is None else PredictionCheck(gpu=gpu, predicted_s=st.step_s, measured_s=measured_s)
+    st = predict_worker(ran, layout, padded_vocab=padded_vocab, impl=impl, host_layer_s=host_layer_s)
+    dev = device_for(ran)
+    if st is None or dev is None:
+        return None
+    host = None if spec.model.num_experts else host_layer_seconds(st, measured_s, dev.cal.host_step_s)
+    return PredictionCheck(gpu=gpu, predicted_s=st.step_s, measured_s=measured_s, host_layer_s=host)

@@ -11,7 +11,7 @@ from mcx.plan.gpus import gpu_info
 from mcx.plan.mixture import DataRow
 from mcx.plan.planner import Plan, StagePlan
 from mcx.plan.shown import ShownPlan
-from mcx.plan.steptime import step_seconds
+from mcx.plan.steptime import device_for, step_seconds
 from mcx.report.titled import titled_table
 
 _GiB = 1 << 30
@@ -148,7 +148,21 @@ def _step_table(p: Plan) -> RenderableType:
         if seconds > 0:
             t.add_row(name, _seconds(seconds), f"{seconds / step:.0%}")
     t.add_row(Text("step", style="bold"), Text(_seconds(step), style="bold"), "")
+    floor = _host_floor(p)
+    if floor and (model.host_wait_s > 0 or p.host_floor is not None):
+        t.add_row("host floor", floor, "")
     return t
+
+
+def _host_floor(p: Plan) -> str | None:
+    """The host's time a layer and micro-batch the step was priced with, and where it comes from (D78)."""
+    learned = p.host_floor
+    if learned is not None:
+        n = len(learned.runs)
+        return (f"{learned.host_layer_s * 1000:.1f} ms a layer and micro-batch, measured by {n} run{'s' * (n > 1)} "
+                f"of this project on {learned.gpu} (calibrated: {learned.calibrated_s * 1000:.1f} ms)")
+    dev = device_for(p.spec)
+    return None if dev is None else f"{dev.cal.host_layer_s * 1000:.1f} ms a layer and micro-batch (calibrated)"
 
 
 def _smoke_line(smoke: StagePlan | None) -> RenderableType:

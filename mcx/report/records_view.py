@@ -100,6 +100,8 @@ def render_run(shown: ShownRun) -> Group:
         note = short_step_note(check.predicted_s)
         head.add_row("step time", f"{check.measured_s:.4g} s measured (median step), {check.predicted_s:.4g} s "
                                   f"predicted on {check.gpu}: the model is {check.error:+.1%} off"
+                                  + (f"; its host took {check.host_layer_s * 1000:.1f} ms a layer and micro-batch, "
+                                     f"which this project's next plans on {check.gpu} use" if check.host_layer_s else "")
                                   + (f"; {note}" if note else ""))
     for stage, slow in shown.slowest_ranks.items():
         head.add_row(f"{stage} slowest rank", slow.describe())

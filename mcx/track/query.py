@@ -106,7 +106,7 @@ def _tracking_state(run_path: Path) -> TrackingState:
                          pending_ops=len(journal.pending()))
 
 
-def _created(run_path: Path, run_json: dict[str, Any]) -> float:
+def run_created(run_path: Path, run_json: dict[str, Any]) -> float:
     """When the run first started (run.json's ``started``), else when its fingerprint was written; never
     the directory's mtime, which a reproduction or a lock file moves."""
     started = run_json.get("started")
@@ -164,7 +164,7 @@ def _local_summary(project_root: Path, run_path: Path) -> RunEntry:
         run_id=run_path.name, name=spec_name, status=Status.DAMAGED if damaged else run_json.get("status"),
         state="damaged" if damaged else state.state, damaged=tuple(damaged),
         holder=state.holder.describe() if state.holder else None,
-        created=_created(run_path, run_json), stages=stages,
+        created=run_created(run_path, run_json), stages=stages,
         final={**_final(stages), **run_eval_metrics(run_path)},  # the evaluation's scores beside the stage's (D68)
         step_time=StepTimeCheck.from_dict((run_json.get("summary") or {}).get("step_time")),
         source="local", tracking=_tracking_state(run_path),

@@ -59,7 +59,7 @@ CLOSE_SEND_S = 30.0
 # The step-time model's check (mcx.plan.steptime.PredictionCheck) as MLflow metrics: not summary metrics (the
 # median step it is compared with leaves out the stalls that docs/metrics.md's step_time_s counts).
 PREDICTION_METRICS = {"predicted_s": "step_time_model_s", "measured_s": "step_time_median_s",
-                      "error": "step_time_model_error"}
+                      "error": "step_time_model_error", "host_layer_s": "step_time_host_layer_s"}
 # result.json / run status -> MLflow run status
 MLFLOW_STATUS = {Status.RUNNING: "RUNNING", Status.FINISHED: "FINISHED", Status.FAILED: "FAILED",
                  Status.DIVERGED: "FAILED", Status.PREEMPTED: "KILLED", Status.INTERRUPTED: "KILLED", "killed": "KILLED",
@@ -287,7 +287,7 @@ class RunRecorder:
     def record_prediction(self, check: dict[str, Any], *, step: int) -> None:
         """The step-time model's prediction beside the measured median step (mcx.plan.steptime.PredictionCheck)."""
         self._op("metrics", record=RUN, step=step,
-                 metrics={name: float(check[k]) for k, name in PREDICTION_METRICS.items()})
+                 metrics={name: float(check[k]) for k, name in PREDICTION_METRICS.items() if k in check})
         self._op("tags", record=RUN, tags={"mcx.step_time.gpu": str(check["gpu"])})
 
     def record_eval(self, metrics: dict[str, float], *, step: int, key: str) -> None:

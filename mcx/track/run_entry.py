@@ -101,6 +101,7 @@ class StepTimeCheck:
     predicted_s: float
     measured_s: float
     error: float
+    host_layer_s: float | None = None  # where the host set the step: its time a layer and micro-batch (D78)
 
     @classmethod
     def from_dict(cls, data: object) -> StepTimeCheck | None:
@@ -110,11 +111,16 @@ class StepTimeCheck:
         predicted, measured, error = (_number(data.get(k)) for k in ("predicted_s", "measured_s", "error"))
         if predicted is None or measured is None or error is None:
             return None
-        gpu = data.get("gpu")
-        return cls(gpu=gpu if isinstance(gpu, str) else None, predicted_s=predicted, measured_s=measured, error=error)
+        gpu, host = data.get("gpu"), _number(data.get("host_layer_s"))
+        return cls(gpu=gpu if isinstance(gpu, str) else None, predicted_s=predicted, measured_s=measured, error=error,
+                   host_layer_s=host if host is not None and host > 0 else None)
 
     def to_dict(self) -> Json:
-        return {"gpu": self.gpu, "predicted_s": self.predicted_s, "measured_s": self.measured_s, "error": self.error}
+        out: Json = {"gpu": self.gpu, "predicted_s": self.predicted_s, "measured_s": self.measured_s,
+                     "error": self.error}
+        if self.host_layer_s is not None:
+            out["host_layer_s"] = self.host_layer_s
+        return out
 
 
 @frozen(kw_only=True)

@@ -86,6 +86,13 @@ def test_the_run_records_the_step_time_models_check(project, run):
     assert "step_time_model_s" in journal and "mcx.step_time.gpu" in journal
     shown = mcx(project, "show", run["summary"]["run_id"])
     assert shown.code == 0 and f"predicted on {present_gpu()}: the model is" in flat(shown.out), shown
+    # The tiny model's step is the host's: the check says what this host took a layer and micro-batch, and the
+    # next plan on this GPU model prices its floor with it (mcx.plan.hostfloor, D78).
+    assert check["host_layer_s"] > 0, check
+    planned = mcx(project, "plan", "experiments/tiny.toml", *gpu_set(), "--json")
+    assert planned.code == 0, planned
+    floor = planned.json()["host_floor"]
+    assert floor["gpu"] == present_gpu() and run["summary"]["run_id"] in floor["runs"], floor
 
 
 def test_tracking_records_are_journaled_where_mlflow_is_absent(run):
