@@ -32,7 +32,7 @@ class TraceRequest:
     ``keep_bytes`` a rank, and those named in ``keep`` whatever their size. ``layers`` (a replay across
     layouts, D74) also keeps, whatever their size, each micro-batch's tokens, every layer-level forward output
     (LAYER_LEVEL) and every parameter after the step; ``noise`` (the band's replay) adds one unit of rounding
-    (the dtype's eps, relative, seeded) to each NOISED output in the traced step."""
+    (the dtype's eps, relative, seeded) to each NOISED output in the traced step and to its gradient (D79)."""
 
     step: int
     keep_bytes: int = 64 * 2**20

@@ -4,8 +4,8 @@ Both runs are replayed over the step from the same start (each its checkpoint at
 their stage's start from one ``[init] from`` source), keeping their layer-level outputs and parameters after
 the step in full (mcx.contract.trace's ``layers``); mcx.ops.gathered makes them layout-free tensors. The band
 each tensor is judged by is measured, not set: the first run is replayed once more adding one unit of
-rounding (its dtype's eps, relative) to the embedding's and every attention and MLP block's output, where
-layouts reduce in another order; the difference that makes at each tensor, times BAND_MARGIN, is its band
+rounding (its dtype's eps, relative) to the embedding's and every attention and MLP block's output and to the
+gradient the backward brings to each, where layouts reduce in another order (D79); the difference that makes at each tensor, times BAND_MARGIN, is its band
 (mcx.report.parted). The verdict: every tensor within (equivalent up to the last layer), or the first one out.
 """
 
@@ -128,7 +128,8 @@ def locate_across(ref_a: str, ref_b: str, path_a: Path, path_b: Path, ja: dict[s
         run_a=ref_a, run_b=ref_b, layouts=(layout_name(ja["layout"], ma, sa), layout_name(jb["layout"], mb, sb)),
         step=step, start=start, checks=tuple(checks), first=first, layers=int(model["num_layers"]),
         band=(f"{BAND_MARGIN:g} x the difference one unit of rounding (eps of the dtype, relative) added to the "
-              f"embedding's and every attention and MLP block's output makes in a third replay of {ref_a} "
+              f"embedding's and every attention and MLP block's output and to its gradient makes in a third replay "
+              f"of {ref_a} "
               "(never below one unit of rounding of the tensor's largest value)"),
         replays=(str(ra), str(rb), str(rn)))
 

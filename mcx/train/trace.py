@@ -182,15 +182,23 @@ class OutputFault:
         return hook
 
 
+def _rounded(t: torch.Tensor, tag: str) -> torch.Tensor:
+    """``t`` times (1 + eps * u), u uniform in [-1, 1] from a generator seeded by ``tag``: one unit of rounding."""
+    gen = torch.Generator().manual_seed(int(hashlib.sha256(tag.encode()).hexdigest()[:15], 16))
+    u = torch.rand(t.shape, generator=gen, dtype=torch.float64).mul_(2).sub_(1)
+    return (t.double() * (1 + torch.finfo(t.dtype).eps * u.to(t.device))).to(t.dtype)
+
+
 def _noise(chunk: int, path: str, counter: _MicroBatches, step: int):
-    """The band's replay (D74): the output times (1 + eps * u), u uniform in [-1, 1] from a generator seeded by
-    the module path, micro-batch and step: one unit of rounding, as a different summation order makes."""
+    """The band's replay (D74, D79): one unit of rounding, as a different summation order makes, on the output
+    and on the gradient the backward brings to it (seeded by the module path, micro-batch and step): the second
+    reaches each term of a weight gradient's sum on its own, as another order of that sum does."""
     def hook(module, args, output):
         first = output if isinstance(output, torch.Tensor) else output[0]
-        gen = torch.Generator().manual_seed(int(hashlib.sha256(f"{path}/{counter.count[chunk]}/{step}".encode())
-                                                .hexdigest()[:15], 16))
-        u = torch.rand(first.shape, generator=gen, dtype=torch.float64).mul_(2).sub_(1)
-        noised = (first.double() * (1 + torch.finfo(first.dtype).eps * u.to(first.device))).to(first.dtype)
+        tag = f"{path}/{counter.count[chunk]}/{step}"
+        noised = _rounded(first, tag)
+        if noised.requires_grad:
+            noised.register_hook(lambda grad: _rounded(grad, f"{tag}/grad"))
         if isinstance(output, torch.Tensor):
             return noised
         return type(output)([noised, *output[1:]])
