@@ -385,16 +385,17 @@ def test_a_plan_prices_its_host_floor_with_what_this_projects_runs_on_that_gpu_m
     assert check.host_layer_s == pytest.approx(learned)
 
     runs = project / ".mcx" / "runs"
-    for name, gpu, body in (("aaaaaaaaaaa1", "H100", None), ("aaaaaaaaaaa2", "H200", None),
-                            ("aaaaaaaaaaa3", "H100", "{not json")):
+
+    def record(name: str, check_: PredictionCheck, started: float, *, damaged: bool = False) -> None:
         (runs / name).mkdir(parents=True)
-        on = attrs.evolve(check, gpu=gpu, host_layer_s=0.001 if body else check.host_layer_s) if gpu != "H100" or body \
-            else check
-        text = body or json.dumps({"status": "finished", "started": 1.0, "summary": {"step_time": on.to_dict()}})
-        (runs / name / "run.json").write_text(text)
-    (runs / "aaaaaaaaaaa2" / "run.json").write_text(json.dumps(
-        {"status": "finished", "started": 2.0, "summary": {"step_time": attrs.evolve(check, gpu="H200",
-                                                                                      host_layer_s=0.001).to_dict()}}))
+        (runs / name / "run.json").write_text(json.dumps(
+            {"status": "finished", "started": started, "summary": {"step_time": check_.to_dict()}}))
+        if damaged:  # a record there that is not a JSON object (mcx.track.runrecord)
+            (runs / name / "fingerprint.json").write_text("[]")
+
+    record("aaaaaaaaaaa1", check, 1.0)
+    record("aaaaaaaaaaa2", attrs.evolve(check, gpu="H200", host_layer_s=0.001), 2.0)  # another GPU model
+    record("aaaaaaaaaaa3", attrs.evolve(check, host_layer_s=0.001), 3.0, damaged=True)
     second = plan_loaded(s, project, probe_hardware=False)
     floor = second.plan.host_floor
     assert floor.runs == ("aaaaaaaaaaa1",) and floor.host_layer_s == pytest.approx(learned)
