@@ -33,10 +33,8 @@ from mcx.plan.planner import Plan, make_plan
 from mcx.plan.shown import ShownPlan
 from mcx.plan.steptime import device_for
 from mcx.spec import ExperimentSpec, load_spec
-from mcx.track import paths, runrecord
 from mcx.track.paths import STATE_DIR
-from mcx.track.query import run_created
-from mcx.track.run_entry import StepTimeCheck
+from mcx.track.query import step_time_checks
 
 MIXTURE_KEYS = ("data.mix.", "data.valid.", "data.test.")  # a mixture component's keys (D60)
 
@@ -211,23 +209,10 @@ def host_floor(spec: ExperimentSpec, project: Path) -> HostFloor | None:
 
 
 def host_measures(project: Path) -> list[HostMeasure]:
-    """What each local run's host took a layer and micro-batch where it set the step (run.json's
-    ``summary.step_time.host_layer_s``); runs whose records are damaged are left out."""
-    runs_root = paths.runs_dir(Path(project).resolve())
-    out: list[HostMeasure] = []
-    if not runs_root.is_dir():
-        return out
-    for run_path in runs_root.iterdir():
-        if not (run_path.is_dir() and paths.RUN_ID_PATTERN.fullmatch(run_path.name)):
-            continue
-        run_json = paths.read_json(run_path / "run.json", {})
-        summary = run_json.get("summary") if isinstance(run_json, dict) else None
-        check = StepTimeCheck.from_dict(summary.get("step_time") if isinstance(summary, dict) else None)
-        if check is None or check.host_layer_s is None or check.gpu is None or runrecord.damaged(run_path):
-            continue
-        out.append(HostMeasure(run_id=run_path.name, gpu=check.gpu, host_layer_s=check.host_layer_s,
-                               created=run_created(run_path, run_json)))
-    return out
+    """What each local run's host took a layer and micro-batch where it set the step (its step-time check)."""
+    return [HostMeasure(run_id=run_id, gpu=check.gpu, host_layer_s=check.host_layer_s, created=created)
+            for run_id, created, check in step_time_checks(project)
+            if check.host_layer_s is not None and check.gpu is not None]
 
 
 def _dedupe(problems: Problems) -> Problems:

@@ -106,7 +106,7 @@ def _tracking_state(run_path: Path) -> TrackingState:
                          pending_ops=len(journal.pending()))
 
 
-def run_created(run_path: Path, run_json: dict[str, Any]) -> float:
+def _created(run_path: Path, run_json: dict[str, Any]) -> float:
     """When the run first started (run.json's ``started``), else when its fingerprint was written; never
     the directory's mtime, which a reproduction or a lock file moves."""
     started = run_json.get("started")
@@ -164,7 +164,7 @@ def _local_summary(project_root: Path, run_path: Path) -> RunEntry:
         run_id=run_path.name, name=spec_name, status=Status.DAMAGED if damaged else run_json.get("status"),
         state="damaged" if damaged else state.state, damaged=tuple(damaged),
         holder=state.holder.describe() if state.holder else None,
-        created=run_created(run_path, run_json), stages=stages,
+        created=_created(run_path, run_json), stages=stages,
         final={**_final(stages), **run_eval_metrics(run_path)},  # the evaluation's scores beside the stage's (D68)
         step_time=StepTimeCheck.from_dict((run_json.get("summary") or {}).get("step_time")),
         source="local", tracking=_tracking_state(run_path),
@@ -190,6 +190,28 @@ def _tracking_summary(run: Run, stages: dict[str, StageEntry] | None = None) -> 
     )
 
 
+def _run_paths(root: Path) -> Iterator[Path]:
+    """The project's run directories (``.mcx/runs/<run ID>``)."""
+    runs_root = paths.runs_dir(root)
+    if runs_root.is_dir():
+        for run_path in runs_root.iterdir():
+            if run_path.is_dir() and paths.RUN_ID_PATTERN.fullmatch(run_path.name):
+                yield run_path
+
+
+def step_time_checks(project_root: Path) -> list[tuple[str, float, StepTimeCheck]]:
+    """(run ID, when it started, its step-time check) of each local run whose run.json holds one; only run.json is
+    read, and the other records only of a run that has one, to leave out a run whose records are damaged."""
+    out = []
+    for run_path in _run_paths(Path(project_root).resolve()):
+        run_json = paths.read_json(run_path / "run.json", {})
+        summary = run_json.get("summary") if isinstance(run_json, dict) else None
+        check = StepTimeCheck.from_dict(summary.get("step_time") if isinstance(summary, dict) else None)
+        if check is not None and not runrecord.damaged(run_path):
+            out.append((run_path.name, _created(run_path, run_json), check))
+    return out
+
+
 def list_runs(
     project_root: Path, tracking_uri: str | None = None, *, include_tracking: bool = False,
 ) -> list[RunEntry]:
@@ -199,12 +221,7 @@ def list_runs(
     are, each named in ``damaged`` (mcx.track.runrecord).
     """
     root = Path(project_root).resolve()
-    runs_root = paths.runs_dir(root)
-    local: dict[str, RunEntry] = {}
-    if runs_root.is_dir():
-        for run_path in runs_root.iterdir():
-            if run_path.is_dir() and paths.RUN_ID_PATTERN.fullmatch(run_path.name):
-                local[run_path.name] = _local_summary(root, run_path)
+    local = {run_path.name: _local_summary(root, run_path) for run_path in _run_paths(root)}
     elsewhere: list[RunEntry] = []  # runs only the store knows
     if include_tracking:
         store = _store(root, tracking_uri)
