@@ -27,8 +27,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import throughput  # noqa: E402  (benchmarks/ is not a package)
 
-# Large enough that the GPU's work, not the host, sets the step (the model's host floor is checked by the
-# small shapes of throughput.py's presets).
+# A mixture of experts at a size where dense layers would be the GPU's (kernels about 0.3 s a step on an H100), yet
+# the host sets the step: each MoE layer costs it several dense layers' time (steptime_fit.py --moe, D81).
 _MOE = ['train.precision="bf16"', "train.deterministic=false", "model.seq_length=4096",
         "model.max_position_embeddings=4096", "model.num_layers=8", "model.hidden_size=2048",
         "model.num_attention_heads=16", "model.num_query_groups=4", "model.ffn_hidden_size=8192",
@@ -56,7 +56,7 @@ CHECKS: dict[str, tuple[str, list[str], str]] = {
                     "of 2, one GPU"),
     "moe-8x-top2-grouped": ("experiments/tiny_moe.toml", [*_MOE, "model.moe_grouped_gemm=true"],
                             "the same with the experts as one grouped GEMM"),
-    # Held out of whatever MoE term the two above fit (D77): other expert counts, each dispatch.
+    # Held out of the MoE host term the two above fit (D81): other expert counts, each dispatch.
     "moe-4x-top2": ("experiments/tiny_moe.toml", [*_MOE, "model.num_experts=4"],
                     "the 8-expert model with 4 experts, one GEMM pair each"),
     "moe-16x-top2-grouped": ("experiments/tiny_moe.toml",

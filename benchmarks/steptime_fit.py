@@ -20,6 +20,10 @@ the model's error on a configuration its calibration never saw.
 shipped) on throughput.py results of the small shapes (``--preset``): each file's ``mcx`` runner (eager) and
 ``graphs`` runner (``train.cuda_graphs``) are points, priced on the GPU that ran them; each file is then held
 out in turn (its error from a fit on the others).
+
+``--moe FILE...`` fits a MoE layer's host time (``host_moe_sequential``, ``host_moe_grouped``: multiples of
+``host_layer_s``, as shipped or ``--host-layer-s``) on plan_check.py results: on the configurations named by
+``--fit-on`` (default: the two 8-expert ones of the first file); every other point is held out.
 """
 
 from __future__ import annotations
@@ -149,6 +153,8 @@ def table(cal: Calibration | None, loo: dict[str, Calibration] | None = None) ->
 
 
 HOST_FITTED = ("host_layer_s", "host_step_s")
+MOE_FITTED = ("host_moe_sequential", "host_moe_grouped")
+MOE_FIT_ON = ("moe-8x-top2", "moe-8x-top2-grouped")
 
 
 def host_points(files: list[str]) -> list[dict[str, Any]]:
@@ -204,12 +210,84 @@ def host_table(points: list[dict[str, Any]]) -> dict[str, Any]:
     return {"host_calibration": {k: getattr(cal, k) for k in HOST_FITTED}, "host": rows}
 
 
+def moe_points(files: list[str]) -> list[dict[str, Any]]:
+    """One point per measured MoE configuration of each plan_check.py result, on the GPU the plan priced."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from plan_check import CHECKS
+
+    out = []
+    for path in files:
+        for row in json.loads(Path(path).read_text()):
+            if "measured" not in row or not row["name"].startswith("moe-"):
+                continue
+            spec_path, overrides, _ = CHECKS[row["name"]]
+            spec = load_spec(ROOT / spec_path, [*overrides, f'hardware.gpu="{row["plan"]["gpu"]}"'])
+            out.append({"label": f"{Path(path).parent.name}/{row['name']}", "name": row["name"], "file": path,
+                        "spec": spec, "measured_s": row["measured"]["step_s"], "gpu_s": row["measured"].get("gpu_s"),
+                        "features": Features(impl="transformer_engine", grouped_gemm=spec.model.moe_grouped_gemm)})
+    return out
+
+
+def fit_moe(points: list[dict[str, Any]], host_layer_s: float | None) -> Calibration:
+    """host_moe_sequential and host_moe_grouped by least squares on log(predicted / measured)."""
+    from scipy.optimize import least_squares
+
+    base = CALIBRATIONS["Hopper"]
+    if host_layer_s is not None:
+        base = attrs.evolve(base, host_layer_s=host_layer_s)
+    kinds = [k for k, grouped in zip(MOE_FITTED, (False, True))
+             if any(p["features"].grouped_gemm == grouped for p in points)]
+
+    def ratio(p):  # what the point says, were the host to set its step (the step is flat in it below the GPU's)
+        st = predicted(p, base)
+        return max(1.0, (p["measured_s"] - base.host_step_s) / (st.host_layers * base.host_layer_s))
+
+    x0 = [math.exp(statistics.mean(math.log(ratio(p)) for p in points if p["features"].grouped_gemm == (k == MOE_FITTED[1])))
+          for k in kinds]
+
+    def residuals(x):
+        cal = attrs.evolve(base, **dict(zip(kinds, x)))
+        return [math.log(predicted(p, cal).step_s / p["measured_s"]) for p in points]
+
+    found = least_squares(residuals, x0, bounds=([0.0] * len(kinds), [50.0] * len(kinds)))
+    return attrs.evolve(base, **{k: float(f"{v:.3g}") for k, v in zip(kinds, found.x)})
+
+
+def moe_table(points: list[dict[str, Any]], fit_on: list[str], host_layer_s: float | None) -> dict[str, Any]:
+    first = points[0]["file"] if points else None
+    chosen = [p for p in points if p["label"] in fit_on or (p["file"] == first and p["name"] in fit_on)]
+    if not chosen:
+        raise SystemExit(f"steptime_fit: none of {fit_on} is among {[p['label'] for p in points]}")
+    cal = fit_moe(chosen, host_layer_s)
+    rows = []
+    for p in points:
+        st, shipped = predicted(p, cal), predicted(p, None)
+        rows.append({"run": p["label"], "held_out": p not in chosen, "measured_s": round(p["measured_s"], 4),
+                     "predicted_s": round(st.step_s, 4), "error": round(st.step_s / p["measured_s"] - 1, 4),
+                     "shipped_error": round(shipped.step_s / p["measured_s"] - 1, 4),
+                     "device_s": round(st.step_s - st.host_wait_s, 4), "host_s": round(st.host_s, 4),
+                     "kernels_s": p["gpu_s"] and round(p["gpu_s"], 4)})
+    return {"moe_calibration": {k: getattr(cal, k) for k in ("host_layer_s", *MOE_FITTED)},
+            "fit_on": [p["label"] for p in chosen], "moe": rows}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fit", action="store_true", help="fit the constants on the measured and published steps first")
     p.add_argument("--host", nargs="+", metavar="FILE", help="fit the host floor on these throughput.py results")
+    p.add_argument("--moe", nargs="+", metavar="FILE", help="fit the MoE layers' host time on plan_check.py results")
+    p.add_argument("--fit-on", default=",".join(MOE_FIT_ON),
+                   help="with --moe: the configurations (name, or folder/name) the fit uses; the rest are held out")
+    p.add_argument("--host-layer-s", type=float, help="with --moe: the host's time a dense layer (default: shipped)")
     p.add_argument("--out")
     args = p.parse_args()
+    if args.moe:
+        table_ = moe_table(moe_points(args.moe), args.fit_on.split(","), args.host_layer_s)
+        text = json.dumps(table_, indent=1)
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        return
     if args.host:
         text = json.dumps(host_table(host_points(args.host)), indent=1)
         print(text)

@@ -25,7 +25,8 @@ micro-batch is priced layer by layer, then the schedule and the data-parallel st
 * **The host floor**: a GPU cannot run ahead of the host that launches its kernels. The host's time for a step
   (Megatron-Core's Python and launches, per layer and micro-batch, plus a fixed part a step) is priced beside
   the GPU's, and the step is the longer of the two; ``train.cuda_graphs`` replays the whole forward and backward
-  as one graph, leaving the fixed part only. Small models' steps are this floor.
+  as one graph, leaving the fixed part only. Small models' steps are this floor, and so are small mixtures of
+  experts': a MoE layer costs the host several dense layers' time (routing, the token counts' sync, the experts).
 
 Model FLOPs (mcx.plan.flops) over the predicted step give the predicted MFU, as the worker measures it.
 """
@@ -67,13 +68,17 @@ class Calibration:
     # metrics, a graph's replay. 0: no floor.
     host_layer_s: float = 0.0
     host_step_s: float = 0.0
+    # A MoE layer's host time a micro-batch in dense layers' (host_layer_s, so a learned floor scales it too): the
+    # router, the token counts' sync, the permutation, and the experts one by one or as one grouped GEMM (D81).
+    host_moe_sequential: float = 1.0
+    host_moe_grouped: float = 1.0
 
 
 CALIBRATIONS: dict[str, Calibration] = {  # benchmarks/steptime_fit.py --fit (docs/benchmarks.md)
     "Hopper": Calibration(gemm_bf16=0.621, gemm_fp8=0.5, attention_te=0.568, attention_local=0.395,
                           attention_backward=2.5, attention_len=517.0, elementwise=1.03, moe_layer_s=5e-4,
                           launch_s=6e-6, layer_s=2.02e-4, comm=0.75, dp_tail=0.1, step_s=0.01,
-                          host_layer_s=0.00362, host_step_s=0.0123),
+                          host_layer_s=0.00362, host_step_s=0.0123, host_moe_sequential=4.26, host_moe_grouped=3.34),
 }
 # Other architectures start from Hopper's fractions (their own peaks and bandwidths apply) until measured.
 CALIBRATIONS["Ampere"] = CALIBRATIONS["Blackwell"] = CALIBRATIONS["Ada Lovelace"] = CALIBRATIONS["Hopper"]
@@ -201,7 +206,7 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
     optimizer, dp = _optimizer_and_dp(spec, lay, f, dev, padded_vocab, (forward, stage_mb - forward), replica <= node)
     device = pipeline + optimizer + dp + dev.cal.step_s
     host_layers = 0.0 if f.cuda_graphs else micro * per_stage
-    host = host_layers * dev.cal.host_layer_s + dev.cal.host_step_s
+    host = host_layers * dev.cal.host_layer_s * _host_weight(s, f, dev.cal) + dev.cal.host_step_s
     step = max(device, host)
 
     compute = micro * (per_stage * (layer_fwd + layer_bwd) + recompute + logits)
@@ -214,6 +219,13 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
                     host_s=host, host_layers=host_layers, host_wait_s=step - device,
                     tokens_per_s_per_gpu=t.global_batch_size * seq / step / world,
                     tflops_per_gpu=flops / step / world / 1e12, mfu=flops / step / world / peak)
+
+
+def _host_weight(s: Shapes, f: Features, cal: Calibration) -> float:
+    """A layer's host time in dense layers'."""
+    if not s.num_experts:
+        return 1.0
+    return cal.host_moe_grouped if f.grouped_gemm else cal.host_moe_sequential
 
 
 def _layer_compute(spec: ExperimentSpec, s: Shapes, lay: Layout, f: Features, dev: _Device, tokens: float,
