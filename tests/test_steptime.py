@@ -506,3 +506,35 @@ def test_tune_layouts_bad_input_exits_2(tmp_path, e2e_clean_env, args, said):
     project = make_e2e_project(tmp_path / "proj")
     res = mcx_inprocess(project, "tune", str(project / "experiments" / "tiny.toml"), *args)
     assert res.code == 2 and said in res.err and "Traceback" not in res.err, res
+
+
+def test_every_lever_of_the_benchmark_spec_is_a_valid_spec_the_plan_places_on_one_h200():
+    """benchmarks/levers.py's levers (issue 41) are specs mcx accepts as they will run on the GPU: each one the
+    plan says fits an H200 or, FP8 at micro-batch 8, is tight there, graphed where the graphs runner
+    trains it, FP8 where it says so; and FP8 against bf16 is read pair by pair from levers that differ in
+    precision alone."""
+    spec_ = importlib.util.spec_from_file_location("levers", ROOT / "benchmarks" / "levers.py")
+    levers = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(levers)
+    for name, (base, precision, _, runner, _) in levers.LEVERS.items():
+        s = levers.lever_spec(name)
+        plan = make_plan(s, te_available=True, vocab_size=128256)
+        # FP8 at micro-batch 8 is "tight" (126.7 GiB planned, above 90%); it ran on an H200 (docs/benchmarks.md, FP8
+        # against bf16, call C)
+        assert plan.memory.verdict == ("tight" if name == "fp8-mbs8" else "fits"), (name, plan.memory.total / 2**30)
+        assert s.train.cuda_graphs == (runner == "graphs") and s.model.transformer_impl == "transformer_engine"
+        assert s.train.precision == ("fp8-hybrid" if precision == "fp8" else "bf16"), name
+        assert base is None or levers.LEVERS[base][1] == precision
+    for fp8, bf16 in levers.PAIRS:
+        a, b = levers.lever_spec(fp8), levers.lever_spec(bf16)
+        assert attrs.evolve(a.train, precision="bf16") == b.train and a.model == b.model, (fp8, bf16)
+    rows = [{"name": "bf16", "base": None, "precision": "bf16", "tokens_per_s_per_gpu": 100.0},
+            {"name": "bf16-fuser", "base": "bf16", "precision": "bf16", "tokens_per_s_per_gpu": 102.0},
+            {"name": "bf16-deterministic", "base": "bf16", "precision": "bf16", "tokens_per_s_per_gpu": 97.0},
+            {"name": "fp8", "base": None, "precision": "fp8", "tokens_per_s_per_gpu": 140.0},
+            {"name": "fp8-mbs8", "base": "fp8", "precision": "fp8", "failed": "CUDA out of memory"}]
+    summary = levers.summarize(rows)
+    assert summary["best"] == {"bf16": "bf16-fuser", "fp8": "fp8"}
+    assert summary["fp8_over_bf16_best"] == pytest.approx(140 / 102)
+    assert summary["fp8_over_bf16_pairs"] == {"fp8/bf16-fuser": pytest.approx(140 / 102)}
+    assert rows[2]["vs_base"] == pytest.approx(0.97) and "vs_base" not in rows[4]

@@ -86,6 +86,9 @@ TASKS: dict[str, tuple[int, float, str, list[str]]] = {
                    [PY, "benchmarks/trace_cost.py", "--device", "cuda", "--steps", "8", "--set", "model.num_layers=8",
                     "--set", "model.hidden_size=1024", "--set", "model.num_attention_heads=16", "--set",
                     "model.ffn_hidden_size=2816", "--set", 'train.precision="bf16"', "--out", "{out}/trace_cost.json"]),
+    "levers": (1, 13, "levers.py: the one-H200 spec's levers one by one, 20 steps each (MFU, FP8 / bf16, deterministic "
+                      "mode's cost); on one call's time: `-- --only` a few at a time",
+               [PY, "benchmarks/levers.py", "--out", "{out}"]),
     "plan-check": (1, 6, "plan_check.py: the plan's step time and peak memory against mcx's worker on configurations "
                          "outside the calibration (full recomputation at micro-batch 4, selective, MoE on one GPU)",
                    [PY, "benchmarks/plan_check.py", "--profile", "3", "--out", "{out}"]),
