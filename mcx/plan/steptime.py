@@ -38,6 +38,7 @@ from attrs import field, frozen
 
 from mcx.plan.layout import Layout
 from mcx.plan.flops import flops_per_iteration
+from mcx.plan.fusions import cross_entropy_fusion
 from mcx.plan.gpus import Gpu, gpu_info
 from mcx.plan.params import Shapes, count_params, stage_params
 from mcx.spec.schema import ExperimentSpec, GpuModel
@@ -191,7 +192,8 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
     cp = _cp_comm(s, lay, dev, tokens, attn_fwd, node)
     ep = _ep_comm(s, lay, dev, tokens, node) if s.num_experts else 0.0
     layer = layer_fwd + layer_bwd + tp + cp + ep + dev.cal.layer_s
-    logits = _logits(s, lay, dev, tokens, padded_vocab, t.cross_entropy_fusion)
+    # the fusion as the worker applies it: off in deterministic mode and for fp32 or fp16 parameters (D80)
+    logits = _logits(s, lay, dev, tokens, padded_vocab, cross_entropy_fusion(t, on_gpu=True))
     chunks = lay.virtual_stages or 1
     send = 0.0
     if lay.pp > 1:  # activations forward, their gradients back; sequence-sharded with SP
