@@ -15,8 +15,6 @@ card) is recorded with the tail of its log and the others still run. Micro-batch
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import sys
 from pathlib import Path
@@ -66,12 +64,9 @@ def measure(name: str, out: Path, *, steps: int, warmup: int) -> dict[str, Any]:
     target = out / f"{name}.json"
     argv = ["--spec", SPEC, "--impl", "te", "--runners", runner, "--steps", str(steps), "--warmup", str(warmup),
             "--work-dir", str(out / "work" / name), "--out", str(target), "--timeout", "600", *extra]
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured):
-            throughput.main(argv)
-    except SystemExit as exc:  # the worker failed: keep what it said
-        return {"name": name, "base": base, "precision": precision, "what": what, "failed": str(exc)[-4000:]}
+    failed = throughput.run_quietly(argv)
+    if failed is not None:
+        return {"name": name, "base": base, "precision": precision, "what": what, "failed": failed}
     run = json.loads(target.read_text(encoding="utf-8"))["runs"][runner]
     return {"name": name, "base": base, "precision": precision, "what": what, "argv": argv,
             "tokens_per_s_per_gpu": run["tokens_per_s_per_gpu"], "mfu": run["mfu"], "mfu_median": run["mfu_median"],
@@ -103,10 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=4)
     args = p.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",")] if args.only else list(LEVERS)
-    unknown = [n for n in names if n not in LEVERS]
-    if unknown:
-        raise SystemExit(f"levers: unknown lever {unknown}; known: {', '.join(LEVERS)}")
+    names = throughput.chosen(args.only, LEVERS, "levers")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -116,9 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "levers.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     for r in rows:
         if "failed" in r:
-            lines = r["failed"].splitlines() or [""]
-            said = next((ln for ln in reversed(lines) if "Error" in ln.split(":")[0]), lines[-1])
-            print(f"{r['name']:<20} failed: {said.strip()[:160]}")
+            print(f"{r['name']:<20} failed: {throughput.failure_line(r['failed'])}")
             continue
         vs = f"  x{r['vs_base']:.3f} of {r['base']}" if "vs_base" in r else ""
         print(f"{r['name']:<20} {r['tokens_per_s_per_gpu']:>9,.0f} tokens/s  MFU {r['mfu']:.2%} (mean of "

@@ -16,8 +16,6 @@ recorded with the tail of its log and the others still run.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import re
 import sys
@@ -81,12 +79,9 @@ def check(name: str, out: Path, *, steps: int, warmup: int, profile: int = 0) ->
     argv = ["--spec", spec, "--impl", "te", "--runners", "mcx", "--steps", str(steps), "--warmup", str(warmup),
             "--work-dir", str(out / "work" / name), "--out", str(target), "--timeout", "600",
             "--profile", str(profile), *[a for o in overrides for a in ("--set", o)]]
-    captured = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(captured):
-            throughput.main(argv)
-    except SystemExit as exc:  # the worker failed: keep what it said (an OOM's message is the point)
-        return {"name": name, "what": what, "failed": str(exc)[-4000:]}
+    failed = throughput.run_quietly(argv)
+    if failed is not None:
+        return {"name": name, "what": what, "failed": failed}
     result = json.loads(target.read_text(encoding="utf-8"))
     run = result["runs"]["mcx"]
     measured = {"step_s": run["step_time_s_median"], "mem_bytes": run["mem_peak_bytes"]}
@@ -106,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="N more steps under torch.profiler: the kernels' time a step beside the step (host or GPU bound)")
     args = p.parse_args(argv)
-    names = [n.strip() for n in args.only.split(",")] if args.only else list(CHECKS)
-    unknown = [n for n in names if n not in CHECKS]
-    if unknown:
-        raise SystemExit(f"plan_check: unknown configuration {unknown}; known: {', '.join(CHECKS)}")
+    names = throughput.chosen(args.only, CHECKS, "plan_check")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     results = []
@@ -118,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / "plan_check.json").write_text(json.dumps(results, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     for r in results:
         if "failed" in r:
-            lines = r["failed"].splitlines() or [""]  # the exception's own line, not a library's warning above it
-            said = next((ln for ln in reversed(lines) if "Error" in ln.split(":")[0]), lines[-1])
-            print(f"{r['name']:<26} failed: {said.strip()[:160]}")
+            print(f"{r['name']:<26} failed: {throughput.failure_line(r['failed'])}")
             continue
         m, pl, e = r["measured"], r["plan"] or {}, r["error"] or {}
         print(f"{r['name']:<26} step {m['step_s']:.3f} s (plan {pl.get('step_s') or float('nan'):.3f}, "

@@ -51,6 +51,8 @@ This module is also where the benchmark is defined for both runners (:func:`spec
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -347,6 +349,31 @@ def gpu_peak_flops() -> tuple[str | None, float | None]:
     name = names[0].strip() if names else None
     gpu = gpu_from_name(name) if name else None
     return name, (mfu_peak_flops(gpu) if gpu else None)
+
+
+def chosen(only: str | None, known: dict[str, Any], tool: str) -> list[str]:
+    """The names a driver's ``--only`` picks among ``known`` (all of them without it), unknown ones refused."""
+    names = [n.strip() for n in only.split(",")] if only else list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise SystemExit(f"{tool}: unknown name {unknown}; known: {', '.join(known)}")
+    return names
+
+
+def run_quietly(argv: list[str]) -> str | None:
+    """:func:`main` on ``argv`` with its stdout kept back: None, or the tail of what the failed run said."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        try:
+            main(argv)
+        except SystemExit as exc:  # the worker failed: keep what it said (an OOM's message is the point)
+            return str(exc)[-4000:]
+    return None
+
+
+def failure_line(said: str) -> str:
+    """A failed run's own exception line, not a library's warning above it."""
+    lines = said.splitlines() or [""]
+    return next((ln for ln in reversed(lines) if "Error" in ln.split(":")[0]), lines[-1]).strip()[:160]
 
 
 def _say(text: str) -> None:

@@ -538,3 +538,20 @@ def test_every_lever_of_the_benchmark_spec_is_a_valid_spec_the_plan_places_on_on
     assert summary["fp8_over_bf16_best"] == pytest.approx(140 / 102)
     assert summary["fp8_over_bf16_pairs"] == {"fp8/bf16-fuser": pytest.approx(140 / 102)}
     assert rows[2]["vs_base"] == pytest.approx(0.97) and "vs_base" not in rows[4]
+
+
+def test_the_gpu_drivers_pick_their_configurations_and_name_a_failure_by_its_exception():
+    """plan_check.py and levers.py share throughput.py's `chosen`, `run_quietly` and `failure_line`: unknown names
+    refused with the known ones, a failed run's message kept, and the recorded out-of-memory named by its
+    exception's line rather than the library warning printed before it."""
+    spec_ = importlib.util.spec_from_file_location("throughput", ROOT / "benchmarks" / "throughput.py")
+    throughput = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(throughput)
+    known = {"a": 1, "b": 2}
+    assert throughput.chosen(None, known, "t") == ["a", "b"] and throughput.chosen(" b,a", known, "t") == ["b", "a"]
+    with pytest.raises(SystemExit, match=r"t: unknown name \['c'\]; known: a, b"):
+        throughput.chosen("a,c", known, "t")
+    assert throughput.run_quietly(["--runners", "nope"]).startswith("throughput: --runners takes bare, mcx, graphs")
+    recorded = json.loads((ROOT / "docs" / "results" / "2026-12-07-h100b" / "plan_check.json").read_text())[0]
+    line = throughput.failure_line(recorded["failed"])
+    assert "OutOfMemoryError" in line and "warn" not in line, line
