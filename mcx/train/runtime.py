@@ -149,8 +149,8 @@ def distributed(job: Job) -> Iterator[World]:
     was_filling = torch.utils.deterministic.fill_uninitialized_memory
     if job.spec.train.deterministic:
         torch.use_deterministic_algorithms(True)
-        # Deterministic mode's NaN fill of every torch.empty is a guard for code that reads memory it never
-        # wrote, not a source of determinism: 5.7% of the benchmark spec's step (D80); bitwise reruns check it.
+        # Deterministic mode's NaN fill of every torch.empty guards code that reads memory it never wrote; it is
+        # no source of determinism and costs a step dearly (D80). Bitwise reruns check what it would have hidden.
         torch.utils.deterministic.fill_uninitialized_memory = False
 
     owns_group = not dist.is_initialized()
