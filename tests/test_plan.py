@@ -319,11 +319,18 @@ def test_a_host_bound_step_is_named_with_the_lever_that_removes_it():
     graphed = make_plan(load_spec(tiny, [*_HOST_BOUND, "train.cuda_graphs=true"]), te_available=True)
     assert not any("the host sets this step" in r for r in graphed.recommendations)
     assert graphed.cost.predicted.step_s < eager.cost.predicted.step_s / 3
-    # Where a graph cannot hold the step (a mixture of experts), fewer micro-batches are the lever.
+    # Where a graph cannot hold the step (a mixture of experts): the experts as one grouped GEMM (Transformer
+    # Engine's), then fewer micro-batches.
     moe = make_plan(load_spec(REPO / "experiments" / "tiny_moe.toml", _HOST_BOUND), te_available=True)
     advice = [r for r in moe.recommendations if "the host sets this step" in r]
-    assert len(advice) == 1 and advice[0].startswith("a larger train.micro_batch_size, if memory allows"), advice
-    assert advice[0].endswith("the 8 micro-batches a step")
+    assert len(advice) == 2 and advice[0].startswith("model.moe_grouped_gemm = true: the host sets this step"), advice
+    assert "each MoE layer's wait on its token counts" in advice[0]
+    assert advice[1].startswith("a larger train.micro_batch_size, if memory allows"), advice
+    assert advice[1].endswith("the 8 micro-batches a step")
+    for overrides, te in (([*_HOST_BOUND, "model.moe_grouped_gemm=true"], True), (_HOST_BOUND, False)):
+        other = make_plan(load_spec(REPO / "experiments" / "tiny_moe.toml", overrides), te_available=te)
+        advice = [r for r in other.recommendations if "the host sets this step" in r]
+        assert [r.split(":")[0] for r in advice] == ["a larger train.micro_batch_size, if memory allows"], advice
     # A step the GPU sets (the one-H200 spec) and a CPU plan (no step-time model) say nothing of the host.
     h200 = make_plan(load_spec(REPO / "experiments" / "h200_1gpu.toml"), te_available=True)
     cpu = make_plan(load_spec(tiny), te_available=True)

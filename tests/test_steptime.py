@@ -146,6 +146,12 @@ def test_a_small_mixture_of_experts_is_priced_at_its_hosts_moe_layers():
                         "ffn_hidden_size": 512, "seq_length": 256, "vocab_size": 4096},
                  train={"micro_batch_size": 2, "global_batch_size": 16}, hardware={"gpus_per_node": 1})
     assert step(dense, floor).host_s == pytest.approx(8 * 4 * 1e-3 + 0.02)  # dense layers: weight 1
+    # the plan's step table says what a MoE layer counts for
+    console = Console(width=160, record=True, force_terminal=False)
+    console.print(render_plan(ShownPlan(make_plan(moe, te_available=True)), None))
+    shipped = CALIBRATIONS["Hopper"]
+    assert (f"host floor {shipped.host_layer_s * 1000:.1f} ms a layer and micro-batch; a MoE layer "
+            f"{shipped.host_moe_sequential:g}x that (calibrated)") in " ".join(console.export_text().split())
 
 
 def test_an_unknown_gpu_has_no_prediction():

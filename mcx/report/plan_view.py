@@ -156,13 +156,19 @@ def _step_table(p: Plan) -> RenderableType:
 
 def _host_floor(p: Plan) -> str | None:
     """The host's time a layer and micro-batch the step was priced with, and where it comes from (D78)."""
-    learned = p.host_floor
+    learned, dev = p.host_floor, device_for(p.spec)
+    if dev is None:
+        return None
+    m = p.spec.model
+    moe = ""
+    if m.num_experts:  # a MoE layer's host time in dense layers' (D81)
+        weight = dev.cal.host_moe_grouped if m.moe_grouped_gemm else dev.cal.host_moe_sequential
+        moe = f"; a MoE layer {weight:g}x that"
     if learned is not None:
         n = len(learned.runs)
-        return (f"{learned.host_layer_s * 1000:.1f} ms a layer and micro-batch, measured by {n} run{'s' * (n > 1)} "
+        return (f"{learned.host_layer_s * 1000:.1f} ms a layer and micro-batch{moe}, measured by {n} run{'s' * (n > 1)} "
                 f"of this project on {learned.gpu} (calibrated: {learned.calibrated_s * 1000:.1f} ms)")
-    dev = device_for(p.spec)
-    return None if dev is None else f"{dev.cal.host_layer_s * 1000:.1f} ms a layer and micro-batch (calibrated)"
+    return f"{dev.cal.host_layer_s * 1000:.1f} ms a layer and micro-batch{moe} (calibrated)"
 
 
 def _smoke_line(smoke: StagePlan | None) -> RenderableType:
