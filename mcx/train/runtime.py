@@ -146,12 +146,13 @@ def distributed(job: Job) -> Iterator[World]:
     else:
         device = torch.device("cpu")
     was_deterministic = torch.are_deterministic_algorithms_enabled()
-    was_filling = torch.utils.deterministic.fill_uninitialized_memory
+    # (a property of torch.utils.deterministic's module that torch's type stubs do not declare)
+    was_filling = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]
     if job.spec.train.deterministic:
         torch.use_deterministic_algorithms(True)
         # Deterministic mode's NaN fill of every torch.empty guards code that reads memory it never wrote; it is
         # no source of determinism and costs a step dearly (D80). Bitwise reruns check what it would have hidden.
-        torch.utils.deterministic.fill_uninitialized_memory = False
+        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
 
     owns_group = not dist.is_initialized()
     if owns_group:
@@ -182,4 +183,4 @@ def distributed(job: Job) -> Iterator[World]:
         if owns_group:
             dist.destroy_process_group()
         torch.use_deterministic_algorithms(was_deterministic)
-        torch.utils.deterministic.fill_uninitialized_memory = was_filling
+        torch.utils.deterministic.fill_uninitialized_memory = was_filling  # type: ignore[attr-defined]
