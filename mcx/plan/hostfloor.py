@@ -7,7 +7,7 @@ host took a layer and micro-batch (``PredictionCheck.host_layer_s``, mcx.plan.st
 and the plan of a later run on the same GPU model prices its floor with the median of the newest of them
 instead of the calibration's.
 
-Only dense models teach it: a mixture of experts' step holds host work the model does not price yet (D77).
+Only dense models teach it; a mixture of experts' layers are priced from it, each as several dense layers (D81).
 """
 
 from __future__ import annotations

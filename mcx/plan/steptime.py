@@ -208,7 +208,7 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
     optimizer, dp = _optimizer_and_dp(spec, lay, f, dev, padded_vocab, (forward, stage_mb - forward), replica <= node)
     device = pipeline + optimizer + dp + dev.cal.step_s
     host_layers = 0.0 if f.cuda_graphs else micro * per_stage
-    host = host_layers * dev.cal.host_layer_s * _host_weight(s, f, dev.cal) + dev.cal.host_step_s
+    host = host_layers * dev.cal.host_layer_s * host_weight(s.num_experts, f.grouped_gemm, dev.cal) + dev.cal.host_step_s
     step = max(device, host)
 
     compute = micro * (per_stage * (layer_fwd + layer_bwd) + recompute + logits)
@@ -223,11 +223,11 @@ def _predict(spec: ExperimentSpec, lay: Layout, padded_vocab: int, f: Features, 
                     tflops_per_gpu=flops / step / world / 1e12, mfu=flops / step / world / peak)
 
 
-def _host_weight(s: Shapes, f: Features, cal: Calibration) -> float:
-    """A layer's host time in dense layers'."""
-    if not s.num_experts:
+def host_weight(num_experts: int | None, grouped_gemm: bool, cal: Calibration) -> float:
+    """A layer's host time in dense layers' (D81): 1 for a dense layer."""
+    if not num_experts:
         return 1.0
-    return cal.host_moe_grouped if f.grouped_gemm else cal.host_moe_sequential
+    return cal.host_moe_grouped if grouped_gemm else cal.host_moe_sequential
 
 
 def _layer_compute(spec: ExperimentSpec, s: Shapes, lay: Layout, f: Features, dev: _Device, tokens: float,

@@ -11,7 +11,7 @@ from mcx.plan.gpus import gpu_info
 from mcx.plan.mixture import DataRow
 from mcx.plan.planner import Plan, StagePlan
 from mcx.plan.shown import ShownPlan
-from mcx.plan.steptime import device_for, step_seconds
+from mcx.plan.steptime import device_for, host_weight, step_seconds
 from mcx.report.titled import titled_table
 
 _GiB = 1 << 30
@@ -160,10 +160,7 @@ def _host_floor(p: Plan) -> str | None:
     if dev is None:
         return None
     m = p.spec.model
-    moe = ""
-    if m.num_experts:  # a MoE layer's host time in dense layers' (D81)
-        weight = dev.cal.host_moe_grouped if m.moe_grouped_gemm else dev.cal.host_moe_sequential
-        moe = f"; a MoE layer {weight:g}x that"
+    moe = f"; a MoE layer {host_weight(m.num_experts, m.moe_grouped_gemm, dev.cal):g}x that" if m.num_experts else ""
     if learned is not None:
         n = len(learned.runs)
         return (f"{learned.host_layer_s * 1000:.1f} ms a layer and micro-batch{moe}, measured by {n} run{'s' * (n > 1)} "
