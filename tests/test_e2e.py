@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -285,6 +286,23 @@ def test_ls_and_show_list_the_run(project, a):
     text = " ".join(mcx_inprocess(project, "show", a["run_id"]).out.split())
     assert str(rdir / "spec.toml") in text and shown["checkpoints"]["full"]["md5"] in text
     assert a["tracking"]["mlflow_run"] in text and "…" not in text  # off a terminal nothing is cut
+
+
+def test_a_mixture_of_experts_run_shows_its_routing(project, a):
+    """mcx run of the quickstart MoE spec: each step's expert load and load-balancing loss (D82) reach
+    metrics.jsonl and MLflow, and `mcx show` gives the expert load beside the loss; a dense run has no such row."""
+    res = mcx_inprocess(project, "run", "experiments/tiny_moe.toml", *FAST, "--skip-smoke", "--json", "--quiet")
+    assert res.code == 0, res
+    moe = res.json()
+    train = [json.loads(line) for line in (project / ".mcx" / "runs" / moe["run_id"] / "full" / "metrics.jsonl")
+             .read_text().splitlines() if '"train"' in line]
+    assert all(1.0 <= r["moe_expert_load"] <= 2.0 and 0.9 < r["moe_balance_loss"] < 2.0 for r in train)
+    assert moe["final"]["moe_expert_load"] == pytest.approx(sum(r["moe_expert_load"] for r in train[-10:]) / 10)
+    kids = children(project, parent_runs(project, moe["run_id"])[0])
+    assert len(client(project).get_metric_history(kids["full"].info.run_id, "train/moe_balance_loss")) == len(train)
+    shown = " ".join(mcx_inprocess(project, "show", moe["run_id"]).out.split())
+    assert re.search(rf"expert load \(final\) \W+ {moe['final']['moe_expert_load']:.2f}x", shown), shown
+    assert "expert load" not in mcx_inprocess(project, "show", a["run_id"]).out
 
 
 # -- a smoke stage that fails -----------------------------------------------------------------------

@@ -167,6 +167,11 @@ def test_moe_model_trains_and_records_what_ran(tmp_path, dataset):
     assert sum(values[-5:]) / 5 < sum(values[:5]) / 5 - 0.3
     assert result["details"]["moe_token_dispatcher_type"] == "allgather"  # all-to-all needs CUDA streams
     assert result["details"]["cpu_patches"] == ["gating", "get_emb"]
+    # The routing each step (mcx.train.routing): the busiest of 4 experts between balanced (1) and every token's
+    # pick (4 / top-2), Megatron-Core's load-balancing loss near 1 (balanced); validation forwards are not counted.
+    train = records(stage)
+    assert all(1.0 <= r["moe_expert_load"] <= 2.0 and 0.9 < r["moe_balance_loss"] < 2.0 for r in train)
+    assert len({r["moe_expert_load"] for r in train}) > 1 and "moe_expert_load" not in records(stage, "valid")[0]
 
 
 def test_two_identical_runs_are_bitwise_identical(tmp_path, dataset):
@@ -491,6 +496,38 @@ def test_a_checkpoint_without_checksums_still_loads_with_a_warning(tmp_path, uni
     # Without checksums but of the new format, it is damaged: a lost checksums.json is not an old checkpoint.
     (ckpt / "meta.json").write_text(json.dumps(meta))
     assert run(stage)["warnings"][0].startswith("checkpoint iter_0000060 is damaged (checksums.json: missing)")
+
+
+def test_moe_routing_of_every_token_to_every_expert_is_balanced(tmp_path, dataset):
+    """Top-4 of 4 experts: each expert gets every token, so the load is 1 exactly and Megatron-Core's
+    load-balancing loss (tokens x probability per expert, scaled by E / (topk x tokens^2)) is 1 whatever the
+    router's probabilities; no auxiliary loss in the spec: no balance loss recorded."""
+    every = ["model.num_experts=4", "model.moe_router_topk=4", "model.moe_ffn_hidden_size=64", "train.train_iters=2", "train.lr_warmup_iters=1",
+             "train.eval_interval=2", "checkpoint.interval=0", "checkpoint.final=false"]
+    stage = make_stage(tmp_path / "all", dataset, "full", every)
+    assert run(stage)["status"] == "finished"
+    assert [(r["moe_expert_load"], round(r["moe_balance_loss"], 6)) for r in records(stage)] == [(1.0, 1.0)] * 2
+    stage = make_stage(tmp_path / "none", dataset, "full", [*every, 'model.moe_router_load_balancing_type="none"'])
+    assert run(stage)["status"] == "finished"
+    assert [("moe_balance_loss" in r, r["moe_expert_load"]) for r in records(stage)] == [(False, 1.0)] * 2
+
+
+@pytest.mark.slow
+def test_moe_routing_is_the_global_batch_s_under_data_parallel(tmp_path, dataset):
+    """Two data-parallel ranks route one micro-batch each; reduced, they give one process's two micro-batches:
+    the same tokens per expert (counts: exact at step 1, same weights) and the same load-balancing loss."""
+    moe = ["model.num_experts=4", "model.moe_router_topk=2", "model.moe_ffn_hidden_size=64", "train.train_iters=3",
+           "train.eval_interval=3", "checkpoint.interval=0", "checkpoint.final=false"]
+    single = make_stage(tmp_path / "one", dataset, "full", moe)
+    assert run(single)["status"] == "finished"
+    stage = make_stage(tmp_path / "dp2", dataset, "full", moe, world_size=2)
+    proc = worker(stage, nproc=2)
+    out, err = proc.communicate(timeout=400)
+    assert proc.returncode == 0, err[-3000:]
+    one, two = records(single), records(stage)
+    assert two[0]["moe_expert_load"] == one[0]["moe_expert_load"] != 1.0
+    for a, b in zip(one, two):
+        assert b["moe_balance_loss"] == pytest.approx(a["moe_balance_loss"], rel=1e-5)
 
 
 @pytest.mark.slow

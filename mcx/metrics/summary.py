@@ -23,7 +23,7 @@ from mcx.metrics.curves import Curve, read_metrics
 
 Better = Literal["lower", "higher"]
 Reduce = Literal["tail", "best", "last", "min", "max", "mean", "rate", "run"]
-Unit = Literal["loss", "ppl", "ratio", "rate", "tflops", "seconds", "bytes", "duration", "gpu_hours"]
+Unit = Literal["loss", "ppl", "ratio", "factor", "rate", "tflops", "seconds", "bytes", "duration", "gpu_hours"]
 
 # How each reduction reads, for the definitions a report prints.
 REDUCTIONS: dict[str, str] = {
@@ -76,6 +76,8 @@ METRICS: tuple[Metric, ...] = (
            "seconds per optimizer step"),
     Metric("mem_peak_bytes", "peak memory/GPU", "train/mem_peak_bytes", "max", "lower", "bytes",
            "peak allocated memory per GPU"),
+    Metric("moe_expert_load", "expert load (final)", "train/moe_expert_load", "tail", "lower", "factor",
+           "a mixture of experts' busiest expert's routed tokens over the mean expert's per step (1.0 is balanced)"),
     Metric("wall_time_s", "wall time", None, "run", "lower", "duration", "seconds the stages trained, added up"),
     Metric("gpu_hours", "GPU-hours", None, "run", "lower", "gpu_hours",
            "each stage's wall time times its GPUs, added up"),

@@ -41,6 +41,8 @@ def value(unit: Unit, x: float | None) -> str:
         return f"{x:,.2f}"
     if unit == "ratio":
         return f"{x:.1%}" if abs(x) >= 0.01 or x == 0 else f"{significant(x * 100, 2)}%"
+    if unit == "factor":
+        return f"{x:.2f}x"
     if unit == "rate":
         return f"{x:,.0f}" if abs(x) >= 100 else significant(x)
     if unit == "tflops":

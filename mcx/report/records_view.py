@@ -123,7 +123,8 @@ def render_run(shown: ShownRun) -> Group:
     for label, cell in (("status", lambda st: str(st.status)), ("passed", lambda st: str(st.passed)),
                         ("steps", lambda st: str(st.steps))):
         stages.add_row(label, *(cell(st) for st in record.stages.values()))
-    for key in SHOW_METRICS:
+    routed = any((st.final or {}).get("moe_expert_load") is not None for st in record.stages.values())
+    for key in (*SHOW_METRICS, "moe_expert_load") if routed else SHOW_METRICS:  # the routing: a mixture of experts
         stages.add_row(BY_KEY[key].label, *(metric(key, (st.final or {}).get(key)) for st in record.stages.values()))
     mixed = {name: st.mixture for name, st in record.stages.items() if st.mixture}
     if mixed:  # a mixture's realised shares beside the requested ones (D60)

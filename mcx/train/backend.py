@@ -21,6 +21,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from mcx.errors import SpecError
 from mcx.spec.schema import ExperimentSpec
 from mcx.contract.job import InitFrom
+from mcx.train.routing import Routing
 
 
 class Batch(TypedDict):
@@ -46,6 +47,7 @@ class StepOutput:
     lr: float  # the learning rate this step applied
     tokens: int  # loss tokens in the global batch
     skipped: bool = False  # fp16 loss scaling found inf/nan gradients and skipped the update
+    routing: Routing | None = None  # a mixture of experts' routing this step (mcx.train.routing)
 
 
 class Backend(Protocol):

@@ -43,6 +43,7 @@ from mcx.weights import checksums
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
 from mcx.contract.job import InitFrom, Job
+from mcx.train.routing import RouterTap
 from mcx.train.runtime import World, seed_everything
 from mcx.weights.canonical import check_fits, is_extra_state
 from mcx.weights.checkpoint_files import STATE_FILE
@@ -153,6 +154,7 @@ class CpuBackend:
         self.vocab_size, self.padded_vocab = vocab_size, padded
         self.model = model_lib.build_model_chunk(spec, self.config, model_lib.gpt_layer_spec(spec, "local"), padded)
         self.patched = adapt_model(self.model)
+        self.router_tap = RouterTap([self.model], spec, world.size) if spec.model.num_experts else None
         if world.size > 1:  # identical start on every data-parallel rank
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
@@ -190,8 +192,9 @@ class CpuBackend:
         lr = current_lr(self.optimizer)
         self.optimizer.step()
         self.scheduler.step(increment=1)
+        routing = self.router_tap.read(self.world, n) if self.router_tap is not None else None
         return StepOutput(loss=global_loss / max(global_tokens, 1.0), grad_norm=float(grad_norm), lr=lr,
-                          tokens=int(global_tokens))
+                          tokens=int(global_tokens), routing=routing)
 
     def _allreduce_grads(self) -> None:
         if self.world.size == 1:

@@ -336,6 +336,10 @@ class Trainer:
                "mem_peak_bytes": self.backend.peak_memory_bytes(), "step_time_s": step_time, "time": time.time()}
         if out.skipped:
             record["skipped"] = True  # fp16 loss scaling skipped the update
+        if out.routing is not None:  # a mixture of experts (mcx.train.routing)
+            record["moe_expert_load"] = out.routing.expert_load
+            if out.routing.balance_loss is not None:
+                record["moe_balance_loss"] = out.routing.balance_loss
         return record
 
     def run(self, stop: StopFlag) -> Outcome:

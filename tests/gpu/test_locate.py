@@ -14,6 +14,8 @@ model reran bitwise on an H100 (2026-12-07), as did the dense quickstart model (
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from gpuwork import gpu_set, make_project, mcx
@@ -35,6 +37,12 @@ def test_a_non_deterministic_run_and_its_rerun_are_located_at_a_non_deterministi
     res = mcx(project, *RUN, *gpu_set())
     assert res.code == 0, res
     run_id = res.json()["run_id"]
+    # Each step's routing (mcx.train.routing), on the GPU's dispatcher: top-4 of 4 experts routes every token to
+    # every expert: the load is balanced exactly and the load-balancing loss (tokens per expert x probability per
+    # expert, scaled by E / (topk x tokens^2)) is 1 whatever the probabilities.
+    train = [json.loads(line) for line in (project / ".mcx" / "runs" / run_id / "full" / "metrics.jsonl")
+             .read_text().splitlines() if '"train"' in line]
+    assert train and all(r["moe_expert_load"] == 1.0 and abs(r["moe_balance_loss"] - 1) < 1e-3 for r in train), train
     rep = mcx(project, "reproduce", run_id, "--locate", "--json", timeout=1200)
     assert "Traceback" not in rep.err, rep
     v = rep.json()
