@@ -479,6 +479,20 @@ def test_verdict_bitwise_ignores_timing_and_matches_nan_positions() -> None:
     assert d["verdict"] == "bitwise" and "train/tokens_per_s_per_gpu" in d["excluded"]
 
 
+def test_verdict_compares_a_mixture_of_experts_routing() -> None:
+    """The routing (D82) is the training's: its expert load and balance loss take part; a router that parts
+    while the loss still agrees is where the runs diverged."""
+    loss = [3.0 - 0.1 * i for i in range(10)]
+    load = [1.2] * 10
+    routed = _curves(loss) | {"train/moe_expert_load": (list(range(1, 11)), load),
+                              "train/moe_balance_loss": (list(range(1, 11)), [1.01] * 10)}
+    other = dict(routed, **{"train/moe_expert_load": (list(range(1, 11)), load[:4] + [1.5] * 6)})
+    assert verdict(routed, dict(routed)).kind == "bitwise"
+    v = verdict(routed, other)
+    assert {"train/moe_expert_load", "train/moe_balance_loss"} <= set(v.compared)
+    assert v.kind == "diverged" and (v.divergence.metric, v.divergence.step) == ("train/moe_expert_load", 5)
+
+
 def test_verdict_equivalent_reports_the_band_and_its_source() -> None:
     loss = [3.0 - 0.1 * i for i in range(10)]
     near = [x * (1 + 1e-4) for x in loss]

@@ -37,7 +37,7 @@ CurveLike = Curve | tuple[Sequence[int], Sequence[float]]
 
 # Field names (the part after "<kind>/") that are deterministic functions of the training, in the
 # order a divergence at the same step is reported; fields ending in "_loss" also count.
-DETERMINISTIC = ("loss", "lm_loss", "grad_norm", "lr", "ppl", "loss_scale", "num_zeros")
+DETERMINISTIC = ("loss", "lm_loss", "grad_norm", "lr", "ppl", "loss_scale", "num_zeros", "moe_expert_load")
 TIMING = ("tokens_per_s_per_gpu", "tflops_per_gpu", "mfu", "mem_peak_bytes", "step_time_s", "time")
 
 # Bands used where no tolerance is given: relative, per field. Losses of a correct rerun on
