@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 import throughput  # noqa: E402  (benchmarks/ is not a package)
+from mcx.fingerprint.hardware import probe  # noqa: E402
+from mcx.plan.planner import make_plan  # noqa: E402
 from mcx.spec import load_spec  # noqa: E402
 from mcx.spec.schema import ExperimentSpec  # noqa: E402
 
@@ -59,8 +61,25 @@ def lever_spec(name: str) -> ExperimentSpec:
     return throughput.runner_spec(runner, load_spec(ROOT / SPEC, overrides))
 
 
-def measure(name: str, out: Path, *, steps: int, warmup: int) -> dict[str, Any]:
+def too_big(name: str, card: dict[str, Any] | None) -> str | None:
+    """Why a lever is not run on this GPU: the plan's peak over the card's memory (on an 80 GB card each lever
+    at micro-batch 4 ran out of memory after a minute of device time). None where it fits or no card is seen."""
+    if card is None or card.get("memory_mib") is None:
+        return None
+    spec = lever_spec(name)
+    need = make_plan(spec, te_available=True, vocab_size=throughput.vocab_size(spec, ROOT)).memory.total
+    have = card["memory_mib"] * 2**20
+    if need <= have:
+        return None
+    return (f"not run: the plan's peak is {need / 2**30:.1f} GiB and this {card['name']} has {have / 2**30:.1f} GiB "
+            "(micro-batch 4 of this spec wants an H200)")
+
+
+def measure(name: str, out: Path, *, steps: int, warmup: int, card: dict[str, Any] | None = None) -> dict[str, Any]:
     base, precision, extra, runner, what = LEVERS[name]
+    unfit = too_big(name, card)
+    if unfit is not None:
+        return {"name": name, "base": base, "precision": precision, "what": what, "failed": unfit}
     target = out / f"{name}.json"
     argv = ["--spec", SPEC, "--impl", "te", "--runners", runner, "--steps", str(steps), "--warmup", str(warmup),
             "--work-dir", str(out / "work" / name), "--out", str(target), "--timeout", "600", *extra]
@@ -102,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    seen = probe()
+    card = next((g for g in seen["gpus"] if g["index"] in seen["visible"]), None)
     for name in names:
-        rows.append(measure(name, out, steps=args.steps, warmup=args.warmup))
+        rows.append(measure(name, out, steps=args.steps, warmup=args.warmup, card=card))
         result = {"levers": rows, **summarize(rows)}
         (out / "levers.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     for r in rows:
