@@ -303,6 +303,13 @@ def test_a_mixture_of_experts_run_shows_its_routing(project, a):
     shown = " ".join(mcx_inprocess(project, "show", moe["run_id"]).out.split())
     assert re.search(rf"expert load \(final\) \W+ {moe['final']['moe_expert_load']:.2f}x", shown), shown
     assert "expert load" not in mcx_inprocess(project, "show", a["run_id"]).out
+    # `mcx compare` of the MoE run against a dense one: the expert load's row and chart hold the MoE run alone.
+    cmp = mcx_inprocess(project, "compare", a["run_id"], moe["run_id"], "--format", "json")
+    assert cmp.code == 0, cmp
+    doc = json.loads(cmp.out)  # indented: not one line
+    load = doc["metrics"]["moe_expert_load"]["runs"]
+    assert load[a["run_id"]]["value"] is None and load[moe["run_id"]]["value"] == moe["final"]["moe_expert_load"]
+    assert list(doc["curves"]["train/moe_expert_load"]) == [moe["run_id"]]
 
 
 # -- a smoke stage that fails -----------------------------------------------------------------------

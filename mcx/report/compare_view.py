@@ -137,6 +137,7 @@ PLOTS: tuple[tuple[str, str, str, str, bool, PlotView], ...] = (
     ("throughput", "Throughput", "tokens/s/GPU", "train/tokens_per_s_per_gpu", True, "spread"),
     ("lr", "Learning rate", "learning rate", "train/lr", True, "plain"),
     ("grad_norm", "Gradient norm", "grad norm", "train/grad_norm", False, "plain"),
+    ("expert_load", "Expert load", "busiest expert / mean", "train/moe_expert_load", False, "plain"),  # MoE (D82)
 )
 
 
