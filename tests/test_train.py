@@ -507,6 +507,10 @@ def test_moe_routing_of_every_token_to_every_expert_is_balanced(tmp_path, datase
     stage = make_stage(tmp_path / "all", dataset, "full", every)
     assert run(stage)["status"] == "finished"
     assert [(r["moe_expert_load"], round(r["moe_balance_loss"], 6)) for r in records(stage)] == [(1.0, 1.0)] * 2
+    # A deeper model next in the same process: Megatron-Core's process-wide tracker starts afresh at its length.
+    stage = make_stage(tmp_path / "deeper", dataset, "full", [*every, "model.num_layers=3"])
+    assert run(stage)["status"] == "finished"
+    assert [(r["moe_expert_load"], round(r["moe_balance_loss"], 6)) for r in records(stage)] == [(1.0, 1.0)] * 2
     stage = make_stage(tmp_path / "none", dataset, "full", [*every, 'model.moe_router_load_balancing_type="none"'])
     assert run(stage)["status"] == "finished"
     assert [("moe_balance_loss" in r, r["moe_expert_load"]) for r in records(stage)] == [(False, 1.0)] * 2

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from megatron.core.transformer.moe.moe_logging import get_moe_metrics_tracker
+from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker, get_moe_metrics_tracker
 from megatron.core.transformer.moe.router import Router
 
 from mcx.spec.schema import ExperimentSpec
@@ -51,8 +51,8 @@ class RouterTap:
         self.counts = torch.zeros(layers, experts, dtype=torch.float64, device=device)
         self.data_parallel = data_parallel
         self.balance = balance_loss_name(spec)
+        destroy_moe_metrics_tracker()  # process-wide: nothing an earlier model recorded, at no other length
         tracker = get_moe_metrics_tracker()
-        tracker.clear()  # process-wide: nothing an earlier model recorded
         if self.balance is not None:  # every rank sends the same length, whatever layers it holds
             tracker.ensure_initialized(self.balance, layers, device=device)
         self.handles = [r.register_forward_hook(self._count) for r in routers]
