@@ -43,7 +43,7 @@ from mcx.weights import checksums
 from mcx.train import model as model_lib
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
 from mcx.contract.job import InitFrom, Job
-from mcx.train.routing import RouterTap
+from mcx.train.routing import tap_routers
 from mcx.train.runtime import World, seed_everything
 from mcx.weights.canonical import check_fits, is_extra_state
 from mcx.weights.checkpoint_files import STATE_FILE
@@ -154,7 +154,7 @@ class CpuBackend:
         self.vocab_size, self.padded_vocab = vocab_size, padded
         self.model = model_lib.build_model_chunk(spec, self.config, model_lib.gpt_layer_spec(spec, "local"), padded)
         self.patched = adapt_model(self.model)
-        self.router_tap = RouterTap([self.model], spec, world.size) if spec.model.num_experts else None
+        self.router_tap = tap_routers([self.model], job)
         if world.size > 1:  # identical start on every data-parallel rank
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)

@@ -59,7 +59,7 @@ from mcx.train import model as model_lib
 from mcx.train import writer
 from mcx.train.backend import Batch, StepOutput, current_lr, make_scheduler, masked_loss
 from mcx.contract.job import InitFrom, Job
-from mcx.train.routing import RouterTap
+from mcx.train.routing import tap_routers
 from mcx.train.runtime import World, seed_everything
 
 log = logging.getLogger("mcx.train")
@@ -165,8 +165,7 @@ class GpuBackend:
             self.model = [DistributedDataParallel(self.config, ddp_config, chunk, disable_bucketing=i > 0)
                           for i, chunk in enumerate(chunks)]
         torch.cuda.current_stream().wait_stream(stream)
-        self.router_tap = RouterTap(self.model, spec, world.size // (lay.tp * lay.cp * lay.pp)) \
-            if spec.model.num_experts else None
+        self.router_tap = tap_routers(self.model, job)
         self.optimizer = get_megatron_optimizer(OptimizerConfig(
             optimizer="adam", lr=t.lr, min_lr=t.min_lr, weight_decay=t.weight_decay,
             adam_beta1=t.adam_beta1, adam_beta2=t.adam_beta2, adam_eps=t.adam_eps, clip_grad=t.clip_grad,

@@ -23,6 +23,7 @@ import torch
 from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker, get_moe_metrics_tracker
 from megatron.core.transformer.moe.router import Router
 
+from mcx.contract.job import Job
 from mcx.spec.schema import ExperimentSpec
 from mcx.train.runtime import World
 
@@ -41,6 +42,11 @@ def balance_loss_name(spec: ExperimentSpec) -> str | None:
     return BALANCE_LOSSES.get(m.moe_router_load_balancing_type) if m.moe_aux_loss_coeff > 0 else None
 
 
+def tap_routers(chunks: list[torch.nn.Module], job: Job) -> RouterTap | None:
+    """The routing tap of a mixture of experts' model chunks; None for a dense model."""
+    return RouterTap(chunks, job.spec, job.layout.dp) if job.spec.model.num_experts else None
+
+
 class RouterTap:
     """Counts each MoE layer's routed tokens per expert during training forwards; ``read`` reduces a step."""
 
@@ -55,7 +61,8 @@ class RouterTap:
         tracker = get_moe_metrics_tracker()
         if self.balance is not None:  # every rank sends the same length, whatever layers it holds
             tracker.ensure_initialized(self.balance, layers, device=device)
-        self.handles = [r.register_forward_hook(self._count) for r in routers]
+        for r in routers:
+            r.register_forward_hook(self._count)
 
     def _count(self, router: Router, args: object, output: tuple[torch.Tensor, torch.Tensor]) -> None:
         if router.training:
@@ -64,24 +71,19 @@ class RouterTap:
     def read(self, world: World, num_micro_batches: int) -> Routing:
         """The step's routing, the same on every rank; clears the counts and Megatron-Core's tracker."""
         tracker = get_moe_metrics_tracker()
-        layers = self.counts.shape[0]
+        layers, n = self.counts.shape[0], self.counts.numel()
         local = self.counts.flatten()
         if self.balance is not None:
             local = torch.cat([local, tracker.metrics[self.balance].values.to(local)])
         summed = torch.tensor(world.sum(local.tolist()), dtype=torch.float64)
-        counts = summed[:layers * self.counts.shape[1]].view(layers, -1)
+        counts = summed[:n].view(layers, -1)
         moe = counts.sum(1) > 0
         per_layer = counts[moe].amax(1) / counts[moe].mean(1)
         expert_load = float(per_layer.mean()) if moe.any() else 1.0
         balance = None
         if self.balance is not None:
-            losses = summed[layers * self.counts.shape[1]:]
+            losses = summed[n:]
             balance = float(losses.sum()) / self.data_parallel / num_micro_batches / max(int(moe.sum()), 1)
         self.counts.zero_()
         tracker.clear()
         return Routing(balance_loss=balance, expert_load=expert_load)
-
-    def close(self) -> None:
-        for h in self.handles:
-            h.remove()
-        self.handles = []
